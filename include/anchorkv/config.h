@@ -1,0 +1,57 @@
+// AnchorKVConfig: the seed's six fields with the seed's defaults, plus the
+// options this project adds (each documented with its default, which keeps
+// the seed's behaviour unless a measurement said otherwise).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace anchorkv {
+
+// How the residual byte budget is shared (spec §4.4).
+enum class ResidualAllocation : uint8_t {
+  kPooledAcrossHeads,  // seed / paper §3.4: one budget per batch element, all heads compete
+  kPerHead,            // the budget formula applied to each (batch, head) row alone
+};
+
+// Per-token scale of the residual codec (spec §4.5).
+enum class ResidualScale : uint8_t {
+  kAbsMax,  // seed: max |coordinate|, coordinates land in [-1, 1]
+  kRms,     // ||R r|| / sqrt(D): unit-variance coordinates, matching the Gaussian codebook
+};
+
+// When the exact tokens fed so far are compressed (spec §3, §6).
+enum class CompressTrigger : uint8_t {
+  kFirstPrefill,  // seed: the first call with S > 1 is compressed, on its own
+  kFirstDecode,   // chunked prefill: every call with S > 1 is appended exactly; the
+                  // first S == 1 call after them compresses all tokens stored so far
+};
+
+struct AnchorKVConfig {
+  // --- the seed's fields (anchorkv_*), same names without the prefix ---
+  double theta = 0.05;              // fraction of fp16 K+V bytes to retain, 0 <= theta <= 1
+  int64_t window = 32;              // trailing anchors and proxy queries, >= 0
+  double rho = 0.7;                 // scored share of the non-window anchors, 0 <= rho <= 1
+  double anchor_frac = 1.0 / 128;   // anchor budget k as a fraction of S, 0 < f <= 1
+  int residual_bits = 2;            // bits per residual coordinate: 1, 2, 3 or 4
+  uint64_t seed = 42;               // uniform anchor share + codec rotation
+
+  // --- options added by this project ---
+  ResidualAllocation allocation = ResidualAllocation::kPooledAcrossHeads;
+  // RMS wins the measured residual MSE for every bits/D/distribution tried
+  // (docs/codec.md); kAbsMax is the seed's behaviour.
+  ResidualScale scale = ResidualScale::kRms;
+  CompressTrigger trigger = CompressTrigger::kFirstPrefill;
+  int threads = 0;  // worker threads for compression/reconstruction; 0 = all cores.
+                    // Output is bit-identical for every value.
+
+  // Throws anchorkv::Error(kInvalidConfig) naming the first invalid field.
+  void validate() const;
+  std::string to_string() const;
+};
+
+const char* to_string(ResidualAllocation v);
+const char* to_string(ResidualScale v);
+const char* to_string(CompressTrigger v);
+
+}  // namespace anchorkv

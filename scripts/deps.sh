@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages anchorkv needs to build and test, if missing.
+# Sourced by scripts/demo and scripts/test; safe to run repeatedly.
+set -euo pipefail
+
+ANCHORKV_PACKAGES=(
+  g++ cmake make pkg-config
+  libhwy-dev          # Google Highway: SIMD with runtime dispatch
+  libgtest-dev        # GoogleTest
+  libbenchmark-dev    # Google Benchmark
+  libcli11-dev        # command-line parsing
+  nlohmann-json3-dev  # JSON output
+  libfmt-dev          # formatting
+)
+
+anchorkv_install_deps() {
+  local missing=()
+  for p in "${ANCHORKV_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+  echo "anchorkv: installing missing packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}

@@ -1,0 +1,43 @@
+// The stored state of an AnchorKVCache, visible to the library's own kernels
+// and tests. Each (batch, head) row is, in position order:
+//   head     exact fp16 tokens stored before the compressed segment
+//            (S == 1 calls that came before the prefill, seed behaviour)
+//   segment  the compressed prefill (one CompressedRow per row), if any
+//   tail     exact fp16 tokens appended after it (decode)
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "anchorkv/cache.h"
+#include "cache/input.h"
+#include "compress/codec.h"
+#include "compress/segment.h"
+
+namespace anchorkv::internal {
+
+struct AnchorKVState {
+  AnchorKVConfig config;
+  bool has_shape = false;
+  int64_t B = 0, H = 0, D = 0;
+  cache::ExactRows head, tail;
+  std::vector<compress::CompressedRow> segment;  // [B * H] or empty
+  int64_t segment_tokens = 0;                    // per row
+  std::shared_ptr<const compress::ResidualCodec> codec;
+  bool seen_prefill_call = false;  // a call with S > 1 happened
+
+  // Seed accounting, updated at each change.
+  int64_t segment_bytes = 0;  // sum over rows of the spec §5 formula
+  int64_t n_anchor_total = 0;
+  int64_t n_residual_total = 0;
+  int64_t full_seq_bytes = 0;
+  int64_t tokens_total = 0;
+
+  bool compressed() const { return !segment.empty(); }
+  int64_t rows() const { return B * H; }
+  int64_t tokens_per_row() const { return head.tokens + segment_tokens + tail.tokens; }
+  // Sum of the sizes of every buffer the cache holds for K/V.
+  int64_t buffer_bytes() const;
+};
+
+}  // namespace anchorkv::internal

@@ -1,0 +1,68 @@
+#include <algorithm>
+#include <string>
+
+#include "anchorkv/cache.h"
+#include "cache/input.h"
+#include "core/error.h"
+
+namespace anchorkv {
+
+double KVCache::compression_ratio() const {
+  const int64_t stored = nbytes();
+  if (stored <= 0) return 1.0;
+  return static_cast<double>(full_seq_bytes()) / static_cast<double>(stored);
+}
+
+struct FullKVCache::Impl {
+  bool has_shape = false;
+  int64_t B = 0, H = 0, D = 0;
+  cache::ExactRows rows;
+};
+
+FullKVCache::FullKVCache() : impl_(std::make_unique<Impl>()) {}
+FullKVCache::~FullKVCache() = default;
+FullKVCache::FullKVCache(FullKVCache&&) noexcept = default;
+FullKVCache& FullKVCache::operator=(FullKVCache&&) noexcept = default;
+
+KVPair FullKVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+  Impl& s = *impl_;
+  const cache::StagedInput in =
+      cache::stage_input("anchorkv::FullKVCache::update_and_fetch", keys, values, s.has_shape, s.B, s.H, s.D);
+  s.rows.append(in);
+  if (!s.has_shape) {
+    s.has_shape = true;
+    s.B = in.B();
+    s.H = in.H();
+    s.D = in.D();
+  }
+  return fetch();
+}
+
+KVPair FullKVCache::fetch() const {
+  const Impl& s = *impl_;
+  const int64_t n = s.rows.tokens;
+  KVPair out{Tensor(DType::kF16, {s.B, s.H, n, s.D}), Tensor(DType::kF16, {s.B, s.H, n, s.D})};
+  for (int64_t r = 0; r < s.B * s.H; ++r) {
+    std::copy(s.rows.k[r].begin(), s.rows.k[r].end(), out.keys.data_as<uint16_t>() + r * n * s.D);
+    std::copy(s.rows.v[r].begin(), s.rows.v[r].end(), out.values.data_as<uint16_t>() + r * n * s.D);
+  }
+  return out;
+}
+
+int64_t FullKVCache::offset() const { return impl_->rows.tokens; }
+
+void FullKVCache::trim(int64_t n) {
+  Impl& s = *impl_;
+  if (n < 0 || n > s.rows.tokens)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::FullKVCache::trim",
+               "cannot trim " + std::to_string(n) + " of " + std::to_string(s.rows.tokens) + " tokens");
+  for (auto* side : {&s.rows.k, &s.rows.v})
+    for (auto& row : *side) row.resize(row.size() - static_cast<size_t>(n * s.D));
+  s.rows.tokens -= n;
+}
+
+int64_t FullKVCache::nbytes() const { return impl_->rows.tokens * impl_->B * impl_->H * impl_->D * 4; }
+
+int64_t FullKVCache::tokens_total() const { return impl_->rows.tokens * impl_->B * impl_->H; }
+
+}  // namespace anchorkv

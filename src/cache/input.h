@@ -1,0 +1,46 @@
+// Validation and staging of update_and_fetch inputs, shared by every cache.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "anchorkv/tensor.h"
+
+namespace anchorkv::cache {
+
+// K and V of one call, validated, as contiguous fp16 [B, H, S, D].
+struct StagedInput {
+  Shape4 shape{0, 0, 0, 0};
+  std::vector<uint16_t> k, v;
+  int64_t B() const { return shape[0]; }
+  int64_t H() const { return shape[1]; }
+  int64_t S() const { return shape[2]; }
+  int64_t D() const { return shape[3]; }
+  const uint16_t* key_row(int64_t row) const { return k.data() + row * S() * D(); }
+  const uint16_t* value_row(int64_t row) const { return v.data() + row * S() * D(); }
+};
+
+// Checks shapes (equal K/V shapes, B, H, D >= 1, S >= 0, non-null data,
+// non-negative strides), that B, H, D equal `expected` when has_expected, and
+// that every value is finite with |x| <= 65504. Throws anchorkv::Error naming
+// `op`; never modifies anything.
+StagedInput stage_input(std::string_view op, const TensorView& keys, const TensorView& values,
+                        bool has_expected, int64_t expected_B, int64_t expected_H, int64_t expected_D);
+
+// Per-row exact fp16 storage: rows x [n, D].
+struct ExactRows {
+  std::vector<std::vector<uint16_t>> k, v;
+  int64_t tokens = 0;  // per row
+
+  void resize_rows(int64_t rows) {
+    k.resize(static_cast<size_t>(rows));
+    v.resize(static_cast<size_t>(rows));
+  }
+  // Reserves room for `in` (may throw), then appends (cannot throw).
+  void append(const StagedInput& in);
+  void clear();
+  int64_t buffer_bytes() const;
+};
+
+}  // namespace anchorkv::cache

@@ -1,0 +1,51 @@
+#include "compress/assignment.h"
+
+#include <cmath>
+
+#include "core/linalg.h"
+
+namespace anchorkv::compress {
+
+void choose_anchor(const float* dots, int64_t n_anchor, float token_norm, const float* anchor_norms,
+                   const float* anchor_sq, int32_t* anchor_out, float* coef_out) {
+  int32_t best = 0;
+  float best_sim = -1.0f;
+  for (int64_t j = 0; j < n_anchor; ++j) {
+    const float sim = std::fabs(dots[j]) / (token_norm * anchor_norms[j] + kAssignEps);
+    if (sim > best_sim) {
+      best_sim = sim;
+      best = static_cast<int32_t>(j);
+    }
+  }
+  *anchor_out = best;
+  *coef_out = dots[best] / (anchor_sq[best] + kAssignEps);
+}
+
+SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<const int32_t> anchors) {
+  const int64_t n = static_cast<int64_t>(anchors.size());
+  std::vector<float> norms(static_cast<size_t>(n)), sq(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) {
+    const float* a = X + anchors[j] * D;
+    sq[j] = core::dot_ref(a, a, D);
+    norms[j] = std::sqrt(sq[j]);
+  }
+  SideAssignment out;
+  out.anchor.assign(static_cast<size_t>(S), 0);
+  out.coef.assign(static_cast<size_t>(S), 0.0f);
+  std::vector<float> dots(static_cast<size_t>(n));
+  size_t next_anchor = 0;
+  for (int64_t t = 0; t < S; ++t) {
+    if (next_anchor < anchors.size() && anchors[next_anchor] == t) {
+      out.anchor[t] = static_cast<int32_t>(next_anchor++);
+      out.coef[t] = 1.0f;
+      continue;
+    }
+    const float* x = X + t * D;
+    for (int64_t j = 0; j < n; ++j) dots[j] = core::dot_ref(x, X + anchors[j] * D, D);
+    const float norm = std::sqrt(core::dot_ref(x, x, D));
+    choose_anchor(dots.data(), n, norm, norms.data(), sq.data(), &out.anchor[t], &out.coef[t]);
+  }
+  return out;
+}
+
+}  // namespace anchorkv::compress

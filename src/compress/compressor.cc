@@ -1,0 +1,342 @@
+#include "compress/compressor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "compress/anchors.h"
+#include "compress/budget.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "core/linalg.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+
+namespace anchorkv::compress {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+constexpr int64_t kChunk = 256;  // tokens per task inside a row
+}  // namespace
+
+uint64_t row_seed(uint64_t seed, int64_t row) { return core::stream_seed(seed, static_cast<uint64_t>(row)); }
+
+void check_segment(const SegmentInput& in, const AnchorKVConfig& config) {
+  const AnchorPlan plan = plan_anchors(in.S, config);
+  if (plan.k > kMaxAnchors && plan.k < in.S)
+    core::fail(ErrorCode::kUnsupported, "anchorkv::compress",
+               "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) +
+                   " anchors; the seed metadata layout holds at most " + std::to_string(kMaxAnchors));
+}
+
+// ---------------------------------------------------------------- reference
+
+std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorKVConfig& config) {
+  const int64_t S = in.S, D = in.D;
+  const AnchorPlan plan = plan_anchors(S, config);
+  std::vector<RowAnalysis> out(static_cast<size_t>(in.rows()));
+  for (int64_t row = 0; row < in.rows(); ++row) {
+    const float* K = in.key_row(row);
+    const float* V = in.value_row(row);
+    const Observation obs = observe_reference(K, V, S, D, config.window);
+    const std::vector<float> scores = window_scores(obs, S, plan.w);
+    RowAnalysis& a = out[row];
+    a.anchors = select_anchors(plan, scores, row_seed(config.seed, row));
+    a.k = assign_reference(K, S, D, a.anchors);
+    a.v = assign_reference(V, S, D, a.anchors);
+    a.utility = utilities_reference(K, V, S, D, obs, a.anchors, a.k.anchor.data(), a.k.coef.data(),
+                                    a.v.anchor.data(), a.v.coef.data());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- fast path
+
+std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config, CompressionStats* stats) {
+  const int64_t S = in.S, D = in.D, R = in.rows();
+  const int threads = config.threads;
+  const AnchorPlan plan = plan_anchors(S, config);
+  const int64_t m = n_proxy_queries(S, config.window);
+  const int64_t n_chunks = (S + kChunk - 1) / kChunk;
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+
+  struct RowWork {
+    std::vector<float> alpha;    // [S, m]
+    std::vector<float> y;        // [m, D]
+    std::vector<int32_t> ordinal;  // [S] anchor ordinal or -1
+    std::vector<float> ak, av;   // [k, D] anchors
+    std::vector<float> k_norm, k_sq, v_norm, v_sq;  // [k]
+  };
+  std::vector<RowWork> work(static_cast<size_t>(R));
+  std::vector<RowAnalysis> out(static_cast<size_t>(R));
+  for (auto& w : work) w.alpha.resize(static_cast<size_t>(S * m));
+
+  // Stage 1: proxy-query logits, [S, m] per row.
+  auto t0 = Clock::now();
+  core::parallel_for(R * n_chunks, threads, [&](int64_t task) {
+    const int64_t row = task / n_chunks, c = task % n_chunks;
+    const int64_t a = c * kChunk, b = std::min(S, a + kChunk);
+    const float* K = in.key_row(row);
+    float* L = work[row].alpha.data() + a * m;
+    core::dot_matrix(K + a * D, b - a, D, K + (S - m) * D, m, D, D, L, m);
+    for (int64_t i = 0; i < (b - a) * m; ++i) L[i] *= inv_sqrt_d;
+  });
+  // Softmax over positions for each proxy query (column of [S, m]).
+  core::parallel_for(R, threads, [&](int64_t row) {
+    float* A = work[row].alpha.data();
+    std::vector<float> mx(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
+    std::vector<double> sum(static_cast<size_t>(m), 0.0);
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t w = 0; w < m; ++w) mx[w] = A[t * m + w] > mx[w] ? A[t * m + w] : mx[w];
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t w = 0; w < m; ++w) {
+        float& x = A[t * m + w];
+        x = std::exp(x - mx[w]);
+        sum[w] += x;
+      }
+    std::vector<float> inv(static_cast<size_t>(m));
+    for (int64_t w = 0; w < m; ++w) inv[w] = static_cast<float>(1.0 / sum[w]);
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t w = 0; w < m; ++w) A[t * m + w] *= inv[w];
+  });
+  const double scores_s = seconds_since(t0);
+
+  // Stage 2: anchors and observation outputs y_w, per row.
+  t0 = Clock::now();
+  core::parallel_for(R, threads, [&](int64_t row) {
+    RowWork& rw = work[row];
+    const float* A = rw.alpha.data();
+    std::vector<float> scores(static_cast<size_t>(S), 0.0f);
+    if (plan.w > 0) {
+      for (int64_t t = 0; t < S; ++t) {
+        double s = 0;
+        for (int64_t i = m - plan.w; i < m; ++i) s += A[t * m + i];
+        scores[t] = static_cast<float>(s / static_cast<double>(plan.w));
+      }
+    }
+    out[row].anchors = select_anchors(plan, scores, row_seed(config.seed, row));
+    const auto& anchors = out[row].anchors;
+    const int64_t k = static_cast<int64_t>(anchors.size());
+    const float* K = in.key_row(row);
+    const float* V = in.value_row(row);
+    rw.ordinal.assign(static_cast<size_t>(S), -1);
+    rw.ak.resize(static_cast<size_t>(k * D));
+    rw.av.resize(static_cast<size_t>(k * D));
+    rw.k_norm.resize(static_cast<size_t>(k));
+    rw.k_sq.resize(static_cast<size_t>(k));
+    rw.v_norm.resize(static_cast<size_t>(k));
+    rw.v_sq.resize(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) {
+      rw.ordinal[anchors[j]] = static_cast<int32_t>(j);
+      std::copy_n(K + anchors[j] * D, D, &rw.ak[j * D]);
+      std::copy_n(V + anchors[j] * D, D, &rw.av[j * D]);
+      rw.k_sq[j] = core::dot(&rw.ak[j * D], &rw.ak[j * D], D);
+      rw.v_sq[j] = core::dot(&rw.av[j * D], &rw.av[j * D], D);
+      rw.k_norm[j] = std::sqrt(rw.k_sq[j]);
+      rw.v_norm[j] = std::sqrt(rw.v_sq[j]);
+    }
+    rw.y.assign(static_cast<size_t>(m * D), 0.0f);
+    for (int64_t t = 0; t < S; ++t)
+      for (int64_t w = 0; w < m; ++w) core::axpy(A[t * m + w], V + t * D, &rw.y[w * D], D);
+    RowAnalysis& ra = out[row];
+    ra.k.anchor.resize(static_cast<size_t>(S));
+    ra.k.coef.resize(static_cast<size_t>(S));
+    ra.v.anchor.resize(static_cast<size_t>(S));
+    ra.v.coef.resize(static_cast<size_t>(S));
+    ra.utility.key.resize(static_cast<size_t>(S));
+    ra.utility.value.resize(static_cast<size_t>(S));
+  });
+  const double anchors_s = seconds_since(t0);
+
+  // Stage 3: assignment, projection and utilities, per (row, chunk).
+  t0 = Clock::now();
+  core::parallel_for(R * n_chunks, threads, [&](int64_t task) {
+    const int64_t row = task / n_chunks, c = task % n_chunks;
+    const int64_t a = c * kChunk, b = std::min(S, a + kChunk), n = b - a;
+    const RowWork& rw = work[row];
+    RowAnalysis& ra = out[row];
+    const int64_t k = static_cast<int64_t>(ra.anchors.size());
+    const float* K = in.key_row(row);
+    const float* V = in.value_row(row);
+    std::vector<float> dots(static_cast<size_t>(n * k)), r(static_cast<size_t>(n * D));
+    std::vector<float> qr(static_cast<size_t>(n * m)), dist(static_cast<size_t>(n * m));
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+    // Keys.
+    core::dot_matrix(K + a * D, n, D, rw.ak.data(), k, D, D, dots.data(), k);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = a + i;
+      float* ri = &r[i * D];
+      if (rw.ordinal[t] >= 0) {
+        ra.k.anchor[t] = rw.ordinal[t];
+        ra.k.coef[t] = 1.0f;
+        std::fill_n(ri, D, 0.0f);
+        continue;
+      }
+      const float norm = std::sqrt(core::dot(K + t * D, K + t * D, D));
+      choose_anchor(&dots[i * k], k, norm, rw.k_norm.data(), rw.k_sq.data(), &ra.k.anchor[t], &ra.k.coef[t]);
+      residual(K + t * D, &rw.ak[ra.k.anchor[t] * D], ra.k.coef[t], D, ri);
+    }
+    core::dot_matrix(r.data(), n, D, K + (S - m) * D, m, D, D, qr.data(), m);
+    for (auto& x : qr) x *= inv_sqrt_d;
+    core::sq_dist_matrix(V + a * D, n, D, rw.y.data(), m, D, D, dist.data(), m);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = a + i;
+      ra.utility.key[t] = rw.ordinal[t] >= 0
+                              ? kNegInf
+                              : static_cast<float>(key_utility(&rw.alpha[t * m], &qr[i * m], &dist[i * m], m, 1));
+    }
+    // Values.
+    core::dot_matrix(V + a * D, n, D, rw.av.data(), k, D, D, dots.data(), k);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = a + i;
+      if (rw.ordinal[t] >= 0) {
+        ra.v.anchor[t] = rw.ordinal[t];
+        ra.v.coef[t] = 1.0f;
+        ra.utility.value[t] = kNegInf;
+        continue;
+      }
+      const float norm = std::sqrt(core::dot(V + t * D, V + t * D, D));
+      choose_anchor(&dots[i * k], k, norm, rw.v_norm.data(), rw.v_sq.data(), &ra.v.anchor[t], &ra.v.coef[t]);
+      float* ri = &r[i * D];
+      residual(V + t * D, &rw.av[ra.v.anchor[t] * D], ra.v.coef[t], D, ri);
+      ra.utility.value[t] =
+          static_cast<float>(value_weight(&rw.alpha[t * m], m, 1) * core::dot(ri, ri, D));
+    }
+  });
+  const double assign_s = seconds_since(t0);
+  if (stats) {
+    stats->scores_s = scores_s;
+    stats->anchors_s = anchors_s;
+    stats->assign_s = assign_s;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- shared
+
+ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& config,
+                                  const std::vector<RowAnalysis>& analysis) {
+  const int64_t S = in.S, D = in.D;
+  const int64_t b_res = residual_bytes(D, config.residual_bits);
+  ResidualChoice choice;
+  choice.k.resize(static_cast<size_t>(in.rows()));
+  choice.v.resize(static_cast<size_t>(in.rows()));
+  const int64_t group = config.allocation == ResidualAllocation::kPooledAcrossHeads ? in.H : 1;
+  for (int64_t first = 0; first < in.rows(); first += group) {
+    int64_t full = 0, base = 0;
+    std::vector<std::span<const float>> uk, uv;
+    for (int64_t row = first; row < first + group; ++row) {
+      const RowAnalysis& a = analysis[row];
+      full += full_row_bytes(S, D);
+      base += base_row_bytes(S, static_cast<int64_t>(a.anchors.size()), D);
+      uk.emplace_back(a.utility.key);
+      uv.emplace_back(a.utility.value);
+    }
+    const BudgetSplit n = split_budget(residual_budget(config.theta, full, base, b_res));
+    auto ck = allocate_top(uk, n.keys);
+    auto cv = allocate_top(uv, n.values);
+    for (int64_t i = 0; i < group; ++i) {
+      choice.k[first + i] = std::move(ck[i]);
+      choice.v[first + i] = std::move(cv[i]);
+    }
+  }
+  return choice;
+}
+
+std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
+                                       const std::vector<RowAnalysis>& analysis,
+                                       const ResidualChoice& choice, int threads) {
+  const int64_t S = in.S, D = in.D;
+  const int64_t cb = codec.code_bytes();
+  std::vector<CompressedRow> rows(static_cast<size_t>(in.rows()));
+  core::parallel_for(in.rows(), threads, [&](int64_t row) {
+    const RowAnalysis& a = analysis[row];
+    const float* K = in.key_row(row);
+    const float* V = in.value_row(row);
+    CompressedRow& out = rows[row];
+    const int64_t k = static_cast<int64_t>(a.anchors.size());
+    out.length = S;
+    out.n_anchor = k;
+    out.anchor_k.resize(static_cast<size_t>(k * D));
+    out.anchor_v.resize(static_cast<size_t>(k * D));
+    for (int64_t j = 0; j < k; ++j) {
+      core::float_to_half_n(K + a.anchors[j] * D, &out.anchor_k[j * D], D);
+      core::float_to_half_n(V + a.anchors[j] * D, &out.anchor_v[j * D], D);
+    }
+    const int64_t n_other = S - k;
+    out.meta.reserve(static_cast<size_t>(n_other));
+    out.k.coef.reserve(static_cast<size_t>(n_other));
+    out.v.coef.reserve(static_cast<size_t>(n_other));
+    const auto& rk = choice.k[row];
+    const auto& rv = choice.v[row];
+    out.k.codes.resize(rk.size() * static_cast<size_t>(cb));
+    out.k.scales.resize(rk.size());
+    out.v.codes.resize(rv.size() * static_cast<size_t>(cb));
+    out.v.scales.resize(rv.size());
+    std::vector<float> r(static_cast<size_t>(D)), scratch(static_cast<size_t>(2 * D));
+    size_t ia = 0, ik = 0, iv = 0;
+    for (int64_t t = 0; t < S; ++t) {
+      if (ia < a.anchors.size() && a.anchors[ia] == t) {
+        ++ia;
+        continue;
+      }
+      Meta m;
+      m.anchor_k = a.k.anchor[t];
+      m.anchor_v = a.v.anchor[t];
+      m.anchors_before = static_cast<int32_t>(ia);
+      m.res_k = ik < rk.size() && rk[ik] == t;
+      m.res_v = iv < rv.size() && rv[iv] == t;
+      out.meta.push_back(pack_meta(m));
+      out.k.coef.push_back(a.k.coef[t]);
+      out.v.coef.push_back(a.v.coef[t]);
+      if (m.res_k) {
+        residual(K + t * D, K + a.anchors[m.anchor_k] * D, a.k.coef[t], D, r.data());
+        codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());
+        ++ik;
+      }
+      if (m.res_v) {
+        residual(V + t * D, V + a.anchors[m.anchor_v] * D, a.v.coef[t], D, r.data());
+        codec.encode(r.data(), &out.v.codes[iv * cb], &out.v.scales[iv], scratch.data());
+        ++iv;
+      }
+    }
+  });
+  return rows;
+}
+
+std::vector<CompressedRow> compress_reference(const SegmentInput& in, const AnchorKVConfig& config,
+                                              const ResidualCodec& codec) {
+  check_segment(in, config);
+  const auto analysis = analyze_reference(in, config);
+  const auto choice = allocate_residuals(in, config, analysis);
+  return encode_rows(in, codec, analysis, choice, 1);
+}
+
+std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,
+                                    const ResidualCodec& codec, CompressionStats* stats) {
+  check_segment(in, config);
+  const auto start = Clock::now();
+  const auto analysis = analyze(in, config, stats);
+  auto t0 = Clock::now();
+  const auto choice = allocate_residuals(in, config, analysis);
+  const double allocate_s = seconds_since(t0);
+  t0 = Clock::now();
+  auto rows = encode_rows(in, codec, analysis, choice, config.threads);
+  if (stats) {
+    stats->allocate_s = allocate_s;
+    stats->encode_s = seconds_since(t0);
+    stats->total_s = seconds_since(start);
+    stats->rows = in.rows();
+    stats->tokens = in.S;
+  }
+  return rows;
+}
+
+}  // namespace anchorkv::compress

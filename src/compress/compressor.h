@@ -1,0 +1,66 @@
+// AnchorKV compression of one prefill segment, all (batch, head) rows.
+//
+// Two paths produce the same CompressedRows:
+//  * compress_reference: the readable scalar definition, one thread, row by row.
+//  * compress: the fast path (SIMD kernels, parallel over rows and over token
+//    chunks inside rows), bit-identical for every thread count.
+// Both share the allocation (budget + top-N) and the encoder.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "anchorkv/cache.h"
+#include "anchorkv/config.h"
+#include "compress/assignment.h"
+#include "compress/codec.h"
+#include "compress/segment.h"
+#include "compress/utility.h"
+
+namespace anchorkv::compress {
+
+// Contiguous [B, H, S, D] f32 K and V whose values are fp16-representable.
+struct SegmentInput {
+  int64_t B = 0, H = 0, S = 0, D = 0;
+  const float* K = nullptr;
+  const float* V = nullptr;
+  const float* key_row(int64_t row) const { return K + row * S * D; }
+  const float* value_row(int64_t row) const { return V + row * S * D; }
+  int64_t rows() const { return B * H; }
+};
+
+// What compression decides for one row before residuals are allocated.
+struct RowAnalysis {
+  std::vector<int32_t> anchors;  // sorted positions
+  SideAssignment k, v;           // [S] anchor ordinal and gamma per side
+  Utilities utility;             // [S] per side, -inf at anchors
+};
+
+// Which tokens get residuals, per row, ascending positions.
+struct ResidualChoice {
+  std::vector<std::vector<int32_t>> k, v;  // [rows]
+};
+
+// The seed of row (b * H + h)'s uniform anchor draw.
+uint64_t row_seed(uint64_t seed, int64_t row);
+
+// Throws Error(kUnsupported) when the segment cannot be stored in the seed layout.
+void check_segment(const SegmentInput& in, const AnchorKVConfig& config);
+
+std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorKVConfig& config);
+std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config,
+                                 CompressionStats* stats = nullptr);
+
+ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& config,
+                                  const std::vector<RowAnalysis>& analysis);
+
+std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
+                                       const std::vector<RowAnalysis>& analysis,
+                                       const ResidualChoice& choice, int threads);
+
+std::vector<CompressedRow> compress_reference(const SegmentInput& in, const AnchorKVConfig& config,
+                                              const ResidualCodec& codec);
+std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,
+                                    const ResidualCodec& codec, CompressionStats* stats = nullptr);
+
+}  // namespace anchorkv::compress

@@ -1,0 +1,55 @@
+#include <cmath>
+#include <sstream>
+
+#include "anchorkv/config.h"
+#include "core/error.h"
+
+namespace anchorkv {
+
+namespace {
+[[noreturn]] void bad(const std::string& field, const std::string& why) {
+  core::fail(ErrorCode::kInvalidConfig, "anchorkv::AnchorKVConfig", "invalid " + field + ": " + why);
+}
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+}  // namespace
+
+void AnchorKVConfig::validate() const {
+  if (!std::isfinite(theta) || theta < 0.0 || theta > 1.0)
+    bad("theta (anchorkv_theta)", "must be in [0, 1], got " + num(theta));
+  if (window < 0) bad("window (anchorkv_window)", "must be >= 0, got " + std::to_string(window));
+  if (!std::isfinite(rho) || rho < 0.0 || rho > 1.0)
+    bad("rho (anchorkv_rho)", "must be in [0, 1], got " + num(rho));
+  if (!std::isfinite(anchor_frac) || anchor_frac <= 0.0 || anchor_frac > 1.0)
+    bad("anchor_frac (anchorkv_anchor_frac)", "must be in (0, 1], got " + num(anchor_frac));
+  if (residual_bits < 1 || residual_bits > 4)
+    bad("residual_bits (anchorkv_residual_bits)", "must be 1, 2, 3 or 4, got " + std::to_string(residual_bits));
+  if (allocation != ResidualAllocation::kPooledAcrossHeads && allocation != ResidualAllocation::kPerHead)
+    bad("allocation", "unknown value");
+  if (scale != ResidualScale::kAbsMax && scale != ResidualScale::kRms) bad("scale", "unknown value");
+  if (trigger != CompressTrigger::kFirstPrefill && trigger != CompressTrigger::kFirstDecode)
+    bad("trigger", "unknown value");
+  if (threads < 0 || threads > 4096) bad("threads", "must be in [0, 4096], got " + std::to_string(threads));
+}
+
+const char* to_string(ResidualAllocation v) {
+  return v == ResidualAllocation::kPerHead ? "per_head" : "pooled";
+}
+const char* to_string(ResidualScale v) { return v == ResidualScale::kAbsMax ? "absmax" : "rms"; }
+const char* to_string(CompressTrigger v) {
+  return v == CompressTrigger::kFirstDecode ? "first_decode" : "first_prefill";
+}
+
+std::string AnchorKVConfig::to_string() const {
+  std::ostringstream os;
+  os << "theta=" << theta << " window=" << window << " rho=" << rho << " anchor_frac=" << anchor_frac
+     << " residual_bits=" << residual_bits << " seed=" << seed
+     << " allocation=" << anchorkv::to_string(allocation) << " scale=" << anchorkv::to_string(scale)
+     << " trigger=" << anchorkv::to_string(trigger) << " threads=" << threads;
+  return os.str();
+}
+
+}  // namespace anchorkv

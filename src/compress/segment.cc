@@ -1,0 +1,94 @@
+#include "compress/segment.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/half.h"
+
+namespace anchorkv::compress {
+
+int64_t CompressedRow::buffer_bytes() const {
+  auto side = [](const CompressedSide& s) {
+    return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.codes.size() + s.scales.size() * sizeof(uint16_t));
+  };
+  return static_cast<int64_t>((anchor_k.size() + anchor_v.size()) * sizeof(uint16_t) + meta.size() * sizeof(uint64_t)) +
+         side(k) + side(v);
+}
+
+std::vector<int32_t> CompressedRow::anchor_positions() const {
+  std::vector<int32_t> pos;
+  pos.reserve(static_cast<size_t>(n_anchor));
+  int64_t p = 0, j = 0;
+  for (uint64_t w : meta) {
+    const int64_t before = unpack_meta(w).anchors_before;
+    while (j < before) { pos.push_back(static_cast<int32_t>(p++)); ++j; }
+    ++p;
+  }
+  while (j < n_anchor) { pos.push_back(static_cast<int32_t>(p++)); ++j; }
+  return pos;
+}
+
+namespace {
+
+// Walks the row in position order, calling emit_anchor(p, j) or emit_token(p, e, meta, slot_k, slot_v).
+template <class A, class T>
+void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {
+  int64_t p = 0, j = 0, slot_k = 0, slot_v = 0;
+  for (int64_t e = 0; e < row.n_other(); ++e) {
+    const Meta m = unpack_meta(row.meta[e]);
+    while (j < m.anchors_before) emit_anchor(p++, j++);
+    emit_token(p++, e, m, m.res_k ? slot_k++ : -1, m.res_v ? slot_v++ : -1);
+  }
+  while (j < row.n_anchor) emit_anchor(p++, j++);
+}
+
+void decode_side(const CompressedSide& side, const std::vector<uint16_t>& anchors, int64_t D,
+                 const ResidualCodec& codec, int64_t e, int32_t anchor, int64_t slot, float* out,
+                 float* tmp, uint8_t* scratch) {
+  const float g = side.coef[e];
+  const uint16_t* a = &anchors[static_cast<size_t>(anchor * D)];
+  for (int64_t d = 0; d < D; ++d) out[d] = g * core::half_to_float(a[d]);
+  if (slot >= 0) {
+    codec.decode(&side.codes[static_cast<size_t>(slot * codec.code_bytes())], side.scales[slot], tmp, scratch);
+    for (int64_t d = 0; d < D; ++d) out[d] += tmp[d];
+  }
+}
+
+}  // namespace
+
+void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float* out_k, float* out_v) {
+  const int64_t D = codec.dim();
+  std::vector<float> tmp(static_cast<size_t>(D));
+  std::vector<uint8_t> scratch(static_cast<size_t>(D));
+  walk(
+      row,
+      [&](int64_t p, int64_t j) {
+        core::half_to_float_n(&row.anchor_k[j * D], out_k + p * D, D);
+        core::half_to_float_n(&row.anchor_v[j * D], out_v + p * D, D);
+      },
+      [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
+        decode_side(row.k, row.anchor_k, D, codec, e, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data());
+        decode_side(row.v, row.anchor_v, D, codec, e, m.anchor_v, sv, out_v + p * D, tmp.data(), scratch.data());
+      });
+}
+
+void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, uint16_t* out_k,
+                          uint16_t* out_v) {
+  const int64_t D = codec.dim();
+  std::vector<float> tmp(static_cast<size_t>(D)), x(static_cast<size_t>(D));
+  std::vector<uint8_t> scratch(static_cast<size_t>(D));
+  walk(
+      row,
+      [&](int64_t p, int64_t j) {
+        std::copy_n(&row.anchor_k[j * D], D, out_k + p * D);
+        std::copy_n(&row.anchor_v[j * D], D, out_v + p * D);
+      },
+      [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
+        decode_side(row.k, row.anchor_k, D, codec, e, m.anchor_k, sk, x.data(), tmp.data(), scratch.data());
+        core::float_to_half_n(x.data(), out_k + p * D, D);
+        decode_side(row.v, row.anchor_v, D, codec, e, m.anchor_v, sv, x.data(), tmp.data(), scratch.data());
+        core::float_to_half_n(x.data(), out_v + p * D, D);
+      });
+}
+
+}  // namespace anchorkv::compress

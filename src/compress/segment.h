@@ -1,0 +1,81 @@
+// The compressed form of one (batch, head) row of a prefill segment, and its
+// reconstruction (spec §4.6, paper Eq. 3). Storage is exactly the seed's
+// accounting (spec §5), byte for byte (docs/storage.md):
+//   anchor_k, anchor_v  [n_anchor, D] fp16           n_anchor * D * 4 bytes
+//   meta                [n_other] uint64             8 bytes per non-anchor token:
+//       bits  0..19  anchor ordinal for K
+//       bits 20..39  anchor ordinal for V
+//       bits 40..59  anchors before this token (so anchor positions need no list)
+//       bit  60      token has a K residual;  bit 61: has a V residual
+//   k.coef, v.coef      [n_other] fp32              8 bytes per non-anchor token
+//   k.codes, v.codes    [n_res, ceil(D*bits/8)]     packed residual codes
+//   k.scales, v.scales  [n_res] fp16                one scale per residual
+// Non-anchor tokens appear in position order; the i-th flagged token of a
+// side owns residual slot i of that side.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compress/codec.h"
+
+namespace anchorkv::compress {
+
+inline constexpr int kMetaFieldBits = 20;
+inline constexpr int64_t kMaxAnchors = (int64_t{1} << kMetaFieldBits) - 1;
+
+struct Meta {
+  int32_t anchor_k = 0;
+  int32_t anchor_v = 0;
+  int32_t anchors_before = 0;
+  bool res_k = false;
+  bool res_v = false;
+};
+
+inline uint64_t pack_meta(const Meta& m) {
+  constexpr uint64_t mask = (uint64_t{1} << kMetaFieldBits) - 1;
+  return (static_cast<uint64_t>(m.anchor_k) & mask) | ((static_cast<uint64_t>(m.anchor_v) & mask) << 20) |
+         ((static_cast<uint64_t>(m.anchors_before) & mask) << 40) | (static_cast<uint64_t>(m.res_k) << 60) |
+         (static_cast<uint64_t>(m.res_v) << 61);
+}
+inline Meta unpack_meta(uint64_t w) {
+  constexpr uint64_t mask = (uint64_t{1} << kMetaFieldBits) - 1;
+  Meta m;
+  m.anchor_k = static_cast<int32_t>(w & mask);
+  m.anchor_v = static_cast<int32_t>((w >> 20) & mask);
+  m.anchors_before = static_cast<int32_t>((w >> 40) & mask);
+  m.res_k = ((w >> 60) & 1) != 0;
+  m.res_v = ((w >> 61) & 1) != 0;
+  return m;
+}
+
+struct CompressedSide {
+  std::vector<float> coef;      // [n_other]
+  std::vector<uint8_t> codes;   // [n_res, code_bytes]
+  std::vector<uint16_t> scales; // [n_res] fp16
+  int64_t n_residual() const { return static_cast<int64_t>(scales.size()); }
+};
+
+struct CompressedRow {
+  int64_t length = 0;    // S, token positions in the segment
+  int64_t n_anchor = 0;
+  std::vector<uint16_t> anchor_k;  // [n_anchor, D] fp16
+  std::vector<uint16_t> anchor_v;  // [n_anchor, D] fp16
+  std::vector<uint64_t> meta;      // [n_other]
+  CompressedSide k, v;
+
+  int64_t n_other() const { return static_cast<int64_t>(meta.size()); }
+  int64_t n_residual() const { return k.n_residual() + v.n_residual(); }
+  // Sum of the sizes of the buffers above (what is really held).
+  int64_t buffer_bytes() const;
+  // Anchor positions, ascending, recovered from the metadata.
+  std::vector<int32_t> anchor_positions() const;
+};
+
+// Decode one row into out_k / out_v ([length, D] f32).
+void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float* out_k, float* out_v);
+// Same, written as fp16 ([length, D]); anchors are copied bit for bit.
+void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, uint16_t* out_k,
+                          uint16_t* out_v);
+
+}  // namespace anchorkv::compress

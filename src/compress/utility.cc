@@ -1,0 +1,103 @@
+#include "compress/utility.h"
+
+#include <cmath>
+#include <limits>
+
+#include "compress/anchors.h"
+#include "compress/assignment.h"
+#include "core/linalg.h"
+
+namespace anchorkv::compress {
+
+void softmax_inplace(float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+Observation observe_reference(const float* K, const float* V, int64_t S, int64_t D, int64_t window) {
+  Observation obs;
+  obs.m = n_proxy_queries(S, window);
+  const int64_t m = obs.m;
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  obs.alpha.resize(static_cast<size_t>(m * S));
+  obs.y.assign(static_cast<size_t>(m * D), 0.0f);
+  for (int64_t w = 0; w < m; ++w) {
+    const float* q = K + (S - m + w) * D;
+    float* row = &obs.alpha[static_cast<size_t>(w * S)];
+    for (int64_t t = 0; t < S; ++t) row[t] = core::dot_ref(q, K + t * D, D) * inv_sqrt_d;
+    softmax_inplace(row, S);
+    float* y = &obs.y[static_cast<size_t>(w * D)];
+    for (int64_t t = 0; t < S; ++t) core::axpy_ref(row[t], V + t * D, y, D);
+  }
+  return obs;
+}
+
+std::vector<float> window_scores(const Observation& obs, int64_t S, int64_t w) {
+  std::vector<float> scores(static_cast<size_t>(S), 0.0f);
+  if (w <= 0) return scores;
+  for (int64_t t = 0; t < S; ++t) {
+    double s = 0;
+    for (int64_t i = obs.m - w; i < obs.m; ++i) s += obs.alpha[static_cast<size_t>(i * S + t)];
+    scores[t] = static_cast<float>(s / static_cast<double>(w));
+  }
+  return scores;
+}
+
+double key_utility(const float* alpha, const float* qr, const float* dist, int64_t m, int64_t stride) {
+  double u = 0;
+  for (int64_t w = 0; w < m; ++w) {
+    const double a = alpha[w * stride], q = qr[w * stride];
+    u += a * a * q * q * static_cast<double>(dist[w * stride]);
+  }
+  return u / static_cast<double>(m);
+}
+
+double value_weight(const float* alpha, int64_t m, int64_t stride) {
+  double u = 0;
+  for (int64_t w = 0; w < m; ++w) {
+    const double a = alpha[w * stride];
+    u += a * a;
+  }
+  return u / static_cast<double>(m);
+}
+
+Utilities utilities_reference(const float* K, const float* V, int64_t S, int64_t D, const Observation& obs,
+                              std::span<const int32_t> anchors, const int32_t* assign_k,
+                              const float* coef_k, const int32_t* assign_v, const float* coef_v) {
+  const int64_t m = obs.m;
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  Utilities u;
+  u.key.assign(static_cast<size_t>(S), -std::numeric_limits<float>::infinity());
+  u.value.assign(static_cast<size_t>(S), -std::numeric_limits<float>::infinity());
+  std::vector<float> r(static_cast<size_t>(D)), diff(static_cast<size_t>(D));
+  std::vector<float> qr(static_cast<size_t>(m)), dist(static_cast<size_t>(m)), al(static_cast<size_t>(m));
+  size_t next_anchor = 0;
+  for (int64_t t = 0; t < S; ++t) {
+    if (next_anchor < anchors.size() && anchors[next_anchor] == t) {
+      ++next_anchor;
+      continue;
+    }
+    const float* vt = V + t * D;
+    residual(K + t * D, K + anchors[assign_k[t]] * D, coef_k[t], D, r.data());
+    for (int64_t w = 0; w < m; ++w) {
+      al[w] = obs.alpha[static_cast<size_t>(w * S + t)];
+      qr[w] = core::dot_ref(K + (S - m + w) * D, r.data(), D) * inv_sqrt_d;
+      const float* y = &obs.y[static_cast<size_t>(w * D)];
+      for (int64_t d = 0; d < D; ++d) diff[d] = vt[d] - y[d];
+      dist[w] = core::dot_ref(diff.data(), diff.data(), D);
+    }
+    u.key[t] = static_cast<float>(key_utility(al.data(), qr.data(), dist.data(), m, 1));
+    residual(vt, V + anchors[assign_v[t]] * D, coef_v[t], D, r.data());
+    u.value[t] = static_cast<float>(value_weight(al.data(), m, 1) * core::dot_ref(r.data(), r.data(), D));
+  }
+  return u;
+}
+
+}  // namespace anchorkv::compress

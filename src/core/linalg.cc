@@ -1,0 +1,192 @@
+// SIMD kernels through Google Highway with per-target compilation and
+// HWY_DYNAMIC_DISPATCH (the gemma.cpp pattern).
+#include "core/linalg.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/linalg.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace anchorkv::core {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// One output element: lane-parallel FMA over D, masked tail, then a lane sum.
+HWY_INLINE float Dot1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= D; i += N) acc = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), acc);
+  if (i < D) {
+    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
+    acc = hn::MulAdd(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i), acc);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, acc));
+}
+
+// A 4 x 4 tile: the same per-element operation sequence as Dot1.
+HWY_INLINE void Dot4x4(DF d, const float* HWY_RESTRICT X, int64_t ldx, const float* HWY_RESTRICT Y,
+                       int64_t ldy, int64_t D, float* HWY_RESTRICT out, int64_t ldo) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto a00 = hn::Zero(d), a01 = hn::Zero(d), a02 = hn::Zero(d), a03 = hn::Zero(d);
+  auto a10 = hn::Zero(d), a11 = hn::Zero(d), a12 = hn::Zero(d), a13 = hn::Zero(d);
+  auto a20 = hn::Zero(d), a21 = hn::Zero(d), a22 = hn::Zero(d), a23 = hn::Zero(d);
+  auto a30 = hn::Zero(d), a31 = hn::Zero(d), a32 = hn::Zero(d), a33 = hn::Zero(d);
+  const float* x0 = X;
+  const float* x1 = X + ldx;
+  const float* x2 = X + 2 * ldx;
+  const float* x3 = X + 3 * ldx;
+  const float* y0 = Y;
+  const float* y1 = Y + ldy;
+  const float* y2 = Y + 2 * ldy;
+  const float* y3 = Y + 3 * ldy;
+  auto step = [&](auto vx0, auto vx1, auto vx2, auto vx3, auto vy0, auto vy1, auto vy2, auto vy3) {
+    a00 = hn::MulAdd(vx0, vy0, a00); a01 = hn::MulAdd(vx0, vy1, a01);
+    a02 = hn::MulAdd(vx0, vy2, a02); a03 = hn::MulAdd(vx0, vy3, a03);
+    a10 = hn::MulAdd(vx1, vy0, a10); a11 = hn::MulAdd(vx1, vy1, a11);
+    a12 = hn::MulAdd(vx1, vy2, a12); a13 = hn::MulAdd(vx1, vy3, a13);
+    a20 = hn::MulAdd(vx2, vy0, a20); a21 = hn::MulAdd(vx2, vy1, a21);
+    a22 = hn::MulAdd(vx2, vy2, a22); a23 = hn::MulAdd(vx2, vy3, a23);
+    a30 = hn::MulAdd(vx3, vy0, a30); a31 = hn::MulAdd(vx3, vy1, a31);
+    a32 = hn::MulAdd(vx3, vy2, a32); a33 = hn::MulAdd(vx3, vy3, a33);
+  };
+  int64_t i = 0;
+  for (; i + N <= D; i += N) {
+    step(hn::LoadU(d, x0 + i), hn::LoadU(d, x1 + i), hn::LoadU(d, x2 + i), hn::LoadU(d, x3 + i),
+         hn::LoadU(d, y0 + i), hn::LoadU(d, y1 + i), hn::LoadU(d, y2 + i), hn::LoadU(d, y3 + i));
+  }
+  if (i < D) {
+    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
+    step(hn::MaskedLoad(m, d, x0 + i), hn::MaskedLoad(m, d, x1 + i), hn::MaskedLoad(m, d, x2 + i),
+         hn::MaskedLoad(m, d, x3 + i), hn::MaskedLoad(m, d, y0 + i), hn::MaskedLoad(m, d, y1 + i),
+         hn::MaskedLoad(m, d, y2 + i), hn::MaskedLoad(m, d, y3 + i));
+  }
+  auto put = [&](int64_t r, int64_t c, decltype(a00) v) {
+    out[r * ldo + c] = hn::GetLane(hn::SumOfLanes(d, v));
+  };
+  put(0, 0, a00); put(0, 1, a01); put(0, 2, a02); put(0, 3, a03);
+  put(1, 0, a10); put(1, 1, a11); put(1, 2, a12); put(1, 3, a13);
+  put(2, 0, a20); put(2, 1, a21); put(2, 2, a22); put(2, 3, a23);
+  put(3, 0, a30); put(3, 1, a31); put(3, 2, a32); put(3, 3, a33);
+}
+
+void DotMatrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+               int64_t D, float* out, int64_t ldo) {
+  const DF d;
+  // Block over Y rows so a panel of Y stays in L1/L2 while X streams.
+  constexpr int64_t kPanel = 64;
+  for (int64_t j0 = 0; j0 < k; j0 += kPanel) {
+    const int64_t j1 = j0 + kPanel < k ? j0 + kPanel : k;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      int64_t j = j0;
+      for (; j + 4 <= j1; j += 4)
+        Dot4x4(d, X + i * ldx, ldx, Y + j * ldy, ldy, D, out + i * ldo + j, ldo);
+      for (; j < j1; ++j)
+        for (int64_t r = 0; r < 4; ++r)
+          out[(i + r) * ldo + j] = Dot1(d, X + (i + r) * ldx, Y + j * ldy, D);
+    }
+    for (; i < n; ++i)
+      for (int64_t j = j0; j < j1; ++j) out[i * ldo + j] = Dot1(d, X + i * ldx, Y + j * ldy, D);
+  }
+}
+
+HWY_INLINE float Dist1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= D; i += N) {
+    const auto diff = hn::Sub(hn::LoadU(d, x + i), hn::LoadU(d, y + i));
+    acc = hn::MulAdd(diff, diff, acc);
+  }
+  if (i < D) {
+    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
+    const auto diff = hn::Sub(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i));
+    acc = hn::MulAdd(diff, diff, acc);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, acc));
+}
+
+void SqDistMatrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                  int64_t D, float* out, int64_t ldo) {
+  const DF d;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) out[i * ldo + j] = Dist1(d, X + i * ldx, Y + j * ldy, D);
+}
+
+void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, a);
+  int64_t i = 0;
+  for (; i + N <= D; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  for (; i < D; ++i) y[i] += a * x[i];
+}
+
+float DotVec(const float* x, const float* y, int64_t D) { return Dot1(DF(), x, y, D); }
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace anchorkv::core
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace anchorkv::core {
+
+HWY_EXPORT(DotMatrix);
+HWY_EXPORT(Axpy);
+HWY_EXPORT(SqDistMatrix);
+HWY_EXPORT(DotVec);
+HWY_EXPORT(TargetName);
+
+void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                int64_t D, float* out, int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(DotMatrix)(X, n, ldx, Y, k, ldy, D, out, ldo);
+}
+
+void dot_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                    int64_t D, float* out, int64_t ldo) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) out[i * ldo + j] = dot_ref(X + i * ldx, Y + j * ldy, D);
+}
+
+void sq_dist_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                    int64_t D, float* out, int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(SqDistMatrix)(X, n, ldx, Y, k, ldy, D, out, ldo);
+}
+
+void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                        int64_t D, float* out, int64_t ldo) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      float acc = 0;
+      for (int64_t t = 0; t < D; ++t) {
+        const float diff = X[i * ldx + t] - Y[j * ldy + t];
+        acc += diff * diff;
+      }
+      out[i * ldo + j] = acc;
+    }
+}
+
+void axpy(float a, const float* x, float* y, int64_t D) { HWY_DYNAMIC_DISPATCH(Axpy)(a, x, y, D); }
+
+void axpy_ref(float a, const float* x, float* y, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) y[i] += a * x[i];
+}
+
+float dot(const float* x, const float* y, int64_t D) { return HWY_DYNAMIC_DISPATCH(DotVec)(x, y, D); }
+
+float dot_ref(const float* x, const float* y, int64_t D) {
+  float acc = 0;
+  for (int64_t i = 0; i < D; ++i) acc += x[i] * y[i];
+  return acc;
+}
+
+const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace anchorkv::core
+#endif  // HWY_ONCE

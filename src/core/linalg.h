@@ -1,0 +1,36 @@
+// Dense float kernels used by compression. Each has a plain scalar reference
+// (`*_ref`, the definition of correctness) and a SIMD version (Google Highway,
+// dynamic dispatch to the best target of the running CPU). The SIMD versions
+// compute every output element with the same operation order wherever it lies
+// in a tile, so results do not depend on how work is split across threads.
+#pragma once
+
+#include <cstdint>
+
+namespace anchorkv::core {
+
+// out[i * ldo + j] = sum_d X[i * ldx + d] * Y[j * ldy + d]   (i < n, j < k)
+// X: [n, D] rows with stride ldx; Y: [k, D] rows with stride ldy.
+void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                int64_t D, float* out, int64_t ldo);
+void dot_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                    int64_t D, float* out, int64_t ldo);
+
+// out[i * ldo + j] = sum_d (X[i * ldx + d] - Y[j * ldy + d])^2
+void sq_dist_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                    int64_t D, float* out, int64_t ldo);
+void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
+                        int64_t D, float* out, int64_t ldo);
+
+// y[d] += a * x[d]
+void axpy(float a, const float* x, float* y, int64_t D);
+void axpy_ref(float a, const float* x, float* y, int64_t D);
+
+// sum_d x[d] * y[d]
+float dot(const float* x, const float* y, int64_t D);
+float dot_ref(const float* x, const float* y, int64_t D);
+
+// Name of the SIMD target the dispatcher picks on this CPU (e.g. "AVX3").
+const char* simd_target_name();
+
+}  // namespace anchorkv::core

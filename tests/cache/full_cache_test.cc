@@ -1,0 +1,35 @@
+#include <gtest/gtest.h>
+
+#include "../test_util.h"
+#include "anchorkv/anchorkv.h"
+
+namespace anchorkv {
+namespace {
+
+TEST(FullKVCache, StoresExactFp16AndAccumulates) {
+  FullKVCache c;
+  const std::vector<float> k = {1.0f, 2.0f, 3.0f, 1.0f / 3, 5, 6, 7, 8};  // [1, 2, 2, 2]
+  const std::vector<float> v = {-1, -2, -3, -4, -5, -6, -7, -8};
+  auto out = c.update_and_fetch(TensorView::f32(k.data(), {1, 2, 2, 2}), TensorView::f32(v.data(), {1, 2, 2, 2}));
+  EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 2, 2}));
+  EXPECT_EQ(out.keys.dtype(), DType::kF16);
+  EXPECT_EQ(out.keys.at(0, 0, 1, 1), fp16_to_f32(f32_to_fp16(1.0f / 3)));
+  EXPECT_EQ(out.values.at(0, 1, 1, 1), -8.0f);
+  const std::vector<float> k1 = {9, 10, 11, 12}, v1 = {0, 0, 0, 0};
+  out = c.update_and_fetch(TensorView::f32(k1.data(), {1, 2, 1, 2}), TensorView::f32(v1.data(), {1, 2, 1, 2}));
+  EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 3, 2}));
+  EXPECT_EQ(out.keys.at(0, 0, 2, 0), 9.0f);
+  EXPECT_EQ(out.keys.at(0, 1, 0, 0), 5.0f);
+  EXPECT_EQ(out.keys.at(0, 1, 2, 1), 12.0f);
+  EXPECT_EQ(c.offset(), 3);
+  EXPECT_EQ(c.nbytes(), 3 * 2 * 2 * 4);
+  EXPECT_EQ(c.tokens_total(), 6);
+  EXPECT_DOUBLE_EQ(c.compression_ratio(), 1.0);
+  c.trim(1);
+  EXPECT_EQ(c.offset(), 2);
+  EXPECT_EQ(c.fetch().keys.at(0, 1, 1, 1), 8.0f);
+  EXPECT_THROW(c.trim(5), Error);
+}
+
+}  // namespace
+}  // namespace anchorkv

@@ -1,0 +1,170 @@
+#include "compress/compressor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../test_util.h"
+#include "compress/budget.h"
+
+namespace anchorkv::compress {
+namespace {
+
+using testing_util::random_kv;
+
+// Reconstructions of the fast and reference paths agree to this absolute
+// error per coordinate, relative to the token's largest coordinate: both decode
+// the same codes, but gamma and the codec's scale come from sums taken in a
+// different order, and fp16 scales may round to neighbouring values.
+constexpr double kReconstructionTol = 2e-3;
+
+struct Case {
+  int64_t B, H, S, D;
+  AnchorKVConfig cfg;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  AnchorKVConfig base;
+  base.theta = 0.1;  // residuals for a minority of tokens: the budget boundary lies among
+                     // utilities that float rounding cannot reorder
+  base.anchor_frac = 1.0 / 16;
+  base.window = 8;
+  for (int64_t S : {2, 5, 33, 300, 700})
+    for (int64_t D : {17, 64, 80}) out.push_back({2, 3, S, D, base});
+  AnchorKVConfig w0 = base;
+  w0.window = 0;
+  out.push_back({1, 2, 200, 64, w0});
+  AnchorKVConfig r0 = base, r1 = base;
+  r0.rho = 0;
+  r1.rho = 1;
+  out.push_back({1, 2, 400, 64, r0});
+  out.push_back({1, 2, 400, 64, r1});
+  AnchorKVConfig ph = base;
+  ph.allocation = ResidualAllocation::kPerHead;
+  out.push_back({2, 2, 300, 32, ph});
+  AnchorKVConfig b3 = base;
+  b3.residual_bits = 3;
+  b3.scale = ResidualScale::kAbsMax;
+  out.push_back({1, 2, 300, 96, b3});
+  return out;
+}
+
+TEST(Compressor, FastPathMatchesReference) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " H=" << c.H << " S=" << c.S << " D=" << c.D << " "
+                                      << c.cfg.to_string());
+    const auto K = random_kv(c.B, c.H, c.S, c.D, 1);
+    const auto V = random_kv(c.B, c.H, c.S, c.D, 2);
+    SegmentInput in{c.B, c.H, c.S, c.D, K.data(), V.data()};
+    const auto ref = analyze_reference(in, c.cfg);
+    AnchorKVConfig cfg2 = c.cfg;
+    cfg2.threads = 2;
+    const auto fast = analyze(in, cfg2);
+    ASSERT_EQ(ref.size(), fast.size());
+    for (size_t r = 0; r < ref.size(); ++r) {
+      // Utilities agree relative to their own size or to the row's largest
+      // (tiny ones come from cancellation in q . r and differ more).
+      float umax = 0;
+      for (float u : ref[r].utility.key) umax = std::isinf(u) ? umax : std::max(umax, u);
+      ASSERT_EQ(ref[r].anchors, fast[r].anchors) << "row " << r;
+      ASSERT_EQ(ref[r].k.anchor, fast[r].k.anchor) << "row " << r;
+      ASSERT_EQ(ref[r].v.anchor, fast[r].v.anchor) << "row " << r;
+      for (int64_t t = 0; t < c.S; ++t) {
+        ASSERT_NEAR(ref[r].k.coef[t], fast[r].k.coef[t], 1e-5 * (1 + std::fabs(ref[r].k.coef[t])));
+        ASSERT_NEAR(ref[r].v.coef[t], fast[r].v.coef[t], 1e-5 * (1 + std::fabs(ref[r].v.coef[t])));
+        const float uk = ref[r].utility.key[t], fk = fast[r].utility.key[t];
+        if (std::isinf(uk)) {
+          ASSERT_EQ(uk, fk);
+        } else {
+          ASSERT_NEAR(uk, fk, 1e-3 * std::fabs(uk) + 1e-5 * umax + 1e-12);
+        }
+      }
+    }
+    const auto choice_ref = allocate_residuals(in, c.cfg, ref);
+    const auto choice_fast = allocate_residuals(in, c.cfg, fast);
+    EXPECT_EQ(choice_ref.k, choice_fast.k);
+    EXPECT_EQ(choice_ref.v, choice_fast.v);
+
+    ResidualCodec codec(c.D, c.cfg.residual_bits, c.cfg.scale, c.cfg.seed);
+    const auto rows_ref = compress_reference(in, c.cfg, codec);
+    const auto rows_fast = compress(in, cfg2, codec);
+    for (size_t r = 0; r < rows_ref.size(); ++r) {
+      EXPECT_EQ(rows_ref[r].meta, rows_fast[r].meta);
+      std::vector<float> k1(c.S * c.D), v1(k1.size()), k2(k1.size()), v2(k1.size());
+      reconstruct_row(rows_ref[r], codec, k1.data(), v1.data());
+      reconstruct_row(rows_fast[r], codec, k2.data(), v2.data());
+      for (int64_t t = 0; t < c.S; ++t) {
+        float mk = 0, mv = 0;
+        for (int64_t d = 0; d < c.D; ++d) {
+          mk = std::max(mk, std::fabs(K[(r * c.S + t) * c.D + d]));
+          mv = std::max(mv, std::fabs(V[(r * c.S + t) * c.D + d]));
+        }
+        for (int64_t d = 0; d < c.D; ++d) {
+          ASSERT_NEAR(k1[t * c.D + d], k2[t * c.D + d], kReconstructionTol * mk);
+          ASSERT_NEAR(v1[t * c.D + d], v2[t * c.D + d], kReconstructionTol * mv);
+        }
+      }
+    }
+  }
+}
+
+TEST(Compressor, OutputIsBitIdenticalForAnyThreadCount) {
+  const int64_t B = 2, H = 4, S = 1100, D = 64;
+  const auto K = random_kv(B, H, S, D, 3);
+  const auto V = random_kv(B, H, S, D, 4);
+  SegmentInput in{B, H, S, D, K.data(), V.data()};
+  AnchorKVConfig cfg;
+  cfg.anchor_frac = 1.0 / 32;
+  cfg.theta = 0.15;
+  ResidualCodec codec(D, cfg.residual_bits, cfg.scale, cfg.seed);
+  cfg.threads = 1;
+  const auto one = compress(in, cfg, codec);
+  for (int threads : {2, 3, 8}) {
+    cfg.threads = threads;
+    const auto many = compress(in, cfg, codec);
+    for (size_t r = 0; r < one.size(); ++r) {
+      EXPECT_EQ(one[r].anchor_k, many[r].anchor_k);
+      EXPECT_EQ(one[r].anchor_v, many[r].anchor_v);
+      EXPECT_EQ(one[r].meta, many[r].meta);
+      EXPECT_EQ(one[r].k.coef, many[r].k.coef);
+      EXPECT_EQ(one[r].v.coef, many[r].v.coef);
+      EXPECT_EQ(one[r].k.codes, many[r].k.codes);
+      EXPECT_EQ(one[r].v.codes, many[r].v.codes);
+      EXPECT_EQ(one[r].k.scales, many[r].k.scales);
+      EXPECT_EQ(one[r].v.scales, many[r].v.scales);
+    }
+  }
+}
+
+TEST(Compressor, StorageMatchesSeedFormulaAndAnchorsRecover) {
+  const int64_t B = 1, H = 2, S = 500, D = 64;
+  const auto K = random_kv(B, H, S, D, 5);
+  const auto V = random_kv(B, H, S, D, 6);
+  SegmentInput in{B, H, S, D, K.data(), V.data()};
+  AnchorKVConfig cfg;
+  cfg.theta = 0.3;
+  cfg.anchor_frac = 0.05;
+  cfg.window = 4;
+  ResidualCodec codec(D, 2, cfg.scale, cfg.seed);
+  const auto analysis = analyze(in, cfg);
+  const auto rows = compress(in, cfg, codec);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto& row = rows[r];
+    EXPECT_EQ(row.buffer_bytes(), base_row_bytes(S, row.n_anchor, D) + row.n_residual() * residual_bytes(D, 2));
+    EXPECT_EQ(row.anchor_positions(), analysis[r].anchors);
+    EXPECT_EQ(row.n_anchor, 25);
+  }
+}
+
+TEST(Compressor, MoreAnchorsThanTheLayoutHoldsIsRejected) {
+  SegmentInput in{1, 1, (int64_t{1} << 21) + 8, 4, nullptr, nullptr};
+  AnchorKVConfig cfg;
+  cfg.anchor_frac = 0.9;
+  EXPECT_THROW(check_segment(in, cfg), Error);
+  cfg.anchor_frac = 1.0;  // every token an anchor: no metadata needed
+  EXPECT_NO_THROW(check_segment(in, cfg));
+}
+
+}  // namespace
+}  // namespace anchorkv::compress

@@ -1,0 +1,9 @@
+// Subcommands of the anchorkv command-line program.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace anchorkv::cli {
+void register_demo(CLI::App& app);
+void register_codec_mse(CLI::App& app);
+}  // namespace anchorkv::cli
