@@ -9,6 +9,8 @@
 #include "compress/budget.h"
 #include "compress/compressor.h"
 #include "core/error.h"
+#include "core/buffer.h"
+#include "core/convert.h"
 #include "core/half.h"
 #include "core/parallel.h"
 
@@ -46,18 +48,11 @@ struct NewSegment {
   CompressionStats stats;
 };
 
-// Compresses rows x [S, D] fp16 tokens (row-major per row). Touches no state.
-NewSegment compress_segment(const internal::AnchorKVState& st, int64_t S,
-                            const std::function<const uint16_t*(int64_t)>& key_row,
-                            const std::function<const uint16_t*(int64_t)>& value_row) {
+// Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable). Touches no state.
+NewSegment compress_segment(const internal::AnchorKVState& st, int64_t S, const float* K, const float* V) {
   const AnchorKVConfig& cfg = st.config;
-  const int64_t rows = st.rows(), D = st.D;
-  std::vector<float> K(static_cast<size_t>(rows * S * D)), V(K.size());
-  core::parallel_for(rows, cfg.threads, [&](int64_t r) {
-    core::half_to_float_n(key_row(r), &K[static_cast<size_t>(r * S * D)], S * D);
-    core::half_to_float_n(value_row(r), &V[static_cast<size_t>(r * S * D)], S * D);
-  });
-  compress::SegmentInput in{st.B, st.H, S, D, K.data(), V.data()};
+  const int64_t D = st.D;
+  compress::SegmentInput in{st.B, st.H, S, D, K, V};
   NewSegment seg;
   seg.codec = st.codec ? st.codec
                        : std::make_shared<const compress::ResidualCodec>(D, cfg.residual_bits, cfg.scale, cfg.seed);
@@ -83,9 +78,13 @@ void commit_segment(internal::AnchorKVState& st, NewSegment&& seg, CompressionSt
 }
 
 NewSegment compress_head(const internal::AnchorKVState& st) {
-  return compress_segment(
-      st, st.head.tokens, [&](int64_t r) { return st.head.k[r].data(); },
-      [&](int64_t r) { return st.head.v[r].data(); });
+  const int64_t S = st.head.tokens, D = st.D;
+  core::UninitVector<float> K(static_cast<size_t>(st.rows() * S * D)), V(K.size());
+  core::parallel_for(st.rows(), st.config.threads, [&](int64_t r) {
+    core::f16_to_f32_n(st.head.k[r].data(), &K[static_cast<size_t>(r * S * D)], S * D);
+    core::f16_to_f32_n(st.head.v[r].data(), &V[static_cast<size_t>(r * S * D)], S * D);
+  });
+  return compress_segment(st, S, K.data(), V.data());
 }
 
 }  // namespace
@@ -103,8 +102,7 @@ KVPair AnchorKVCache::update_and_fetch(const TensorView& keys, const TensorView&
   }
   try {
     if (!st.compressed() && st.config.trigger == CompressTrigger::kFirstPrefill && S > 1) {
-      NewSegment seg = compress_segment(
-          st, S, [&](int64_t r) { return in.key_row(r); }, [&](int64_t r) { return in.value_row(r); });
+      NewSegment seg = compress_segment(st, S, in.k.data(), in.v.data());
       st.tail.resize_rows(st.rows());
       commit_segment(st, std::move(seg), impl_->stats);
     } else if (!st.compressed() && st.config.trigger == CompressTrigger::kFirstDecode && S == 1 &&

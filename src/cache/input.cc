@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/convert.h"
 #include "core/half.h"
 
 namespace anchorkv::cache {
@@ -27,27 +28,46 @@ void check_view(std::string_view op, const char* name, const TensorView& t) {
     core::fail(ErrorCode::kInvalidArgument, op, std::string(name) + " has null data");
 }
 
-void convert(std::string_view op, const char* name, const TensorView& t, std::vector<uint16_t>& out) {
+std::string index_string(const Shape4& s, int64_t flat) {
+  const int64_t d = flat % s[3], p = flat / s[3] % s[2], h = flat / (s[3] * s[2]) % s[1],
+                b = flat / (s[3] * s[2] * s[1]);
+  return "[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(p) + ", " + std::to_string(d) + "]";
+}
+
+[[noreturn]] void reject_value(std::string_view op, const char* name, const Shape4& shape, int64_t flat, float x) {
+  if (!std::isfinite(x))
+    core::fail(ErrorCode::kNonFinite, op,
+               std::string(name) + " holds a non-finite value (" + std::to_string(x) + ") at " +
+                   index_string(shape, flat));
+  core::fail(ErrorCode::kOutOfRange, op,
+             std::string(name) + " value " + std::to_string(x) + " at " + index_string(shape, flat) +
+                 " is beyond the fp16 range (|x| <= 65504)");
+}
+
+// Reads the view into `out` (contiguous f32), checks every value, rounds to fp16 precision.
+void convert(std::string_view op, const char* name, const TensorView& t, core::UninitVector<float>& out) {
   const auto& s = t.shape;
-  out.resize(static_cast<size_t>(t.numel()));
-  int64_t i = 0;
-  for (int64_t b = 0; b < s[0]; ++b)
-    for (int64_t h = 0; h < s[1]; ++h)
-      for (int64_t p = 0; p < s[2]; ++p)
-        for (int64_t d = 0; d < s[3]; ++d, ++i) {
-          const float x = t.at(b, h, p, d);
-          if (!std::isfinite(x))
-            core::fail(ErrorCode::kNonFinite, op,
-                       std::string(name) + " holds a non-finite value (" + std::to_string(x) + ") at [" +
-                           std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(p) + ", " +
-                           std::to_string(d) + "]");
-          if (std::fabs(x) > core::kFp16Max)
-            core::fail(ErrorCode::kOutOfRange, op,
-                       std::string(name) + " value " + std::to_string(x) + " at [" + std::to_string(b) + ", " +
-                           std::to_string(h) + ", " + std::to_string(p) + ", " + std::to_string(d) +
-                           "] is beyond the fp16 range (|x| <= 65504)");
-          out[static_cast<size_t>(i)] = core::float_to_half(x);
-        }
+  const int64_t n = t.numel();
+  out.resize(static_cast<size_t>(n));
+  if (t.is_contiguous() && t.dtype == DType::kF32) {
+    const float* in = static_cast<const float*>(t.data);
+    const int64_t bad = core::find_outside_fp16(in, n);
+    if (bad >= 0) reject_value(op, name, s, bad, in[bad]);
+    core::round_to_f16_n(in, out.data(), n);
+    return;
+  }
+  if (t.is_contiguous() && t.dtype == DType::kF16) {
+    core::f16_to_f32_n(static_cast<const uint16_t*>(t.data), out.data(), n);
+  } else {
+    int64_t i = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t h = 0; h < s[1]; ++h)
+        for (int64_t p = 0; p < s[2]; ++p)
+          for (int64_t d = 0; d < s[3]; ++d) out[static_cast<size_t>(i++)] = t.at(b, h, p, d);
+  }
+  const int64_t bad = core::find_outside_fp16(out.data(), n);
+  if (bad >= 0) reject_value(op, name, s, bad, out[static_cast<size_t>(bad)]);
+  core::round_to_f16_n(out.data(), out.data(), n);
 }
 
 }  // namespace
@@ -79,8 +99,11 @@ void ExactRows::append(const StagedInput& in) {
     v[r].reserve(v[r].size() + n);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    k[r].insert(k[r].end(), in.key_row(r), in.key_row(r) + n);
-    v[r].insert(v[r].end(), in.value_row(r), in.value_row(r) + n);
+    const size_t at = k[r].size();
+    k[r].resize(at + n);  // within capacity: cannot throw
+    v[r].resize(at + n);
+    core::f32_to_f16_n(in.key_row(r), k[r].data() + at, static_cast<int64_t>(n));
+    core::f32_to_f16_n(in.value_row(r), v[r].data() + at, static_cast<int64_t>(n));
   }
   tokens += in.S();
 }

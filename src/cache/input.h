@@ -6,19 +6,21 @@
 #include <vector>
 
 #include "anchorkv/tensor.h"
+#include "core/buffer.h"
 
 namespace anchorkv::cache {
 
-// K and V of one call, validated, as contiguous fp16 [B, H, S, D].
+// K and V of one call, validated, as contiguous [B, H, S, D] f32 holding the
+// fp16-rounded values (what fp16 storage keeps).
 struct StagedInput {
   Shape4 shape{0, 0, 0, 0};
-  std::vector<uint16_t> k, v;
+  core::UninitVector<float> k, v;
   int64_t B() const { return shape[0]; }
   int64_t H() const { return shape[1]; }
   int64_t S() const { return shape[2]; }
   int64_t D() const { return shape[3]; }
-  const uint16_t* key_row(int64_t row) const { return k.data() + row * S() * D(); }
-  const uint16_t* value_row(int64_t row) const { return v.data() + row * S() * D(); }
+  const float* key_row(int64_t row) const { return k.data() + row * S() * D(); }
+  const float* value_row(int64_t row) const { return v.data() + row * S() * D(); }
 };
 
 // Checks shapes (equal K/V shapes, B, H, D >= 1, S >= 0, non-null data,

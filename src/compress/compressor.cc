@@ -9,6 +9,7 @@
 
 #include "compress/anchors.h"
 #include "compress/budget.h"
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/linalg.h"
@@ -67,7 +68,7 @@ std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& c
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
 
   struct RowWork {
-    std::vector<float> alpha;    // [S, m]
+    core::UninitVector<float> alpha;  // [S, m]
     std::vector<float> y;        // [m, D]
     std::vector<int32_t> ordinal;  // [S] anchor ordinal or -1
     std::vector<float> ak, av;   // [k, D] anchors
@@ -164,8 +165,12 @@ std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& c
     const int64_t k = static_cast<int64_t>(ra.anchors.size());
     const float* K = in.key_row(row);
     const float* V = in.value_row(row);
-    std::vector<float> dots(static_cast<size_t>(n * k)), r(static_cast<size_t>(n * D));
-    std::vector<float> qr(static_cast<size_t>(n * m)), dist(static_cast<size_t>(n * m));
+    // Per-thread scratch, reused across tasks (fresh pages are costly).
+    thread_local core::UninitVector<float> dots, r, qr, dist;
+    dots.resize(static_cast<size_t>(n * k));
+    r.resize(static_cast<size_t>(n * D));
+    qr.resize(static_cast<size_t>(n * m));
+    dist.resize(static_cast<size_t>(n * m));
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
     // Keys.

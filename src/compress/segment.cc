@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/convert.h"
 #include "core/half.h"
 
 namespace anchorkv::compress {
@@ -42,12 +43,12 @@ void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {
   while (j < row.n_anchor) emit_anchor(p++, j++);
 }
 
-void decode_side(const CompressedSide& side, const std::vector<uint16_t>& anchors, int64_t D,
-                 const ResidualCodec& codec, int64_t e, int32_t anchor, int64_t slot, float* out,
-                 float* tmp, uint8_t* scratch) {
+// out = gamma * anchor (+ decoded residual). anchors: [n_anchor, D] f32.
+void decode_side(const CompressedSide& side, const float* anchors, int64_t D, const ResidualCodec& codec,
+                 int64_t e, int32_t anchor, int64_t slot, float* out, float* tmp, uint8_t* scratch) {
   const float g = side.coef[e];
-  const uint16_t* a = &anchors[static_cast<size_t>(anchor * D)];
-  for (int64_t d = 0; d < D; ++d) out[d] = g * core::half_to_float(a[d]);
+  const float* a = anchors + anchor * D;
+  for (int64_t d = 0; d < D; ++d) out[d] = g * a[d];
   if (slot >= 0) {
     codec.decode(&side.codes[static_cast<size_t>(slot * codec.code_bytes())], side.scales[slot], tmp, scratch);
     for (int64_t d = 0; d < D; ++d) out[d] += tmp[d];
@@ -60,15 +61,18 @@ void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float
   const int64_t D = codec.dim();
   std::vector<float> tmp(static_cast<size_t>(D));
   std::vector<uint8_t> scratch(static_cast<size_t>(D));
+  std::vector<float> ak(row.anchor_k.size()), av(row.anchor_v.size());
+  core::f16_to_f32_n(row.anchor_k.data(), ak.data(), static_cast<int64_t>(ak.size()));
+  core::f16_to_f32_n(row.anchor_v.data(), av.data(), static_cast<int64_t>(av.size()));
   walk(
       row,
       [&](int64_t p, int64_t j) {
-        core::half_to_float_n(&row.anchor_k[j * D], out_k + p * D, D);
-        core::half_to_float_n(&row.anchor_v[j * D], out_v + p * D, D);
+        std::copy_n(&ak[j * D], D, out_k + p * D);
+        std::copy_n(&av[j * D], D, out_v + p * D);
       },
       [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
-        decode_side(row.k, row.anchor_k, D, codec, e, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data());
-        decode_side(row.v, row.anchor_v, D, codec, e, m.anchor_v, sv, out_v + p * D, tmp.data(), scratch.data());
+        decode_side(row.k, ak.data(), D, codec, e, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data());
+        decode_side(row.v, av.data(), D, codec, e, m.anchor_v, sv, out_v + p * D, tmp.data(), scratch.data());
       });
 }
 
@@ -77,6 +81,9 @@ void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, 
   const int64_t D = codec.dim();
   std::vector<float> tmp(static_cast<size_t>(D)), x(static_cast<size_t>(D));
   std::vector<uint8_t> scratch(static_cast<size_t>(D));
+  std::vector<float> ak(row.anchor_k.size()), av(row.anchor_v.size());
+  core::f16_to_f32_n(row.anchor_k.data(), ak.data(), static_cast<int64_t>(ak.size()));
+  core::f16_to_f32_n(row.anchor_v.data(), av.data(), static_cast<int64_t>(av.size()));
   walk(
       row,
       [&](int64_t p, int64_t j) {
@@ -84,10 +91,10 @@ void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, 
         std::copy_n(&row.anchor_v[j * D], D, out_v + p * D);
       },
       [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
-        decode_side(row.k, row.anchor_k, D, codec, e, m.anchor_k, sk, x.data(), tmp.data(), scratch.data());
-        core::float_to_half_n(x.data(), out_k + p * D, D);
-        decode_side(row.v, row.anchor_v, D, codec, e, m.anchor_v, sv, x.data(), tmp.data(), scratch.data());
-        core::float_to_half_n(x.data(), out_v + p * D, D);
+        decode_side(row.k, ak.data(), D, codec, e, m.anchor_k, sk, x.data(), tmp.data(), scratch.data());
+        core::f32_to_f16_n(x.data(), out_k + p * D, D);
+        decode_side(row.v, av.data(), D, codec, e, m.anchor_v, sv, x.data(), tmp.data(), scratch.data());
+        core::f32_to_f16_n(x.data(), out_v + p * D, D);
       });
 }
 

@@ -1,5 +1,6 @@
 // `anchorkv codec-mse`: measured residual MSE of the codec's two scales
 // (seed absmax vs RMS) on synthetic residual distributions, D x bits.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -11,7 +12,10 @@
 
 #include "commands.h"
 #include "compress/codec.h"
+#include "compress/compressor.h"
+#include "core/convert.h"
 #include "core/rng.h"
+#include "eval/workload.h"
 
 namespace anchorkv::cli {
 namespace {
@@ -23,7 +27,7 @@ double gaussian(core::Rng& rng) {
 }
 
 // kind: "gaussian" (iid N(0,1)), "outlier" (N(0,1) plus 2 channels x 20),
-// "laplace" (heavy-tailed iid Laplace).
+// "laplace" (heavy-tailed iid Laplace); "anchorkv" uses workload_residuals().
 void draw(const std::string& kind, core::Rng& rng, std::vector<float>& r, const std::vector<int64_t>& outlier_ch) {
   for (auto& x : r) {
     if (kind == "laplace") {
@@ -35,6 +39,35 @@ void draw(const std::string& kind, core::Rng& rng, std::vector<float>& r, const 
   }
   if (kind == "outlier")
     for (int64_t c : outlier_ch) r[c] *= 20.0f;
+}
+
+// Real AnchorKV residuals: r_t = x_t - gamma_t x_a(t) of the non-anchor tokens of
+// the built-in synthetic workload (keys and values), as compression produces them.
+std::vector<std::vector<float>> workload_residuals(int64_t D, int64_t count) {
+  eval::SyntheticSpec spec;
+  spec.H = 2;
+  spec.S = 4096;
+  spec.D = D;
+  spec.n_queries = 1;
+  eval::Workload w = eval::make_synthetic(spec);
+  core::round_to_f16_n(w.K.data(), w.K.data(), static_cast<int64_t>(w.K.size()));
+  core::round_to_f16_n(w.V.data(), w.V.data(), static_cast<int64_t>(w.V.size()));
+  compress::SegmentInput in{spec.B, spec.H, spec.S, D, w.K.data(), w.V.data()};
+  const auto analysis = compress::analyze(in, AnchorKVConfig{});
+  std::vector<std::vector<float>> out;
+  for (int64_t i = 0; static_cast<int64_t>(out.size()) < count && i < spec.H * spec.S; ++i) {
+    const int64_t row = i % spec.H, t = (i / spec.H) * 7 % spec.S;  // spread over positions
+    const auto& a = analysis[row];
+    if (std::binary_search(a.anchors.begin(), a.anchors.end(), static_cast<int32_t>(t))) continue;
+    for (int side = 0; side < 2; ++side) {
+      const float* X = side == 0 ? in.key_row(row) : in.value_row(row);
+      const auto& as = side == 0 ? a.k : a.v;
+      std::vector<float> r(static_cast<size_t>(D));
+      compress::residual(X + t * D, X + a.anchors[as.anchor[t]] * D, as.coef[t], D, r.data());
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 struct Options {
@@ -49,8 +82,9 @@ void run(const Options& opt) {
     fmt::print("Residual codec: relative MSE  E||r - r^||^2 / E||r||^2  ({} vectors per cell)\n\n", opt.samples);
     fmt::print("  {:<9} {:>4} {:>4}  {:>10} {:>10}  {:>8}\n", "residuals", "D", "bits", "absmax", "rms", "winner");
   }
-  for (const std::string kind : {"gaussian", "outlier", "laplace"}) {
+  for (const std::string kind : {"gaussian", "outlier", "laplace", "anchorkv"}) {
     for (int64_t D : {64, 128}) {
+      const auto real = kind == "anchorkv" ? workload_residuals(D, opt.samples) : std::vector<std::vector<float>>{};
       for (int bits = 1; bits <= 4; ++bits) {
         double mse[2] = {0, 0};
         double energy = 0;
@@ -62,8 +96,12 @@ void run(const Options& opt) {
           std::vector<uint8_t> codes(static_cast<size_t>(codec.code_bytes())), tmp(static_cast<size_t>(D));
           const std::vector<int64_t> outlier_ch = {3, D / 2 + 1};
           double err = 0, en = 0;
-          for (int64_t i = 0; i < opt.samples; ++i) {
-            draw(kind, rng, r, outlier_ch);
+          const int64_t n = kind == "anchorkv" ? static_cast<int64_t>(real.size()) : opt.samples;
+          for (int64_t i = 0; i < n; ++i) {
+            if (kind == "anchorkv")
+              r = real[static_cast<size_t>(i)];
+            else
+              draw(kind, rng, r, outlier_ch);
             uint16_t sc;
             codec.encode(r.data(), codes.data(), &sc, scratch.data());
             codec.decode(codes.data(), sc, out.data(), tmp.data());

@@ -125,6 +125,8 @@ void register_demo(CLI::App& app) {
   sub->add_option("--head-dim,-D", opt->spec.D, "head dimension")->check(CLI::Range(1, 1024));
   sub->add_option("--queries", opt->spec.n_queries, "held-out queries per head")->check(CLI::Range(1, 4096));
   sub->add_option("--workload-seed", opt->spec.seed, "workload seed");
+  sub->add_flag("!--no-rope", opt->spec.rope, "do not apply RoPE to the workload's keys and queries");
+  sub->add_option("--clusters", opt->spec.clusters, "token clusters per head")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--theta", opt->config.theta, "fraction of fp16 bytes to retain");
   sub->add_option("--window", opt->config.window, "trailing window / proxy queries");
   sub->add_option("--rho", opt->config.rho, "scored share of non-window anchors");
