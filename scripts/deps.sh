@@ -11,7 +11,12 @@ ANCHORKV_PACKAGES=(
   libcli11-dev        # command-line parsing
   nlohmann-json3-dev  # JSON output
   libfmt-dev          # formatting
+  python3 python3-dev python3-numpy python3-pytest python3-pip
+  pybind11-dev        # Python bindings
 )
+
+# The Debian interpreter, where python3-numpy and python3-pytest live.
+ANCHORKV_PYTHON="${ANCHORKV_PYTHON:-/usr/bin/python3}"
 
 anchorkv_install_deps() {
   local missing=()

@@ -7,16 +7,10 @@
 namespace anchorkv::compress {
 
 void choose_anchor(const float* dots, int64_t n_anchor, float token_norm, const float* anchor_norms,
-                   const float* anchor_sq, int32_t* anchor_out, float* coef_out) {
-  int32_t best = 0;
-  float best_sim = -1.0f;
-  for (int64_t j = 0; j < n_anchor; ++j) {
-    const float sim = std::fabs(dots[j]) / (token_norm * anchor_norms[j] + kAssignEps);
-    if (sim > best_sim) {
-      best_sim = sim;
-      best = static_cast<int32_t>(j);
-    }
-  }
+                   const float* anchor_sq, int32_t* anchor_out, float* coef_out, bool simd) {
+  const auto best = static_cast<int32_t>(
+      simd ? core::abs_cosine_argmax(dots, n_anchor, token_norm, anchor_norms, kAssignEps)
+           : core::abs_cosine_argmax_ref(dots, n_anchor, token_norm, anchor_norms, kAssignEps));
   *anchor_out = best;
   *coef_out = dots[best] / (anchor_sq[best] + kAssignEps);
 }

@@ -23,8 +23,10 @@ SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<
 
 // Pick the anchor from precomputed dot products (shared by both paths):
 // dots[j] = <x, a_j>, anchor_norms[j] = ||a_j||, anchor_sq[j] = ||a_j||^2.
+// The reference scans with core::abs_cosine_argmax_ref; `simd` selects the
+// SIMD scan, which returns the same index.
 void choose_anchor(const float* dots, int64_t n_anchor, float token_norm, const float* anchor_norms,
-                   const float* anchor_sq, int32_t* anchor_out, float* coef_out);
+                   const float* anchor_sq, int32_t* anchor_out, float* coef_out, bool simd = false);
 
 // r = x - gamma * a
 inline void residual(const float* x, const float* a, float gamma, int64_t D, float* r) {

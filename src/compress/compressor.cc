@@ -185,7 +185,7 @@ std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& c
         continue;
       }
       const float norm = std::sqrt(core::dot(K + t * D, K + t * D, D));
-      choose_anchor(&dots[i * k], k, norm, rw.k_norm.data(), rw.k_sq.data(), &ra.k.anchor[t], &ra.k.coef[t]);
+      choose_anchor(&dots[i * k], k, norm, rw.k_norm.data(), rw.k_sq.data(), &ra.k.anchor[t], &ra.k.coef[t], true);
       residual(K + t * D, &rw.ak[ra.k.anchor[t] * D], ra.k.coef[t], D, ri);
     }
     core::dot_matrix(r.data(), n, D, K + (S - m) * D, m, D, D, qr.data(), m);
@@ -208,7 +208,7 @@ std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& c
         continue;
       }
       const float norm = std::sqrt(core::dot(V + t * D, V + t * D, D));
-      choose_anchor(&dots[i * k], k, norm, rw.v_norm.data(), rw.v_sq.data(), &ra.v.anchor[t], &ra.v.coef[t]);
+      choose_anchor(&dots[i * k], k, norm, rw.v_norm.data(), rw.v_sq.data(), &ra.v.anchor[t], &ra.v.coef[t], true);
       float* ri = &r[i * D];
       residual(V + t * D, &rw.av[ra.v.anchor[t] * D], ra.v.coef[t], D, ri);
       ra.utility.value[t] =

@@ -2,6 +2,8 @@
 // HWY_DYNAMIC_DISPATCH (the gemma.cpp pattern).
 #include "core/linalg.h"
 
+#include <cmath>
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/linalg.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -117,6 +119,28 @@ void SqDistMatrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_
     for (int64_t j = 0; j < k; ++j) out[i * ldo + j] = Dist1(d, X + i * ldx, Y + j * ldy, D);
 }
 
+int64_t AbsCosineArgmax(const float* HWY_RESTRICT dots, int64_t k, float token_norm,
+                        const float* HWY_RESTRICT norms, float eps) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto vt = hn::Set(d, token_norm);
+  const auto ve = hn::Set(d, eps);
+  auto best = hn::Set(d, -1.0f);
+  int64_t j = 0;
+  for (; j + N <= k; j += N) {
+    const auto sim = hn::Div(hn::Abs(hn::LoadU(d, dots + j)), hn::Add(hn::Mul(vt, hn::LoadU(d, norms + j)), ve));
+    best = hn::Max(best, sim);
+  }
+  float mx = hn::GetLane(hn::MaxOfLanes(d, best));
+  for (int64_t t = j; t < k; ++t) {
+    const float sim = std::fabs(dots[t]) / (token_norm * norms[t] + eps);
+    mx = sim > mx ? sim : mx;
+  }
+  for (int64_t t = 0; t < k; ++t)  // first index reaching the maximum
+    if (std::fabs(dots[t]) / (token_norm * norms[t] + eps) == mx) return t;
+  return 0;
+}
+
 void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -139,6 +163,7 @@ namespace anchorkv::core {
 
 HWY_EXPORT(DotMatrix);
 HWY_EXPORT(Axpy);
+HWY_EXPORT(AbsCosineArgmax);
 HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
 HWY_EXPORT(TargetName);
@@ -170,6 +195,23 @@ void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, 
       }
       out[i * ldo + j] = acc;
     }
+}
+
+int64_t abs_cosine_argmax(const float* dots, int64_t k, float token_norm, const float* norms, float eps) {
+  return HWY_DYNAMIC_DISPATCH(AbsCosineArgmax)(dots, k, token_norm, norms, eps);
+}
+
+int64_t abs_cosine_argmax_ref(const float* dots, int64_t k, float token_norm, const float* norms, float eps) {
+  int64_t best = 0;
+  float best_sim = -1.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    const float sim = std::fabs(dots[j]) / (token_norm * norms[j] + eps);
+    if (sim > best_sim) {
+      best_sim = sim;
+      best = j;
+    }
+  }
+  return best;
 }
 
 void axpy(float a, const float* x, float* y, int64_t D) { HWY_DYNAMIC_DISPATCH(Axpy)(a, x, y, D); }

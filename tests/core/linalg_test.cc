@@ -86,3 +86,32 @@ TEST(Linalg, AxpyAndDotMatchReference) {
 
 }  // namespace
 }  // namespace anchorkv::core
+
+namespace anchorkv::core {
+namespace {
+
+TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
+  Rng rng(12);
+  for (int64_t k : {1, 2, 15, 16, 17, 64, 257}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<float> dots(static_cast<size_t>(k)), norms(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) {
+        dots[j] = static_cast<float>(rng.uniform() * 2 - 1);
+        norms[j] = static_cast<float>(rng.uniform() + 0.1);
+      }
+      if (trial % 3 == 0 && k > 3) {  // exact ties: the first index wins in both
+        dots[k - 1] = dots[1];
+        norms[k - 1] = norms[1];
+        dots[0] = 0;
+      }
+      ASSERT_EQ(abs_cosine_argmax(dots.data(), k, 1.5f, norms.data(), 1e-12f),
+                abs_cosine_argmax_ref(dots.data(), k, 1.5f, norms.data(), 1e-12f))
+          << "k=" << k << " trial " << trial;
+    }
+  }
+  const float zero_dots[3] = {0, 0, 0}, norms[3] = {0, 0, 0};
+  EXPECT_EQ(abs_cosine_argmax(zero_dots, 3, 0.0f, norms, 1e-12f), 0);
+}
+
+}  // namespace
+}  // namespace anchorkv::core

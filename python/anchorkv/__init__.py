@@ -1,0 +1,233 @@
+"""anchorkv: AnchorKV anchor-residual KV-cache compression (C++ core, numpy API).
+
+Mirrors the seed's ``veloxquant_mlx.cache.anchorkv_cache.AnchorKVKVCache``:
+one cache per transformer layer, ``update_and_fetch(keys, values)`` with
+``[B, H, S, D]`` arrays, the first call with S > 1 compressed once, decode
+tokens appended exactly, every token kept.
+
+    >>> import numpy as np, anchorkv
+    >>> cache = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig())
+    >>> k = np.random.default_rng(0).standard_normal((1, 2, 512, 64)).astype(np.float32)
+    >>> K, V = cache.update_and_fetch(k, k)
+    >>> K.shape, K.dtype
+    ((1, 2, 512, 64), dtype('float16'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "KVCacheConfig",
+    "AnchorKVKVCache",
+    "FullKVCache",
+    "KVCacheBuilder",
+]
+
+_SCALES = {"rms": _core.ResidualScale.rms, "absmax": _core.ResidualScale.absmax}
+_ALLOCATIONS = {"pooled": _core.ResidualAllocation.pooled, "per_head": _core.ResidualAllocation.per_head}
+_TRIGGERS = {
+    "first_prefill": _core.CompressTrigger.first_prefill,
+    "first_decode": _core.CompressTrigger.first_decode,
+}
+
+
+def _pick(table, field, value):
+    if value not in table:
+        raise ValueError(f"[anchorkv.KVCacheConfig] invalid {field}: must be one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheConfig:
+    """Cache configuration; field names and defaults are the seed's.
+
+    anchorkv_theta: fraction of the fp16 K+V bytes to retain (0 <= theta <= 1).
+    anchorkv_window: trailing positions always kept as anchors; proxy queries (>= 0).
+    anchorkv_rho: share of the non-window anchors chosen by attention score (0..1).
+    anchorkv_anchor_frac: anchor budget k as a fraction of the prefill length (0 < f <= 1).
+    anchorkv_residual_bits: bits per residual coordinate (1, 2, 3 or 4).
+    anchorkv_seed: seeds the uniform anchor share and the codec rotation.
+
+    Added by this project:
+    anchorkv_scale: residual scale, "rms" (default, measured better) or "absmax" (seed).
+    anchorkv_allocation: "pooled" across heads (seed) or "per_head".
+    anchorkv_compress_at: "first_prefill" (seed) or "first_decode" (chunked prefill).
+    anchorkv_threads: worker threads, 0 = all cores (results are identical for any value).
+    """
+
+    anchorkv_theta: float = 0.05
+    anchorkv_window: int = 32
+    anchorkv_rho: float = 0.7
+    anchorkv_anchor_frac: float = 1.0 / 128
+    anchorkv_residual_bits: int = 2
+    anchorkv_seed: int = 42
+    anchorkv_scale: str = "rms"
+    anchorkv_allocation: str = "pooled"
+    anchorkv_compress_at: str = "first_prefill"
+    anchorkv_threads: int = 0
+
+    def __post_init__(self):
+        self._native()  # validates; raises ValueError / TypeError naming the field
+
+    def _native(self) -> "_core.AnchorKVConfig":
+        c = _core.AnchorKVConfig()
+        for field, attr, kind in (
+            ("anchorkv_theta", "theta", float),
+            ("anchorkv_window", "window", int),
+            ("anchorkv_rho", "rho", float),
+            ("anchorkv_anchor_frac", "anchor_frac", float),
+            ("anchorkv_residual_bits", "residual_bits", int),
+            ("anchorkv_seed", "seed", int),
+            ("anchorkv_threads", "threads", int),
+        ):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+                raise TypeError(f"[anchorkv.KVCacheConfig] {field} must be {kind.__name__}, got {type(value).__name__}")
+            if field == "anchorkv_seed" and not 0 <= value < 2**64:
+                raise ValueError(f"[anchorkv.KVCacheConfig] invalid {field}: must be in [0, 2**64), got {value}")
+            if kind is int and field != "anchorkv_seed" and not -(2**62) < value < 2**62:
+                raise ValueError(f"[anchorkv.KVCacheConfig] invalid {field}: out of range, got {value}")
+            setattr(c, attr, kind(value))
+        c.scale = _pick(_SCALES, "anchorkv_scale", self.anchorkv_scale)
+        c.allocation = _pick(_ALLOCATIONS, "anchorkv_allocation", self.anchorkv_allocation)
+        c.trigger = _pick(_TRIGGERS, "anchorkv_compress_at", self.anchorkv_compress_at)
+        c.validate()
+        return c
+
+
+class AnchorKVKVCache:
+    """AnchorKV anchor-residual KV cache for one layer. Never evicts a token.
+
+    update_and_fetch(keys, values): numpy float arrays [B, H, S, D] (float16 or
+    float32 read in place with any strides; float64 cast to float32). Returns (K_out, V_out), float16 [B, H, n_total, D]. The first
+    call with S > 1 is compressed once; later calls are appended exactly. Bad
+    input raises ValueError/TypeError and leaves the cache unchanged. The GIL is
+    released while the C++ core works.
+    """
+
+    def __init__(self, config: Optional[KVCacheConfig] = None):
+        self.config = config if config is not None else KVCacheConfig()
+        self._cache = _core.AnchorKVCache(self.config._native())
+
+    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        return self._cache.update_and_fetch(keys, values)
+
+    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The dense fp16 K/V of everything stored, without adding tokens."""
+        return self._cache.fetch()
+
+    def compress_now(self) -> None:
+        """Compress every exactly-stored token now (chunked prefill by hand)."""
+        self._cache.compress_now()
+
+    def is_trimmable(self) -> bool:
+        """False: trimming would desynchronise the compressed state."""
+        return False
+
+    @property
+    def is_compressed(self) -> bool:
+        return self._cache.is_compressed
+
+    @property
+    def offset(self) -> int:
+        """Token positions per (batch, head) row seen so far."""
+        return self._cache.offset
+
+    @property
+    def anchorkv_bytes(self) -> int:
+        """True compressed storage: anchors + metadata + packed residuals (+ exact tokens)."""
+        return self._cache.anchorkv_bytes
+
+    @property
+    def full_seq_bytes(self) -> int:
+        """Hypothetical fp16 K + V cost for the same tokens, uncompressed."""
+        return self._cache.full_seq_bytes
+
+    @property
+    def compression_ratio(self) -> float:
+        """full_seq_bytes / anchorkv_bytes; > 1 means storage savings."""
+        return self._cache.compression_ratio
+
+    @property
+    def tokens_kept(self) -> int:
+        """Always equals tokens_total: AnchorKV never evicts a token."""
+        return self._cache.tokens_kept
+
+    @property
+    def tokens_total(self) -> int:
+        """Total token positions ever passed to update_and_fetch (all heads summed)."""
+        return self._cache.tokens_total
+
+    @property
+    def n_anchor_total(self) -> int:
+        return self._cache.n_anchor_total
+
+    @property
+    def n_residual_total(self) -> int:
+        return self._cache.n_residual_total
+
+    def __repr__(self) -> str:
+        return (f"AnchorKVKVCache(offset={self.offset}, compression_ratio={self.compression_ratio:.2f}, "
+                f"config={self.config})")
+
+
+class FullKVCache:
+    """Plain fp16 cache: the reference every comparison uses."""
+
+    def __init__(self, config: Optional[KVCacheConfig] = None):
+        self.config = config
+        self._cache = _core.FullKVCache()
+
+    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        return self._cache.update_and_fetch(keys, values)
+
+    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
+        return self._cache.fetch()
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        self._cache.trim(n)
+        return n
+
+    @property
+    def offset(self) -> int:
+        return self._cache.offset
+
+    @property
+    def nbytes(self) -> int:
+        return self._cache.nbytes
+
+    @property
+    def full_seq_bytes(self) -> int:
+        return self._cache.full_seq_bytes
+
+    @property
+    def compression_ratio(self) -> float:
+        return self._cache.compression_ratio
+
+    @property
+    def tokens_kept(self) -> int:
+        return self._cache.tokens_kept
+
+    @property
+    def tokens_total(self) -> int:
+        return self._cache.tokens_total
+
+
+class KVCacheBuilder:
+    """Builds one cache per layer with the config propagated to each."""
+
+    @staticmethod
+    def for_layers(n_layers: int, config: Optional[KVCacheConfig] = None) -> List[AnchorKVKVCache]:
+        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 0:
+            raise ValueError(f"[anchorkv.KVCacheBuilder.for_layers] n_layers must be an int >= 0, got {n_layers!r}")
+        config = config if config is not None else KVCacheConfig()
+        return [AnchorKVKVCache(config) for _ in range(n_layers)]

@@ -1,0 +1,171 @@
+// pybind11 bindings: the native part of the `anchorkv` Python package.
+// The Python-facing classes (KVCacheConfig, AnchorKVKVCache, ...) live in
+// python/anchorkv/__init__.py and wrap these.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "anchorkv/anchorkv.h"
+
+namespace py = pybind11;
+using namespace anchorkv;
+
+namespace {
+
+// A numpy array viewed as a TensorView (no copy). Accepts float16 and float32
+// with any strides that are whole elements; anything else is a TypeError.
+struct ArrayView {
+  py::array array;  // keeps the memory alive
+  TensorView view;
+};
+
+ArrayView as_view(const py::handle& obj, const char* name, const char* op) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(std::string("[") + op + "] " + name + " must be a numpy array, got " +
+                         std::string(py::str(obj.get_type().attr("__name__"))));
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (a.dtype().kind() == 'f' && a.dtype().itemsize() > 4) {
+    // float64 (and wider): cast to float32 as the seed does; values beyond the
+    // float32 range become Inf and are then rejected as non-finite.
+    a = py::array_t<float, py::array::forcecast>::ensure(a);
+  }
+  const py::dtype dt = a.dtype();
+  DType dtype;
+  if (dt.is(py::dtype::of<float>())) {
+    dtype = DType::kF32;
+  } else if (dt.kind() == 'f' && dt.itemsize() == 2) {
+    dtype = DType::kF16;
+  } else {
+    throw py::type_error(std::string("[") + op + "] " + name + " must be a float array (float16, float32 or float64), got " +
+                         std::string(py::str(static_cast<const py::object&>(dt))));
+  }
+  if (a.ndim() != 4)
+    throw py::value_error(std::string("[") + op + "] " + name + " must have 4 dimensions [B, H, S, D], got " +
+                          std::to_string(a.ndim()));
+  const auto item = static_cast<py::ssize_t>(dt.itemsize());
+  bool ok = true;
+  for (int i = 0; i < 4; ++i) ok &= a.strides(i) >= 0 && a.strides(i) % item == 0;
+  if (!ok) {  // negative or odd strides: take a contiguous copy
+    a = py::array::ensure(a, py::array::c_style | py::array::forcecast);
+  }
+  ArrayView out{a, {}};
+  out.view.data = a.data();
+  out.view.dtype = dtype;
+  for (int i = 0; i < 4; ++i) {
+    out.view.shape[i] = a.shape(i);
+    out.view.strides[i] = a.strides(i) / item;
+  }
+  return out;
+}
+
+// Hand a Tensor to numpy without copying: the array owns it through a capsule.
+py::array to_numpy(Tensor&& t) {
+  auto* owned = new Tensor(std::move(t));
+  py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
+  const auto& s = owned->shape();
+  std::vector<py::ssize_t> shape(s.begin(), s.end());
+  std::vector<py::ssize_t> strides = {s[1] * s[2] * s[3] * 2, s[2] * s[3] * 2, s[3] * 2, 2};
+  return py::array(py::dtype("float16"), shape, strides, owned->data(), base);
+}
+
+py::tuple update(KVCache& cache, const py::handle& keys, const py::handle& values, const char* op) {
+  ArrayView k = as_view(keys, "keys", op);
+  ArrayView v = as_view(values, "values", op);
+  KVPair out;
+  {
+    py::gil_scoped_release release;
+    out = cache.update_and_fetch(k.view, v.view);
+  }
+  return py::make_tuple(to_numpy(std::move(out.keys)), to_numpy(std::move(out.values)));
+}
+
+py::tuple fetch(const KVCache& cache) {
+  KVPair out;
+  {
+    py::gil_scoped_release release;
+    out = cache.fetch();
+  }
+  return py::make_tuple(to_numpy(std::move(out.keys)), to_numpy(std::move(out.values)));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Native core of the anchorkv package (C++ library bindings).";
+
+  // Library errors: bad input -> ValueError, misuse of state -> RuntimeError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kInvalidState || e.code() == ErrorCode::kUnsupported)
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      else
+        PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  py::enum_<ResidualScale>(m, "ResidualScale").value("absmax", ResidualScale::kAbsMax).value("rms", ResidualScale::kRms);
+  py::enum_<ResidualAllocation>(m, "ResidualAllocation")
+      .value("pooled", ResidualAllocation::kPooledAcrossHeads)
+      .value("per_head", ResidualAllocation::kPerHead);
+  py::enum_<CompressTrigger>(m, "CompressTrigger")
+      .value("first_prefill", CompressTrigger::kFirstPrefill)
+      .value("first_decode", CompressTrigger::kFirstDecode);
+
+  py::class_<AnchorKVConfig>(m, "AnchorKVConfig")
+      .def(py::init<>())
+      .def_readwrite("theta", &AnchorKVConfig::theta)
+      .def_readwrite("window", &AnchorKVConfig::window)
+      .def_readwrite("rho", &AnchorKVConfig::rho)
+      .def_readwrite("anchor_frac", &AnchorKVConfig::anchor_frac)
+      .def_readwrite("residual_bits", &AnchorKVConfig::residual_bits)
+      .def_readwrite("seed", &AnchorKVConfig::seed)
+      .def_readwrite("scale", &AnchorKVConfig::scale)
+      .def_readwrite("allocation", &AnchorKVConfig::allocation)
+      .def_readwrite("trigger", &AnchorKVConfig::trigger)
+      .def_readwrite("threads", &AnchorKVConfig::threads)
+      .def("validate", &AnchorKVConfig::validate)
+      .def("__repr__", &AnchorKVConfig::to_string);
+
+  py::class_<AnchorKVCache>(m, "AnchorKVCache")
+      .def(py::init<const AnchorKVConfig&>())
+      .def("update_and_fetch",
+           [](AnchorKVCache& c, const py::handle& k, const py::handle& v) {
+             return update(c, k, v, "anchorkv::AnchorKVCache::update_and_fetch");
+           })
+      .def("fetch", [](const AnchorKVCache& c) { return fetch(c); })
+      .def("compress_now",
+           [](AnchorKVCache& c) {
+             py::gil_scoped_release release;
+             c.compress_now();
+           })
+      .def_property_readonly("is_compressed", &AnchorKVCache::is_compressed)
+      .def_property_readonly("offset", &AnchorKVCache::offset)
+      .def_property_readonly("anchorkv_bytes", &AnchorKVCache::anchorkv_bytes)
+      .def_property_readonly("full_seq_bytes", &AnchorKVCache::full_seq_bytes)
+      .def_property_readonly("compression_ratio", &AnchorKVCache::compression_ratio)
+      .def_property_readonly("tokens_kept", &AnchorKVCache::tokens_kept)
+      .def_property_readonly("tokens_total", &AnchorKVCache::tokens_total)
+      .def_property_readonly("n_anchor_total", &AnchorKVCache::n_anchor_total)
+      .def_property_readonly("n_residual_total", &AnchorKVCache::n_residual_total);
+
+  py::class_<FullKVCache>(m, "FullKVCache")
+      .def(py::init<>())
+      .def("update_and_fetch",
+           [](FullKVCache& c, const py::handle& k, const py::handle& v) {
+             return update(c, k, v, "anchorkv::FullKVCache::update_and_fetch");
+           })
+      .def("fetch", [](const FullKVCache& c) { return fetch(c); })
+      .def("trim", &FullKVCache::trim)
+      .def_property_readonly("offset", &FullKVCache::offset)
+      .def_property_readonly("nbytes", &FullKVCache::nbytes)
+      .def_property_readonly("full_seq_bytes", &FullKVCache::full_seq_bytes)
+      .def_property_readonly("compression_ratio", &FullKVCache::compression_ratio)
+      .def_property_readonly("tokens_kept", &FullKVCache::tokens_kept)
+      .def_property_readonly("tokens_total", &FullKVCache::tokens_total);
+}

@@ -1,0 +1,256 @@
+"""pytest suite for the anchorkv Python package: the seed's documented
+invariants, byte accounting, dtypes/strides, bad input, GIL release."""
+
+import dataclasses
+import pathlib
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import anchorkv
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def kv(B=1, H=2, S=256, D=64, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((B, H, 8, D))
+    idx = rng.integers(0, 8, size=(B, H, S))
+    k = np.take_along_axis(centres, idx[..., None].repeat(D, -1), axis=2) + 0.3 * rng.standard_normal((B, H, S, D))
+    v = rng.standard_normal((B, H, S, D))
+    return k.astype(np.float32), v.astype(np.float32)
+
+
+# ---------------------------------------------------------------- config
+
+def test_config_defaults_are_the_seeds():
+    c = anchorkv.KVCacheConfig()
+    assert c.anchorkv_theta == 0.05
+    assert c.anchorkv_window == 32
+    assert c.anchorkv_rho == 0.7
+    assert c.anchorkv_anchor_frac == 1 / 128
+    assert c.anchorkv_residual_bits == 2
+    assert c.anchorkv_seed == 42
+    # dataclasses.replace works, as the seed's KVCacheBuilder relies on.
+    assert dataclasses.replace(c, anchorkv_theta=0.1).anchorkv_theta == 0.1
+
+
+@pytest.mark.parametrize("field,value", [
+    ("anchorkv_theta", -0.1), ("anchorkv_theta", 1.5), ("anchorkv_window", -1),
+    ("anchorkv_rho", 2.0), ("anchorkv_anchor_frac", 0.0), ("anchorkv_residual_bits", 5),
+    ("anchorkv_residual_bits", 0), ("anchorkv_scale", "max"), ("anchorkv_allocation", "x"),
+    ("anchorkv_compress_at", "never"), ("anchorkv_seed", -1), ("anchorkv_threads", -3),
+])
+def test_invalid_config_raises_value_error_naming_the_field(field, value):
+    with pytest.raises(ValueError) as e:
+        anchorkv.KVCacheConfig(**{field: value})
+    short = field.replace("anchorkv_", "")
+    assert short in str(e.value)
+
+
+def test_config_type_errors_name_the_field():
+    with pytest.raises(TypeError, match="anchorkv_window"):
+        anchorkv.KVCacheConfig(anchorkv_window=3.5)
+    with pytest.raises(TypeError, match="anchorkv_theta"):
+        anchorkv.KVCacheConfig(anchorkv_theta="0.1")
+
+
+# ---------------------------------------------------------------- seed invariants
+
+def test_update_and_fetch_shapes_dtype_and_never_drops_tokens():
+    k, v = kv()
+    cache = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig())
+    K, V = cache.update_and_fetch(k, v)
+    assert K.shape == (1, 2, 256, 64) and V.shape == (1, 2, 256, 64)
+    assert K.dtype == np.float16 and V.dtype == np.float16
+    assert cache.offset == 256
+    assert cache.tokens_total == 2 * 256
+    assert cache.tokens_kept == cache.tokens_total
+    assert cache.is_trimmable() is False
+    assert not hasattr(cache, "bits")
+    for step in range(3):
+        t = np.full((1, 2, 1, 64), 0.5 + step, dtype=np.float32)
+        K, V = cache.update_and_fetch(t, -t)
+        assert K.shape == (1, 2, 257 + step, 64)
+        # Decode tokens come back exactly.
+        assert np.array_equal(K[:, :, -1], t[:, :, 0].astype(np.float16))
+        assert np.array_equal(V[:, :, -1], (-t[:, :, 0]).astype(np.float16))
+        assert cache.tokens_kept == cache.tokens_total == 2 * (257 + step)
+
+
+def test_byte_accounting_formulas():
+    # B=1, H=2, S=512, D=64, anchor_frac 1/16 -> 32 anchors per head, theta 0.2.
+    k, v = kv(S=512)
+    cfg = anchorkv.KVCacheConfig(anchorkv_anchor_frac=1 / 16, anchorkv_theta=0.2)
+    cache = anchorkv.AnchorKVKVCache(cfg)
+    cache.update_and_fetch(k, v)
+    S, D, H, n_anchor = 512, 64, 2, 32
+    full = H * S * D * 4
+    base = H * (n_anchor * D * 4 + (S - n_anchor) * 16)
+    b_res = (D * 2 + 7) // 8 + 2
+    n_res = int(np.floor((0.2 * full - base) / b_res))
+    assert cache.full_seq_bytes == full
+    assert cache.n_anchor_total == H * n_anchor
+    assert cache.n_residual_total == n_res
+    assert cache.anchorkv_bytes == base + n_res * b_res
+    assert cache.compression_ratio == pytest.approx(full / (base + n_res * b_res))
+    t = np.zeros((1, 2, 1, 64), np.float32)
+    cache.update_and_fetch(t, t)
+    assert cache.anchorkv_bytes == base + n_res * b_res + H * D * 4
+    assert cache.full_seq_bytes == full + H * D * 4
+
+
+def test_deterministic_for_a_fixed_seed_and_thread_count():
+    k, v = kv(B=2, H=3, S=700)
+    outs = []
+    for threads in (1, 2, 1):
+        c = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_threads=threads, anchorkv_anchor_frac=1 / 32))
+        outs.append(c.update_and_fetch(k, v))
+    for K, V in outs[1:]:
+        assert np.array_equal(K, outs[0][0]) and np.array_equal(V, outs[0][1])
+    # With a short window the seeded uniform share picks anchors: the seed matters.
+    picks = [anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_seed=s, anchorkv_window=4,
+                                                             anchorkv_anchor_frac=1 / 32)).update_and_fetch(k, v)[0]
+             for s in (42, 42, 7)]
+    assert np.array_equal(picks[0], picks[1])
+    assert not np.array_equal(picks[0], picks[2])
+
+
+def test_anchor_frac_one_is_lossless_like_the_full_cache():
+    k, v = kv(S=100)
+    a = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_anchor_frac=1.0))
+    f = anchorkv.FullKVCache()
+    Ka, Va = a.update_and_fetch(k, v)
+    Kf, Vf = f.update_and_fetch(k, v)
+    assert np.array_equal(Ka, Kf) and np.array_equal(Va, Vf)
+    assert np.array_equal(Kf, k.astype(np.float16))
+    assert f.is_trimmable() and f.trim(10) == 10 and f.offset == 90
+
+
+def test_float16_and_noncontiguous_inputs_match_float32():
+    k, v = kv(S=128)
+    ref = anchorkv.AnchorKVKVCache().update_and_fetch(k, v)
+    out16 = anchorkv.AnchorKVKVCache().update_and_fetch(k.astype(np.float16), v.astype(np.float16))
+    assert np.array_equal(ref[0], out16[0]) and np.array_equal(ref[1], out16[1])
+    # [B, S, H, D] memory viewed as [B, H, S, D]; and a reversed-stride view.
+    kt = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    vt = np.ascontiguousarray(v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    assert not kt.flags["C_CONTIGUOUS"]
+    outt = anchorkv.AnchorKVKVCache().update_and_fetch(kt, vt)
+    assert np.array_equal(ref[0], outt[0])
+    kr = np.ascontiguousarray(k[:, :, :, ::-1])[:, :, :, ::-1]
+    outr = anchorkv.AnchorKVKVCache().update_and_fetch(kr, v)
+    assert np.array_equal(ref[0], outr[0])
+
+
+def test_chunked_prefill_and_compress_now():
+    k, v = kv(S=200)
+    cfg = anchorkv.KVCacheConfig(anchorkv_compress_at="first_decode")
+    c = anchorkv.AnchorKVKVCache(cfg)
+    c.update_and_fetch(k[:, :, :100], v[:, :, :100])
+    c.update_and_fetch(k[:, :, 100:], v[:, :, 100:])
+    assert not c.is_compressed and c.compression_ratio == 1.0
+    c.update_and_fetch(k[:, :, :1], v[:, :, :1])
+    assert c.is_compressed and c.offset == 201
+    d = anchorkv.AnchorKVKVCache(cfg)
+    d.update_and_fetch(k, v)
+    d.compress_now()
+    assert d.is_compressed
+    with pytest.raises(RuntimeError, match="already holds a compressed segment"):
+        d.compress_now()
+
+
+def test_builder_propagates_the_config():
+    cfg = anchorkv.KVCacheConfig(anchorkv_theta=0.1)
+    caches = anchorkv.KVCacheBuilder.for_layers(4, cfg)
+    assert len(caches) == 4 and all(c.config is cfg for c in caches)
+    assert len({id(c) for c in caches}) == 4
+    with pytest.raises(ValueError):
+        anchorkv.KVCacheBuilder.for_layers(-1, cfg)
+
+
+# ---------------------------------------------------------------- bad input
+
+def state(c):
+    K, V = c.fetch()
+    return (c.offset, c.anchorkv_bytes, c.full_seq_bytes, c.tokens_total, K.tobytes(), V.tobytes())
+
+
+@pytest.mark.parametrize("case", ["shape_mismatch", "nan", "inf", "too_big", "heads_change", "ndim", "d_zero"])
+def test_bad_input_raises_value_error_and_leaves_cache_unchanged(case):
+    k, v = kv(S=64)
+    c = anchorkv.AnchorKVKVCache()
+    c.update_and_fetch(k, v)
+    before = state(c)
+    t = np.ones((1, 2, 3, 64), np.float32)
+    args = {
+        "shape_mismatch": (t, np.ones((1, 2, 4, 64), np.float32)),
+        "nan": (np.where(t > 0, np.nan, t).astype(np.float32), t),
+        "inf": (t, np.full_like(t, np.inf)),
+        "too_big": (t * np.float32(70000), t),
+        "heads_change": (np.ones((1, 3, 1, 64), np.float32),) * 2,
+        "ndim": (np.ones((2, 3, 64), np.float32),) * 2,
+        "d_zero": (np.ones((1, 2, 1, 0), np.float32),) * 2,
+    }[case]
+    with pytest.raises(ValueError, match=r"update_and_fetch\]"):
+        c.update_and_fetch(*args)
+    assert state(c) == before
+
+
+def test_float64_is_cast_like_the_seed():
+    k, v = kv(S=64)
+    a = anchorkv.AnchorKVKVCache().update_and_fetch(k.astype(np.float64), v.astype(np.float64))
+    b = anchorkv.AnchorKVKVCache().update_and_fetch(k, v)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    with pytest.raises(ValueError, match="non-finite"):  # beyond float32: Inf after the cast
+        anchorkv.AnchorKVKVCache().update_and_fetch(np.full((1, 1, 2, 4), 1e300), np.ones((1, 1, 2, 4)))
+
+
+@pytest.mark.parametrize("bad", [[[1.0]], np.ones((1, 2, 3, 4), np.int32), np.ones((1, 2, 3, 4), np.complex64),
+                                 np.ones((1, 2, 3, 4), bool)])
+def test_wrong_types_raise_type_error(bad):
+    c = anchorkv.AnchorKVKVCache()
+    with pytest.raises(TypeError):
+        c.update_and_fetch(bad, bad)
+    assert c.offset == 0
+
+
+# ---------------------------------------------------------------- GIL
+
+def test_gil_is_released_during_compression():
+    k, v = kv(B=1, H=8, S=4096, D=128)
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    cache = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_threads=1))
+    th = threading.Thread(target=ticker)
+    th.start()
+    time.sleep(0.01)
+    start = len(ticks)
+    t0 = time.perf_counter()
+    cache.update_and_fetch(k, v)
+    elapsed = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    during = len(ticks) - start
+    # Holding the GIL for the whole call would starve the ticker (at most a tick or two).
+    assert elapsed > 0.02, "workload too small to observe"
+    assert during >= 5, f"ticker ran {during} times during a {elapsed:.3f}s call"
+
+
+# ---------------------------------------------------------------- README
+
+def test_readme_python_example_runs_as_written():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "README has no python example"
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
