@@ -67,9 +67,11 @@ py::array to_numpy(Tensor&& t) {
   auto* owned = new Tensor(std::move(t));
   py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
   const auto& s = owned->shape();
+  const py::ssize_t item = static_cast<py::ssize_t>(dtype_size(owned->dtype()));
   std::vector<py::ssize_t> shape(s.begin(), s.end());
-  std::vector<py::ssize_t> strides = {s[1] * s[2] * s[3] * 2, s[2] * s[3] * 2, s[3] * 2, 2};
-  return py::array(py::dtype("float16"), shape, strides, owned->data(), base);
+  std::vector<py::ssize_t> strides = {s[1] * s[2] * s[3] * item, s[2] * s[3] * item, s[3] * item, item};
+  return py::array(py::dtype(owned->dtype() == DType::kF32 ? "float32" : "float16"), shape, strides, owned->data(),
+                   base);
 }
 
 py::tuple update(KVCache& cache, const py::handle& keys, const py::handle& values, const char* op) {
@@ -132,7 +134,26 @@ PYBIND11_MODULE(_core, m) {
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);
 
-  py::class_<AnchorKVCache>(m, "AnchorKVCache")
+  py::class_<KVCache>(m, "KVCache");
+
+  m.def(
+      "attend",
+      [](const py::handle& query, const KVCache& cache, float scale, bool f16, int threads) {
+        ArrayView q = as_view(query, "query", "anchorkv::attend");
+        AttentionOptions o;
+        o.scale = scale;
+        o.out_dtype = f16 ? DType::kF16 : DType::kF32;
+        o.threads = threads;
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = attend(q.view, cache, o);
+        }
+        return to_numpy(std::move(out));
+      },
+      py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false, py::arg("threads") = 0);
+
+  py::class_<AnchorKVCache, KVCache>(m, "AnchorKVCache")
       .def(py::init<const AnchorKVConfig&>())
       .def("update_and_fetch",
            [](AnchorKVCache& c, const py::handle& k, const py::handle& v) {
@@ -154,7 +175,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("n_anchor_total", &AnchorKVCache::n_anchor_total)
       .def_property_readonly("n_residual_total", &AnchorKVCache::n_residual_total);
 
-  py::class_<FullKVCache>(m, "FullKVCache")
+  py::class_<FullKVCache, KVCache>(m, "FullKVCache")
       .def(py::init<>())
       .def("update_and_fetch",
            [](FullKVCache& c, const py::handle& k, const py::handle& v) {

@@ -1,6 +1,7 @@
 // Umbrella header for the anchorkv library.
 #pragma once
 
+#include "anchorkv/attention.h"
 #include "anchorkv/cache.h"
 #include "anchorkv/config.h"
 #include "anchorkv/status.h"

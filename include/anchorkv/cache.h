@@ -44,6 +44,11 @@ class KVCache {
   double compression_ratio() const;
 };
 
+namespace internal {
+struct AnchorKVState;
+struct FullState;
+}  // namespace internal
+
 // Plain fp16 cache: the reference every comparison uses.
 class FullKVCache final : public KVCache {
  public:
@@ -64,9 +69,11 @@ class FullKVCache final : public KVCache {
   int64_t tokens_total() const override;
   int64_t tokens_kept() const override { return tokens_total(); }
 
+  // Internal state for the library's own kernels and tests.
+  const internal::FullState& state() const;
+
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<internal::FullState> impl_;
 };
 
 // Per-stage wall time of the last compression, seconds.
@@ -80,10 +87,6 @@ struct CompressionStats {
   int64_t rows = 0;         // (batch, head) rows compressed
   int64_t tokens = 0;       // tokens per row
 };
-
-namespace internal {
-struct AnchorKVState;
-}
 
 // AnchorKV anchor-residual cache (spec ANCHORKV_SPEC.md). Never evicts.
 class AnchorKVCache final : public KVCache {

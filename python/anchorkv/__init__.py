@@ -27,6 +27,7 @@ __all__ = [
     "AnchorKVKVCache",
     "FullKVCache",
     "KVCacheBuilder",
+    "attend",
 ]
 
 _SCALES = {"rms": _core.ResidualScale.rms, "absmax": _core.ResidualScale.absmax}
@@ -231,3 +232,19 @@ class KVCacheBuilder:
             raise ValueError(f"[anchorkv.KVCacheBuilder.for_layers] n_layers must be an int >= 0, got {n_layers!r}")
         config = config if config is not None else KVCacheConfig()
         return [AnchorKVKVCache(config) for _ in range(n_layers)]
+
+
+def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.float32, threads: int = 0) -> np.ndarray:
+    """Attention of ``query`` [B, Hq, Sq, D] over ``cache`` without building its dense K/V.
+
+    Hq must be a multiple of the cache's H (GQA). The Sq queries are the cache's
+    last Sq positions and attend causally. ``scale`` defaults to 1/sqrt(D).
+    Returns [B, Hq, Sq, D] float32 (or float16 with dtype=np.float16).
+    """
+    native = getattr(cache, "_cache", None)
+    if native is None:
+        raise TypeError(f"[anchorkv.attend] cache must be an anchorkv cache, got {type(cache).__name__}")
+    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise ValueError(f"[anchorkv.attend] dtype must be float32 or float16, got {dtype}")
+    return _core.attend(query, native, 0.0 if scale is None else float(scale), np.dtype(dtype) == np.float16,
+                        int(threads))

@@ -218,6 +218,47 @@ def test_wrong_types_raise_type_error(bad):
     assert c.offset == 0
 
 
+# ---------------------------------------------------------------- attention
+
+def dense_attention(q, K, V):
+    """Causal attention in float64: query i sits at position n - Sq + i."""
+    B, Hq, Sq, D = q.shape
+    H, n = K.shape[1], K.shape[2]
+    G = Hq // H
+    out = np.zeros(q.shape)
+    for b in range(B):
+        for hq in range(Hq):
+            for i in range(Sq):
+                P = n - Sq + i
+                s = K[b, hq // G, :P + 1].astype(np.float64) @ q[b, hq, i].astype(np.float64) / np.sqrt(D)
+                p = np.exp(s - s.max())
+                out[b, hq, i] = p @ V[b, hq // G, :P + 1].astype(np.float64) / p.sum()
+    return out
+
+
+def test_attend_matches_dense_attention_on_both_caches():
+    k, v = kv(B=1, H=2, S=600)
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 8, 3, 64)).astype(np.float32)
+    full = anchorkv.FullKVCache()
+    full.update_and_fetch(k, v)
+    ref = dense_attention(q, *full.fetch())
+    y = anchorkv.attend(q, full)
+    assert y.dtype == np.float32 and y.shape == q.shape
+    assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) < 1e-9
+    comp = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_theta=0.2, anchorkv_anchor_frac=1 / 16))
+    K, V = comp.update_and_fetch(k, v)
+    # Against attention over the fp16 reconstruction: equal up to that rounding.
+    yc = anchorkv.attend(q, comp)
+    refc = dense_attention(q, K, V)
+    assert np.sum((yc - refc) ** 2) / np.sum(refc ** 2) < 1e-5
+    assert anchorkv.attend(q, comp, dtype=np.float16).dtype == np.float16
+    with pytest.raises(ValueError, match="multiple"):
+        anchorkv.attend(np.ones((1, 3, 1, 64), np.float32), comp)
+    with pytest.raises(TypeError):
+        anchorkv.attend(q, object())
+
+
 # ---------------------------------------------------------------- GIL
 
 def test_gil_is_released_during_compression():

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "anchorkv/cache.h"
+#include "cache/full_state.h"
 #include "cache/input.h"
 #include "core/error.h"
 
@@ -13,19 +14,13 @@ double KVCache::compression_ratio() const {
   return static_cast<double>(full_seq_bytes()) / static_cast<double>(stored);
 }
 
-struct FullKVCache::Impl {
-  bool has_shape = false;
-  int64_t B = 0, H = 0, D = 0;
-  cache::ExactRows rows;
-};
-
-FullKVCache::FullKVCache() : impl_(std::make_unique<Impl>()) {}
+FullKVCache::FullKVCache() : impl_(std::make_unique<internal::FullState>()) {}
 FullKVCache::~FullKVCache() = default;
 FullKVCache::FullKVCache(FullKVCache&&) noexcept = default;
 FullKVCache& FullKVCache::operator=(FullKVCache&&) noexcept = default;
 
 KVPair FullKVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
-  Impl& s = *impl_;
+  internal::FullState& s = *impl_;
   const cache::StagedInput in =
       cache::stage_input("anchorkv::FullKVCache::update_and_fetch", keys, values, s.has_shape, s.B, s.H, s.D);
   s.rows.append(in);
@@ -39,7 +34,7 @@ KVPair FullKVCache::update_and_fetch(const TensorView& keys, const TensorView& v
 }
 
 KVPair FullKVCache::fetch() const {
-  const Impl& s = *impl_;
+  const internal::FullState& s = *impl_;
   const int64_t n = s.rows.tokens;
   KVPair out{Tensor(DType::kF16, {s.B, s.H, n, s.D}), Tensor(DType::kF16, {s.B, s.H, n, s.D})};
   for (int64_t r = 0; r < s.B * s.H; ++r) {
@@ -52,7 +47,7 @@ KVPair FullKVCache::fetch() const {
 int64_t FullKVCache::offset() const { return impl_->rows.tokens; }
 
 void FullKVCache::trim(int64_t n) {
-  Impl& s = *impl_;
+  internal::FullState& s = *impl_;
   if (n < 0 || n > s.rows.tokens)
     core::fail(ErrorCode::kInvalidArgument, "anchorkv::FullKVCache::trim",
                "cannot trim " + std::to_string(n) + " of " + std::to_string(s.rows.tokens) + " tokens");
@@ -62,6 +57,8 @@ void FullKVCache::trim(int64_t n) {
 }
 
 int64_t FullKVCache::nbytes() const { return impl_->rows.tokens * impl_->B * impl_->H * impl_->D * 4; }
+
+const internal::FullState& FullKVCache::state() const { return *impl_; }
 
 int64_t FullKVCache::tokens_total() const { return impl_->rows.tokens * impl_->B * impl_->H; }
 

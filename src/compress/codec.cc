@@ -1,6 +1,7 @@
 #include "compress/codec.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/bitpack.h"
 #include "core/codebook.h"
@@ -9,7 +10,14 @@
 namespace anchorkv::compress {
 
 ResidualCodec::ResidualCodec(int64_t dim, int bits, ResidualScale scale, uint64_t seed)
-    : dim_(dim), bits_(bits), scale_(scale), rotation_(dim, seed), levels_(core::gaussian_codebook(bits)) {}
+    : dim_(dim), bits_(bits), scale_(scale), rotation_(dim, seed), levels_(core::gaussian_codebook(bits)) {
+  if (8 % bits == 0) {
+    const int per = 8 / bits;
+    byte_lut_.resize(static_cast<size_t>(256 * per));
+    for (int b = 0; b < 256; ++b)
+      for (int i = 0; i < per; ++i) byte_lut_[b * per + i] = levels_[(b >> (i * bits)) & ((1 << bits) - 1)];
+  }
+}
 
 void ResidualCodec::encode(const float* r, uint8_t* codes_out, uint16_t* scale_out, float* scratch) const {
   float* z = scratch;
@@ -32,9 +40,46 @@ void ResidualCodec::encode(const float* r, uint8_t* codes_out, uint16_t* scale_o
 }
 
 void ResidualCodec::decode_rotated(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const {
-  core::unpack_codes(codes, dim_, bits_, scratch);
   const float s = core::half_to_float(scale);
+  if (!byte_lut_.empty()) {  // same values as the generic path, one lookup per byte
+    const int per = 8 / bits_;
+    const int64_t full = dim_ / per;
+    for (int64_t b = 0; b < full; ++b) {
+      const float* lv = &byte_lut_[static_cast<size_t>(codes[b]) * per];
+      for (int i = 0; i < per; ++i) out[b * per + i] = s * lv[i];
+    }
+    for (int64_t i = full * per; i < dim_; ++i)
+      out[i] = s * levels_[(codes[i / per] >> ((i % per) * bits_)) & ((1 << bits_) - 1)];
+    return;
+  }
+  core::unpack_codes(codes, dim_, bits_, scratch);
   for (int64_t i = 0; i < dim_; ++i) out[i] = s * levels_[scratch[i]];
+}
+
+namespace {
+// Copy the table row of every code byte; PER (codes per byte) is a constant so
+// each copy is one fixed-size move.
+template <int PER>
+void lookup_bytes(const uint8_t* codes, const float* lut, int64_t n_bytes, float* out) {
+  for (int64_t b = 0; b < n_bytes; ++b) std::memcpy(out + b * PER, lut + codes[b] * PER, sizeof(float) * PER);
+}
+}  // namespace
+
+void ResidualCodec::decode_levels(const uint8_t* codes, float* out, uint8_t* scratch) const {
+  if (!byte_lut_.empty()) {
+    const int per = 8 / bits_;
+    const int64_t full = dim_ / per;
+    switch (per) {
+      case 8: lookup_bytes<8>(codes, byte_lut_.data(), full, out); break;
+      case 4: lookup_bytes<4>(codes, byte_lut_.data(), full, out); break;
+      default: lookup_bytes<2>(codes, byte_lut_.data(), full, out); break;
+    }
+    for (int64_t i = full * per; i < dim_; ++i)
+      out[i] = levels_[(codes[i / per] >> ((i % per) * bits_)) & ((1 << bits_) - 1)];
+    return;
+  }
+  core::unpack_codes(codes, dim_, bits_, scratch);
+  for (int64_t i = 0; i < dim_; ++i) out[i] = levels_[scratch[i]];
 }
 
 void ResidualCodec::decode(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const {

@@ -29,6 +29,8 @@ class ResidualCodec {
   void encode(const float* r, uint8_t* codes_out, uint16_t* scale_out, float* scratch) const;
   // out = s * level[code] in the rotated domain. scratch: D bytes.
   void decode_rotated(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const;
+  // out = level[code] (unscaled, rotated domain); the caller applies the scale.
+  void decode_levels(const uint8_t* codes, float* out, uint8_t* scratch) const;
   // out = R^T (s * level[code]). scratch: D bytes.
   void decode(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const;
 
@@ -38,6 +40,9 @@ class ResidualCodec {
   ResidualScale scale_;
   core::Rotation rotation_;
   std::span<const float> levels_;
+  // For 1, 2 and 4 bits: the 8/bits levels each byte value unpacks to
+  // ([256, 8/bits]); decoding is then a table lookup per byte.
+  std::vector<float> byte_lut_;
 };
 
 }  // namespace anchorkv::compress

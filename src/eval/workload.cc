@@ -1,6 +1,7 @@
 #include "eval/workload.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -18,8 +19,15 @@ double gaussian(core::Rng& rng) {
 }  // namespace
 
 void apply_rope(float* x, int64_t D, int64_t pos, double base) {
+  thread_local std::vector<double> freqs;
+  thread_local double freqs_base = 0;
+  if (static_cast<int64_t>(freqs.size()) != D / 2 || freqs_base != base) {
+    freqs.resize(static_cast<size_t>(D / 2));
+    for (int64_t i = 0; i + 1 < D; i += 2) freqs[i / 2] = std::pow(base, -static_cast<double>(i) / static_cast<double>(D));
+    freqs_base = base;
+  }
   for (int64_t i = 0; i + 1 < D; i += 2) {
-    const double freq = std::pow(base, -static_cast<double>(i) / static_cast<double>(D));
+    const double freq = freqs[i / 2];
     const double a = static_cast<double>(pos) * freq;
     const double c = std::cos(a), s = std::sin(a);
     const double x0 = x[i], x1 = x[i + 1];

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/bitpack.h"
 #include "core/half.h"
 #include "core/rng.h"
 
@@ -86,6 +87,28 @@ TEST(Codec, HugeResidualSaturatesScaleInsteadOfInf) {
   uint16_t s;
   codec.encode(r.data(), codes.data(), &s, scratch.data());
   EXPECT_TRUE(std::isfinite(core::half_to_float(s)));
+}
+
+}  // namespace
+}  // namespace anchorkv::compress
+
+namespace anchorkv::compress {
+namespace {
+
+TEST(Codec, LookupDecodeEqualsGenericUnpack) {
+  // decode_rotated's per-byte table must give exactly level[code] * scale.
+  for (int bits = 1; bits <= 4; ++bits)
+    for (int64_t D : {17, 64, 80, 128}) {
+      ResidualCodec codec(D, bits, ResidualScale::kRms, 5);
+      core::Rng rng(static_cast<uint64_t>(bits * 1000 + D));
+      std::vector<uint8_t> codes(static_cast<size_t>(D)), packed(codec.code_bytes()), tmp(D);
+      for (auto& c : codes) c = static_cast<uint8_t>(rng.below(1u << bits));
+      core::pack_codes(codes.data(), D, bits, packed.data());
+      const uint16_t s = core::float_to_half(0.37f);
+      std::vector<float> out(D);
+      codec.decode_rotated(packed.data(), s, out.data(), tmp.data());
+      for (int64_t d = 0; d < D; ++d) ASSERT_EQ(out[d], core::half_to_float(s) * codec.levels()[codes[d]]);
+    }
 }
 
 }  // namespace

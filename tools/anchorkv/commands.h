@@ -6,4 +6,5 @@
 namespace anchorkv::cli {
 void register_demo(CLI::App& app);
 void register_codec_mse(CLI::App& app);
+void register_bench(CLI::App& app);
 }  // namespace anchorkv::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "anchorkv 0.1.0");
   anchorkv::cli::register_demo(app);
   anchorkv::cli::register_codec_mse(app);
+  anchorkv::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,42 @@
+// Attention over a KV cache, without ever building the dense K/V of a
+// compressed cache (the paper's fused kernel, on CPU).
+//
+// attend(query, cache, options) -> output
+//   query  [B, Hq, Sq, D] (f32, f16 or bf16, any strides); Hq a multiple of the
+//          cache's H (GQA / MQA: query head hq reads KV head hq / (Hq / H)).
+//          The Sq queries are the cache's last Sq positions (update the cache
+//          with their K/V first): query i sits at position offset - Sq + i and
+//          attends causally to every position up to and including its own.
+//   output [B, Hq, Sq, D], f32 (or f16 with options.out_dtype).
+// Works on any KVCache: AnchorKVCache runs the compressed kernel (anchors +
+// coefficients + rotated-domain residuals + exact tokens, one online
+// softmax); FullKVCache runs the dense fp16 kernel; any other cache is
+// fetched dense and runs the dense kernel. Results are bit-identical for any
+// thread count. Throws anchorkv::Error on bad shapes, non-finite queries or an
+// empty cache; the cache is never modified.
+#pragma once
+
+#include "anchorkv/cache.h"
+#include "anchorkv/tensor.h"
+
+namespace anchorkv {
+
+struct AttentionOptions {
+  float scale = 0.0f;             // softmax scale; 0 means 1 / sqrt(D)
+  DType out_dtype = DType::kF32;  // kF32 or kF16
+  int threads = 0;                // 0 = all cores
+  bool reference = false;         // run the scalar reference kernels (for tests and checks)
+};
+
+// What one attend() call used besides its output.
+struct AttentionStats {
+  int64_t workspace_bytes = 0;  // every buffer attend allocated (queries, partials, per-row prep,
+                                // per-thread scratch); never the dense K/V of a compressed segment
+  int64_t chunks_per_row = 0;   // work items per (batch, KV head) row
+  bool compressed = false;      // the compressed kernel ran
+};
+
+Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& options = {},
+              AttentionStats* stats = nullptr);
+
+}  // namespace anchorkv

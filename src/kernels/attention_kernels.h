@@ -1,0 +1,63 @@
+// Attention kernels on raw pointers (no knowledge of caches). Each works on
+// one chunk of one KV row for a block of nq queries (the GQA group times Sq)
+// and produces an online-softmax partial per query (FlashInfer style); chunks
+// are merged in a fixed order, so results never depend on the thread count.
+//
+// Queries arrive pre-scaled (q * softmax_scale), f32 [nq, D]. A query at
+// absolute position qpos[g] sees tokens at positions <= qpos[g].
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "compress/codec.h"
+#include "compress/segment.h"
+
+namespace anchorkv::kernels {
+
+// Online-softmax partial of one query over one chunk:
+//   m = max score, l = sum exp(score - m), acc = sum exp(score - m) * v  [D].
+// Compressed chunks also carry w[k] (per-anchor value weights) and rot[D]
+// (rotated-domain residual values), finished once per query after merging.
+struct PartialView {
+  float* m;    // [nq]
+  float* l;    // [nq]
+  float* acc;  // [nq, D]
+  float* w;    // [nq, k] or nullptr
+  float* rot;  // [nq, D] or nullptr
+};
+
+// Dense fp16 tokens: K16, V16 [n, D], token i at position pos0 + i.
+// scratch: n * nq floats + 2 * D floats.
+void dense_chunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
+                 int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch);
+void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
+                     int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch);
+
+// Per-query state of a compressed row, computed once per call.
+struct CompressedQueries {
+  const float* q;            // [nq, D] scaled queries
+  const int64_t* qpos;       // [nq]
+  int64_t nq = 0;
+  const float* anchor_dot;   // [nq, k]  q . a^K_j
+  const float* rq;           // [nq, D]  R q (rotated queries), or nullptr if no K residuals
+};
+
+// The anchors of a compressed row as tokens (gamma = 1, own value): scores
+// anchor_dot, values accumulate into w[j]. anchor_pos: positions (only read
+// when `masked`).
+void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
+                   PartialView out);
+
+// Entries [e0, e1) of a compressed row. slot_k0/slot_v0: residual slots owned
+// by entries before e0. seg_pos0: absolute position of the segment's first
+// token. scratch: (e1 - e0) * (nq + 3) floats + 2 * D floats + D bytes.
+void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
+                   const compress::ResidualCodec& codec, int64_t e0, int64_t e1, int64_t slot_k0,
+                   int64_t slot_v0, int64_t seg_pos0, bool masked, PartialView out, float* scratch, bool reference);
+
+// Merge partial `b` into `a` (same layout); k may be 0 and w/rot null.
+void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,
+                   const float* acc_b, const float* w_b, const float* rot_b, int64_t D, int64_t k);
+
+}  // namespace anchorkv::kernels

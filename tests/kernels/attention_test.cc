@@ -1,0 +1,262 @@
+#include "anchorkv/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../test_util.h"
+#include "anchorkv/anchorkv.h"
+#include "cache/anchorkv_state.h"
+#include "compress/segment.h"
+
+namespace anchorkv {
+namespace {
+
+using testing_util::random_kv;
+
+// Compressed attention vs dense attention over the cache's own f32 reconstruction.
+constexpr double kReconstructionNmse = 1e-6;
+// SIMD kernels (vector exp, lane-order sums) vs the scalar reference kernels.
+constexpr double kSimdVsReferenceNmse = 1e-10;
+
+// Dense causal attention in double over [n, D] rows; query i at position n - Sq + i.
+std::vector<double> dense_reference(const std::vector<float>& q /*[B,Hq,Sq,D]*/, const std::vector<float>& K,
+                                    const std::vector<float>& V /*[B,H,n,D]*/, int64_t B, int64_t H, int64_t Hq,
+                                    int64_t Sq, int64_t n, int64_t D) {
+  std::vector<double> y(static_cast<size_t>(B * Hq * Sq * D), 0.0);
+  const int64_t G = Hq / H;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hq = 0; hq < Hq; ++hq)
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int64_t h = hq / G, P = n - Sq + i;
+        const float* qi = &q[((b * Hq + hq) * Sq + i) * D];
+        const float* Kr = &K[(b * H + h) * n * D];
+        const float* Vr = &V[(b * H + h) * n * D];
+        std::vector<double> s(static_cast<size_t>(P + 1));
+        double mx = -1e300;
+        for (int64_t t = 0; t <= P; ++t) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * Kr[t * D + d];
+          s[t] = dot * scale;
+          mx = std::max(mx, s[t]);
+        }
+        double l = 0;
+        for (auto& x : s) l += (x = std::exp(x - mx));
+        double* yo = &y[((b * Hq + hq) * Sq + i) * D];
+        for (int64_t t = 0; t <= P; ++t)
+          for (int64_t d = 0; d < D; ++d) yo[d] += s[t] / l * Vr[t * D + d];
+      }
+  return y;
+}
+
+// The cache's contents in f32: exact parts from fetch(), the segment decoded in f32.
+void reconstruct_f32(const AnchorKVCache& c, std::vector<float>& K, std::vector<float>& V) {
+  const auto& st = c.state();
+  const KVPair dense = c.fetch();
+  K = dense.keys.to_f32();
+  V = dense.values.to_f32();
+  if (!st.compressed()) return;
+  const int64_t n = st.tokens_per_row(), D = st.D, S = st.segment_tokens;
+  std::vector<float> k(static_cast<size_t>(S * D)), v(k.size());
+  for (int64_t r = 0; r < st.rows(); ++r) {
+    compress::reconstruct_row(st.segment[r], *st.codec, k.data(), v.data());
+    std::copy(k.begin(), k.end(), K.begin() + (r * n + st.head.tokens) * D);
+    std::copy(v.begin(), v.end(), V.begin() + (r * n + st.head.tokens) * D);
+  }
+}
+
+double nmse(const std::vector<double>& ref, const std::vector<float>& got) {
+  double e = 0, s = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e += (ref[i] - got[i]) * (ref[i] - got[i]);
+    s += ref[i] * ref[i];
+  }
+  return e / std::max(s, 1e-300);
+}
+
+struct Case {
+  int64_t S, D, G, B, Sq;
+  bool tail;
+};
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(::testing::Message() << "S=" << c.S << " D=" << c.D << " G=" << c.G << " B=" << c.B
+                                    << " Sq=" << c.Sq << " tail=" << c.tail);
+  const int64_t H = 2, Hq = H * c.G;
+  AnchorKVConfig cfg;
+  cfg.theta = 0.15;  // residuals on K and V
+  cfg.anchor_frac = 1.0 / 16;
+  cfg.window = 8;
+  AnchorKVCache cache(cfg);
+  const auto K = random_kv(c.B, H, c.S, c.D, 11), V = random_kv(c.B, H, c.S, c.D, 12);
+  cache.update_and_fetch(TensorView::f32(K.data(), {c.B, H, c.S, c.D}), TensorView::f32(V.data(), {c.B, H, c.S, c.D}));
+  if (c.tail) {
+    const int64_t T = std::max<int64_t>(c.Sq, 3);
+    const auto Kt = random_kv(c.B, H, T, c.D, 13), Vt = random_kv(c.B, H, T, c.D, 14);
+    cache.update_and_fetch(TensorView::f32(Kt.data(), {c.B, H, T, c.D}), TensorView::f32(Vt.data(), {c.B, H, T, c.D}));
+  }
+  if (cache.offset() < c.Sq) return;
+  if (c.S >= 1000) {  // the sweep must exercise key and value residuals
+    int64_t rk = 0, rv = 0;
+    for (const auto& row : cache.state().segment) {
+      rk += row.k.n_residual();
+      rv += row.v.n_residual();
+    }
+    ASSERT_GT(rk, 0);
+    ASSERT_GT(rv, 0);
+  }
+  const auto q = random_kv(c.B, Hq, c.Sq, c.D, 15);
+  const TensorView qv = TensorView::f32(q.data(), {c.B, Hq, c.Sq, c.D});
+  std::vector<float> Kr, Vr;
+  reconstruct_f32(cache, Kr, Vr);
+  const auto ref = dense_reference(q, Kr, Vr, c.B, H, Hq, c.Sq, cache.offset(), c.D);
+
+  AttentionOptions o1, o2, oref;
+  o1.threads = 1;
+  o2.threads = 2;
+  oref.reference = true;
+  oref.threads = 2;
+  AttentionStats stats;
+  const auto y1 = attend(qv, cache, o1, &stats).to_f32();
+  const auto y2 = attend(qv, cache, o2).to_f32();
+  const auto yr = attend(qv, cache, oref).to_f32();
+  EXPECT_EQ(stats.compressed, cache.is_compressed());
+  EXPECT_LE(nmse(ref, y1), kReconstructionNmse);
+  EXPECT_LE(nmse(ref, yr), kReconstructionNmse);
+  ASSERT_EQ(y1, y2) << "results must be bit-identical for 1 and 2 threads";
+  std::vector<double> yrd(yr.begin(), yr.end());
+  EXPECT_LE(nmse(yrd, y1), kSimdVsReferenceNmse);
+}
+
+TEST(Attention, CompressedMatchesDenseOverReconstructionSweep) {
+  const int64_t Ss[] = {1, 31, 32, 33, 1000, 4097};
+  const int64_t Ds[] = {64, 80, 128};
+  const int64_t Gs[] = {1, 4, 8};
+  const int64_t Bs[] = {1, 3};
+  const int64_t Sqs[] = {1, 7};
+  int i = 0;
+  for (int64_t S : Ss)
+    for (int64_t D : Ds) {
+      // Vary the other dimensions along the sweep so each value meets every S and D.
+      for (int rep = 0; rep < 2; ++rep, ++i) {
+        const Case c{S, D, Gs[i % 3], Bs[(i / 3) % 2], Sqs[(i / 2) % 2], (i % 4) < 2};
+        run_case(c);
+      }
+    }
+}
+
+TEST(Attention, EveryGroupBatchQueryAndTailCombinationAtSmallSize) {
+  for (int64_t G : {1, 4, 8})
+    for (int64_t B : {1, 3})
+      for (int64_t Sq : {1, 7})
+        for (bool tail : {false, true}) run_case({300, 64, G, B, Sq, tail});
+}
+
+TEST(Attention, FullCacheMatchesDenseReference) {
+  const int64_t B = 2, H = 2, Hq = 8, S = 777, D = 80, Sq = 5;
+  FullKVCache cache;
+  const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
+  cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  const auto q = random_kv(B, Hq, Sq, D, 3);
+  const auto ref = dense_reference(q, K, V, B, H, Hq, Sq, S, D);  // K, V are fp16-exact
+  AttentionOptions o;
+  const auto y = attend(TensorView::f32(q.data(), {B, Hq, Sq, D}), cache, o).to_f32();
+  EXPECT_LE(nmse(ref, y), 1e-9);
+  o.reference = true;
+  EXPECT_LE(nmse(ref, attend(TensorView::f32(q.data(), {B, Hq, Sq, D}), cache, o).to_f32()), 1e-9);
+  o.reference = false;
+  o.out_dtype = DType::kF16;
+  const Tensor y16 = attend(TensorView::f32(q.data(), {B, Hq, Sq, D}), cache, o);
+  EXPECT_EQ(y16.dtype(), DType::kF16);
+  EXPECT_LE(nmse(ref, y16.to_f32()), 1e-6);
+}
+
+// Any other KVCache is fetched dense.
+class WrappedCache final : public KVCache {
+ public:
+  KVPair update_and_fetch(const TensorView& k, const TensorView& v) override { return inner.update_and_fetch(k, v); }
+  KVPair fetch() const override { return inner.fetch(); }
+  std::string name() const override { return "wrapped"; }
+  int64_t offset() const override { return inner.offset(); }
+  bool is_trimmable() const override { return false; }
+  int64_t nbytes() const override { return inner.nbytes(); }
+  int64_t full_seq_bytes() const override { return inner.full_seq_bytes(); }
+  int64_t tokens_total() const override { return inner.tokens_total(); }
+  int64_t tokens_kept() const override { return inner.tokens_kept(); }
+  FullKVCache inner;
+};
+
+TEST(Attention, GenericCacheAndNonContiguousQueries) {
+  const int64_t B = 1, H = 2, Hq = 4, S = 300, D = 64, Sq = 3;
+  WrappedCache w;
+  FullKVCache f;
+  const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
+  w.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  f.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  const auto q = random_kv(B, Hq, Sq, D, 3);
+  const auto a = attend(TensorView::f32(q.data(), {B, Hq, Sq, D}), w).to_f32();
+  const auto b = attend(TensorView::f32(q.data(), {B, Hq, Sq, D}), f).to_f32();
+  EXPECT_EQ(a, b);
+  // Queries laid out [B, Sq, Hq, D], viewed as [B, Hq, Sq, D].
+  std::vector<float> qt(q.size());
+  for (int64_t h = 0; h < Hq; ++h)
+    for (int64_t s = 0; s < Sq; ++s)
+      for (int64_t d = 0; d < D; ++d) qt[(s * Hq + h) * D + d] = q[(h * Sq + s) * D + d];
+  TensorView qv{qt.data(), DType::kF32, {B, Hq, Sq, D}, {Hq * Sq * D, D, Hq * D, 1}};
+  EXPECT_EQ(attend(qv, f).to_f32(), b);
+}
+
+TEST(Attention, WorkspaceStaysFarBelowTheDenseCache) {
+  const int64_t B = 1, H = 2, S = 32768, D = 128, Hq = 8;
+  AnchorKVCache cache;
+  const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
+  cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  const auto q = random_kv(B, Hq, 1, D, 3);
+  AttentionStats stats;
+  AttentionOptions o;
+  o.threads = 2;
+  attend(TensorView::f32(q.data(), {B, Hq, 1, D}), cache, o, &stats);
+  ASSERT_TRUE(stats.compressed);
+  const int64_t dense_f32 = B * H * S * D * 4 * 2;  // what reconstructing K and V would take
+  const int64_t k = S / 128, nq = Hq / H, R = B * H;
+  // O(anchors * D + Sq * D + threads * tile), with the constants of this implementation.
+  const int64_t bound = 4 * (R * (2 * k * D + nq * k + nq * D) +                  // per-row prep
+                             R * stats.chunks_per_row * nq * (2 + 2 * D + k) +   // chunk partials
+                             R * nq * D + 2 * (512 * (nq + 3) + 6 * D + nq * (2 + 2 * D + k) + k)) +
+                        64 * R;
+  EXPECT_LE(stats.workspace_bytes, bound * 5 / 4);
+  EXPECT_LT(stats.workspace_bytes, dense_f32 / 20) << stats.workspace_bytes << " bytes";
+  EXPECT_LE(stats.chunks_per_row, 2 * 16 + 1 + 16);
+}
+
+TEST(Attention, BadInput) {
+  AnchorKVCache empty;
+  std::vector<float> q(64, 1.0f);
+  EXPECT_THROW(attend(TensorView::f32(q.data(), {1, 1, 1, 64}), empty), Error);
+  AnchorKVCache c;
+  const auto K = random_kv(1, 2, 40, 16, 1);
+  c.update_and_fetch(TensorView::f32(K.data(), {1, 2, 40, 16}), TensorView::f32(K.data(), {1, 2, 40, 16}));
+  const auto before = c.anchorkv_bytes();
+  std::vector<float> q3(3 * 16, 1.0f);
+  auto expect = [&](const TensorView& v, ErrorCode code, const char* needle) {
+    try {
+      attend(v, c);
+      ADD_FAILURE() << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("[anchorkv::attend]"), std::string::npos);
+    }
+  };
+  expect(TensorView::f32(q3.data(), {1, 3, 1, 16}), ErrorCode::kShapeMismatch, "multiple");
+  expect(TensorView::f32(q3.data(), {1, 2, 1, 8}), ErrorCode::kShapeMismatch, "D=16");
+  std::vector<float> big(2 * 41 * 16, 0.0f);
+  expect(TensorView::f32(big.data(), {1, 2, 41, 16}), ErrorCode::kShapeMismatch, "holds only 40");
+  q3[5] = NAN;
+  expect(TensorView::f32(q3.data(), {1, 2, 1, 16}), ErrorCode::kNonFinite, "non-finite");
+  EXPECT_EQ(c.anchorkv_bytes(), before);
+}
+
+}  // namespace
+}  // namespace anchorkv
