@@ -88,7 +88,7 @@ Workload make_synthetic(const SyntheticSpec& spec) {
       float* q = Q + i * D;
       for (int64_t d = 0; d < D; ++d)
         q[d] = static_cast<float>(kc[cl * D + d] + spec.noise * centre_std * gaussian(rng) + 0.5 * sink[d]);
-      if (spec.rope) apply_rope(q, D, S + i, spec.rope_base);
+      if (spec.rope) apply_rope(q, D, spec.query_position >= 0 ? spec.query_position : S + i, spec.rope_base);
     }
   });
   return w;

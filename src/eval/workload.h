@@ -11,7 +11,10 @@
 //    query also carries, so they draw attention (attention sinks);
 //  * values = their own cluster centres + noise, no channel outliers;
 //  * queries: `n_queries` per row drawn from the same process at positions
-//    S, S+1, ... (decode queries). They are held out: compression never sees them.
+//    S, S+1, ... (decode queries; or all at `query_position`). They are held
+//    out: compression never sees them.
+// With the same seed, rope = false gives exactly the pre-RoPE vectors of
+// rope = true (RoPE draws no random numbers).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,9 @@ struct SyntheticSpec {
   int64_t sinks = 4;
   bool rope = true;
   double rope_base = 500000.0;  // Llama-3
+  // Position of the held-out queries: -1 = decode positions S, S+1, ...;
+  // otherwise every query sits at this position (e.g. S - 1, the last cached one).
+  int64_t query_position = -1;
 };
 
 struct Workload {

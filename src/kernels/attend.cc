@@ -15,6 +15,7 @@
 #include "core/linalg.h"
 #include "core/parallel.h"
 #include "kernels/attention_kernels.h"
+#include "kernels/rope.h"
 
 namespace anchorkv {
 namespace {
@@ -131,6 +132,15 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     core::fail(ErrorCode::kInvalidArgument, kOp, "out_dtype must be f32 or f16");
   if (!(opt.scale >= 0.0f) || !std::isfinite(opt.scale))
     core::fail(ErrorCode::kInvalidArgument, kOp, "scale must be finite and >= 0");
+  const RopeOptions* rope = opt.rope.enabled ? &opt.rope : nullptr;
+  if (rope) {
+    if (plan.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
+    if (!(rope->base > 1.0) || !std::isfinite(rope->base))
+      core::fail(ErrorCode::kInvalidArgument, kOp, "rope.base must be finite and > 1");
+    if (rope->style != RopeStyle::kNormal && rope->style != RopeStyle::kNeox)
+      core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
+    if (rope->position_offset < 0) core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
+  }
 
   const int64_t B = plan.B, H = plan.H, D = plan.D, Hq = qs[1], Sq = qs[2], G = Hq / H, nq = G * Sq;
   const int64_t R = B * H;
@@ -170,6 +180,7 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
                            std::to_string(i) + ", " + std::to_string(d) + "]");
           dst[d] = x * scale;
         }
+        if (rope) kernels::rope_rotate_at(dst, D, *rope, qpos[g] + rope->position_offset);
       }
 
   // ---------------------------------------------------------------- chunks
@@ -196,11 +207,13 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
 
   // ---------------------------------------------------------------- per-row compressed prep
   const bool masked_segment = st && (plan.n_total - Sq) < plan.seg_pos0 + st->segment_tokens - 1;
+  const bool need_anchor_pos = masked_segment || rope != nullptr;
   struct RowPrep {
     std::vector<float> ak, av;           // [k, D] anchors f32
     std::vector<float> anchor_dot;       // [nq, k]
     std::vector<float> rq;               // [nq, D]
-    std::vector<int32_t> anchor_pos;     // [k] when masked
+    std::vector<int32_t> anchor_pos;     // [k] when masked or with RoPE
+    std::vector<float> cs;               // [nq, k, D] with RoPE (see CompressedQueries)
     std::vector<int64_t> slot_k, slot_v; // residual slots before each entry chunk
   };
   std::vector<RowPrep> prep(static_cast<size_t>(st ? R : 0));
@@ -215,13 +228,34 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
       core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
       p.anchor_dot.resize(static_cast<size_t>(nq * k));
       const float* q = &Q[static_cast<size_t>(r * nq * D)];
+      if (need_anchor_pos) p.anchor_pos = row.anchor_positions();
+      std::vector<float> ak_rot;
+      const float* ak_scores = p.ak.data();
+      if (rope) {  // anchors rotated to their positions score like any key
+        ak_rot = p.ak;
+        for (int64_t j = 0; j < k; ++j)
+          kernels::rope_rotate_at(&ak_rot[j * D], D, *rope, plan.seg_pos0 + p.anchor_pos[j] + rope->position_offset);
+        ak_scores = ak_rot.data();
+        const int64_t half = D / 2;
+        p.cs.resize(static_cast<size_t>(nq * k * D));
+        for (int64_t g = 0; g < nq; ++g)
+          for (int64_t j = 0; j < k; ++j) {
+            const float* qg = q + g * D;
+            const float* a = &p.ak[j * D];
+            float* out = &p.cs[(g * k + j) * D];
+            for (int64_t i = 0; i < half; ++i) {
+              const int64_t x = kernels::rope_x(rope->style, i, D), y = kernels::rope_y(rope->style, i, D);
+              out[i] = qg[x] * a[x] + qg[y] * a[y];
+              out[half + i] = qg[y] * a[x] - qg[x] * a[y];
+            }
+          }
+      }
       if (opt.reference)
-        core::dot_matrix_ref(q, nq, D, p.ak.data(), k, D, D, p.anchor_dot.data(), k);
+        core::dot_matrix_ref(q, nq, D, ak_scores, k, D, D, p.anchor_dot.data(), k);
       else
-        core::dot_matrix(q, nq, D, p.ak.data(), k, D, D, p.anchor_dot.data(), k);
+        core::dot_matrix(q, nq, D, ak_scores, k, D, D, p.anchor_dot.data(), k);
       p.rq.resize(static_cast<size_t>(nq * D));
       for (int64_t g = 0; g < nq; ++g) st->codec->rotation().forward(q + g * D, &p.rq[g * D]);
-      if (masked_segment) p.anchor_pos = row.anchor_positions();
       int64_t sk = 0, sv = 0, e = 0;
       for (const Chunk& c : chunks) {
         if (c.kind != Chunk::kEntries) continue;
@@ -269,11 +303,17 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     if (c.kind == Chunk::kAnchors) {
       const compress::CompressedRow& row = st->segment[r];
       const RowPrep& p = prep[r];
-      kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data()};
+      kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data()};
       // Anchor weights land directly in this chunk's w ([nq, k] with stride k_max).
       tw.resize(static_cast<size_t>(nq * row.n_anchor));
       kernels::PartialView v{out_view.m, out_view.l, out_view.acc, tw.data(), out_view.rot};
-      kernels::anchors_chunk(cq, row.n_anchor, p.anchor_pos.data(), masked_segment, v);
+      // anchor_pos holds segment-relative positions; the mask compares absolute ones.
+      std::vector<int32_t> abs_pos;
+      if (masked_segment) {
+        abs_pos = p.anchor_pos;
+        for (auto& x : abs_pos) x += static_cast<int32_t>(plan.seg_pos0);
+      }
+      kernels::anchors_chunk(cq, row.n_anchor, abs_pos.data(), masked_segment, v);
       for (int64_t g = 0; g < nq; ++g) std::copy_n(&tw[g * row.n_anchor], row.n_anchor, out_view.w + g * k_max);
       return;
     }
@@ -282,12 +322,16 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     tacc.resize(static_cast<size_t>(nq * D));
     if (c.kind == Chunk::kDense) {
       const DenseRegion& reg = plan.dense[c.region];
-      scratch.resize(static_cast<size_t>(kTile * nq + 2 * D));
+      scratch.resize(static_cast<size_t>(kTile * nq + kTile * D + 2 * D));
       for (int64_t a = c.a; a < c.b; a += kTile) {
         const int64_t n = std::min(c.b, a + kTile) - a;
         kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
-        (opt.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(
-            q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, t, scratch.data());
+        if (rope)
+          kernels::dense_chunk_rope(q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, *rope,
+                                    t, scratch.data(), opt.reference);
+        else
+          (opt.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(
+              q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, t, scratch.data());
         for (int64_t g = 0; g < nq; ++g)
           kernels::merge_partial(out_view.m[g], out_view.l[g], out_view.acc + g * D,
                                  has_c ? out_view.w + g * k_max : nullptr, has_c ? out_view.rot + g * D : nullptr,
@@ -301,7 +345,7 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     const int64_t e_end = std::min(c.b, row.n_other());
     if (c.a >= e_end) return;
     const int64_t k = row.n_anchor;
-    kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data()};
+    kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data()};
     int64_t entry_chunk = 0;
     for (int64_t i = 0; i < ci; ++i) entry_chunk += chunks[static_cast<size_t>(i)].kind == Chunk::kEntries;
     int64_t sk = p.slot_k[entry_chunk], sv = p.slot_v[entry_chunk];
@@ -329,7 +373,7 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     int64_t bytes = static_cast<int64_t>(Q.size() * 4 + qpos.size() * 8 + (pm.size() + pl.size() + pacc.size()) * 4 +
                                          (pw.size() + prot.size()) * 4);
     for (const RowPrep& p : prep)
-      bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size()) * 4 +
+      bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size() + p.cs.size()) * 4 +
                                     p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
     const int64_t threads = std::min<int64_t>(core::resolve_threads(opt.threads), R * C);
     // Per-thread scratch (largest use) + tile partials + finish buffers.

@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "core/half.h"
 #include "core/linalg.h"
+#include "kernels/rope.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_kernels.cc"
@@ -265,6 +266,38 @@ void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint
   }
 }
 
+void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
+                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, PartialView out, float* scratch,
+                      bool reference) {
+  const int64_t half = D / 2;
+  float* s = scratch;                // [nq, n]
+  float* table = s + nq * n;         // [n, D]: cos (D/2) then sin (D/2) per token
+  float* row = table + n * D;        // [D]
+  thread_local std::vector<float> c, sn;
+  c.resize(static_cast<size_t>(n * half));
+  sn.resize(c.size());
+  rope_table(pos0 + rope.position_offset, n, D, rope.base, c.data(), sn.data());
+  for (int64_t i = 0; i < n; ++i) {
+    core::half_to_float_n(K16 + i * D, row, D);
+    rope_rotate(row, D, rope.style, &c[i * half], &sn[i * half]);
+    for (int64_t g = 0; g < nq; ++g)
+      s[g * n + i] = pos0 + i <= qpos[g] ? (reference ? core::dot_ref(q + g * D, row, D) : core::dot(q + g * D, row, D))
+                                         : kNegInf;
+  }
+  (void)table;
+  softmax_stats(s, nq, n, out.m, out.l, reference);
+  std::fill_n(out.acc, nq * D, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    core::half_to_float_n(V16 + i * D, row, D);
+    for (int64_t g = 0; g < nq; ++g) {
+      if (reference)
+        core::axpy_ref(s[g * n + i], row, out.acc + g * D, D);
+      else
+        core::axpy(s[g * n + i], row, out.acc + g * D, D);
+    }
+  }
+}
+
 void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
                    PartialView out) {
   // Scores are the exact q . a_j; each anchor's value is its own (gamma = 1).
@@ -294,6 +327,8 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
   res_v.clear();
 
   // Scores of the anchor approximation: gamma_t * (q . a_K(t)).
+  thread_local std::vector<int64_t> tpos;
+  tpos.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const compress::Meta m = compress::unpack_meta(row.meta[e0 + i]);
     ak[i] = m.anchor_k;
@@ -303,8 +338,34 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
     if (m.res_v) res_v.push_back(static_cast<int32_t>(i));
     const float gk = row.k.coef[e0 + i];
     const int64_t pos = seg_pos0 + e0 + i + m.anchors_before;
+    tpos[i] = pos;
+    if (cq.rope) continue;
     for (int64_t g = 0; g < nq; ++g)
       s[g * n + i] = (!masked || pos <= cq.qpos[g]) ? gk * cq.anchor_dot[g * k + ak[i]] : kNegInf;
+  }
+  // Pre-RoPE keys: q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
+  thread_local std::vector<float> rc, rs, cs_row;
+  const int64_t half = D / 2;
+  int64_t p_first = 0;
+  if (cq.rope) {
+    p_first = tpos[0];
+    const int64_t span = tpos[n - 1] - p_first + 1;
+    rc.resize(static_cast<size_t>(span * half));
+    rs.resize(rc.size());
+    rope_table(p_first + cq.rope->position_offset, span, D, cq.rope->base, rc.data(), rs.data());
+    cs_row.resize(static_cast<size_t>(D));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = tpos[i] - p_first;
+      std::copy_n(&rc[r * half], half, cs_row.data());
+      std::copy_n(&rs[r * half], half, cs_row.data() + half);
+      const float gk = row.k.coef[e0 + i];
+      for (int64_t g = 0; g < nq; ++g) {
+        const float* csg = cq.cs + (g * k + ak[i]) * D;
+        s[g * n + i] = (!masked || tpos[i] <= cq.qpos[g])
+                           ? gk * (reference ? core::dot_ref(csg, cs_row.data(), D) : core::dot(csg, cs_row.data(), D))
+                           : kNegInf;
+      }
+    }
   }
   // Key residuals add (R q) . (scale * level[code]).
   for (size_t r = 0; r < res_k.size(); ++r) {
@@ -314,7 +375,18 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
     const float sc = core::half_to_float(row.k.scales[slot]);
     for (int64_t g = 0; g < nq; ++g) {
       if (s[g * n + i] == kNegInf) continue;
-      s[g * n + i] += sc * (reference ? core::dot_ref(cq.rq + g * D, z, D) : core::dot(cq.rq + g * D, z, D));
+      const float* rqg = cq.rq + g * D;
+      if (cq.rope) {  // q . RoPE_t(R^T z) = (R RoPE_-t(q)) . z
+        thread_local std::vector<float> qt;
+        qt.assign(cq.q + g * D, cq.q + (g + 1) * D);
+        const int64_t r = tpos[i] - p_first;
+        rope_rotate(qt.data(), D, cq.rope->style, &rc[r * half], &rs[r * half], /*inverse=*/true);
+        codec.rotation().forward(qt.data(), qt.data());
+        rqg = qt.data();
+        s[g * n + i] += sc * (reference ? core::dot_ref(rqg, z, D) : core::dot(rqg, z, D));
+        continue;
+      }
+      s[g * n + i] += sc * (reference ? core::dot_ref(rqg, z, D) : core::dot(rqg, z, D));
     }
   }
   softmax_stats(s, nq, n, out.m, out.l, reference);

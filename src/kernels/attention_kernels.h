@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 
+#include "anchorkv/attention.h"
 #include "compress/codec.h"
 #include "compress/segment.h"
 
@@ -41,7 +42,19 @@ struct CompressedQueries {
   int64_t nq = 0;
   const float* anchor_dot;   // [nq, k]  q . a^K_j
   const float* rq;           // [nq, D]  R q (rotated queries), or nullptr if no K residuals
+  // Pre-RoPE keys (rope != nullptr): q is already rotated to its position,
+  // anchor_dot uses the anchors rotated to theirs, and
+  //   cs [nq, k, D] = per pair i: C_i = q_x a_x + q_y a_y (first D/2), S_i = q_y a_x - q_x a_y (last D/2)
+  // so that q . RoPE_t(a) = sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
+  const RopeOptions* rope = nullptr;
+  const float* cs = nullptr;
 };
+
+// Dense fp16 tokens whose keys are pre-RoPE: each key is rotated to its
+// position (pos + rope.position_offset) before the dot. scratch: n * nq + n * D + 2 * D floats.
+void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
+                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, PartialView out, float* scratch,
+                      bool reference);
 
 // The anchors of a compressed row as tokens (gamma = 1, own value): scores
 // anchor_dot, values accumulate into w[j]. anchor_pos: positions (only read

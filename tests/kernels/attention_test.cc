@@ -260,3 +260,108 @@ TEST(Attention, BadInput) {
 
 }  // namespace
 }  // namespace anchorkv
+
+namespace anchorkv {
+namespace {
+
+// Rotate rows in double: x[t] at position pos0 + t.
+void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_t pos0, const RopeOptions& r) {
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t t = 0; t < n; ++t) {
+      float* x = &X[(row * n + t) * D];
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const int64_t a = r.style == RopeStyle::kNormal ? 2 * i : i;
+        const int64_t b = r.style == RopeStyle::kNormal ? 2 * i + 1 : i + D / 2;
+        const double th = static_cast<double>(pos0 + t) * std::pow(r.base, -2.0 * i / static_cast<double>(D));
+        const double xa = x[a], xb = x[b];
+        x[a] = static_cast<float>(xa * std::cos(th) - xb * std::sin(th));
+        x[b] = static_cast<float>(xa * std::sin(th) + xb * std::cos(th));
+      }
+    }
+}
+
+void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail) {
+  SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
+                                    << " Sq=" << Sq << " head=" << head << " tail=" << tail);
+  const int64_t B = 1, H = 2, G = 4, Hq = H * G, D = 64;
+  AnchorKVConfig cfg;
+  cfg.theta = 0.15;
+  cfg.anchor_frac = 1.0 / 16;
+  cfg.window = 8;
+  AnchorKVCache cache(cfg);
+  FullKVCache full;
+  auto feed = [&](int64_t n, uint64_t seed) {
+    const auto K = random_kv(B, H, n, D, seed), V = random_kv(B, H, n, D, seed + 1);
+    cache.update_and_fetch(TensorView::f32(K.data(), {B, H, n, D}), TensorView::f32(V.data(), {B, H, n, D}));
+    full.update_and_fetch(TensorView::f32(K.data(), {B, H, n, D}), TensorView::f32(V.data(), {B, H, n, D}));
+  };
+  if (head) feed(1, 40);
+  feed(S, 42);
+  if (tail) feed(std::max<int64_t>(Sq, 2), 44);
+  const int64_t n = cache.offset();
+  const auto q = random_kv(B, Hq, Sq, D, 46);
+  RopeOptions rope;
+  rope.enabled = true;
+  rope.style = style;
+  rope.base = 10000.0;
+  rope.position_offset = offset;
+  // Reference: RoPE applied explicitly to the reconstruction and the queries.
+  std::vector<float> Kr, Vr;
+  reconstruct_f32(cache, Kr, Vr);
+  rope_rows(Kr, B * H, n, D, offset, rope);
+  std::vector<float> qr = q;
+  for (int64_t hq = 0; hq < Hq; ++hq) {
+    std::vector<float> one(qr.begin() + hq * Sq * D, qr.begin() + (hq + 1) * Sq * D);
+    rope_rows(one, 1, Sq, D, offset + n - Sq, rope);
+    std::copy(one.begin(), one.end(), qr.begin() + hq * Sq * D);
+  }
+  const auto ref = dense_reference(qr, Kr, Vr, B, H, Hq, Sq, n, D);
+  AttentionOptions o1, o2, oref;
+  o1.rope = o2.rope = oref.rope = rope;
+  o1.threads = 1;
+  o2.threads = 2;
+  oref.reference = true;
+  const TensorView qv = TensorView::f32(q.data(), {B, Hq, Sq, D});
+  const auto y1 = attend(qv, cache, o1).to_f32();
+  EXPECT_LE(nmse(ref, y1), kReconstructionNmse);
+  EXPECT_EQ(y1, attend(qv, cache, o2).to_f32());
+  const auto yr = attend(qv, cache, oref).to_f32();
+  EXPECT_LE(nmse(std::vector<double>(yr.begin(), yr.end()), y1), kSimdVsReferenceNmse);
+  // The dense kernel with RoPE against the same reference over the exact keys.
+  std::vector<float> Kf = full.fetch().keys.to_f32(), Vf = full.fetch().values.to_f32();
+  rope_rows(Kf, B * H, n, D, offset, rope);
+  const auto ref_full = dense_reference(qr, Kf, Vf, B, H, Hq, Sq, n, D);
+  EXPECT_LE(nmse(ref_full, attend(qv, full, o1).to_f32()), 1e-9);
+}
+
+TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
+  for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox})
+    for (int64_t offset : {0, 1000}) {
+      run_rope_case(style, offset, 700, 1, false, true);
+      run_rope_case(style, offset, 700, 7, false, false);  // queries inside the compressed segment
+    }
+  run_rope_case(RopeStyle::kNormal, 0, 3000, 3, true, true);
+}
+
+TEST(Attention, MaskedQueriesAfterAnExactHead) {
+  // A first S = 1 call stays exact (head), then the prefill is compressed;
+  // queries inside the segment must mask by absolute position.
+  for (int64_t Sq : {1, 7}) run_rope_case(RopeStyle::kNormal, 0, 500, Sq, true, false);
+  const int64_t B = 1, H = 2, Hq = 4, D = 32;
+  AnchorKVConfig cfg;
+  cfg.anchor_frac = 1.0 / 8;
+  cfg.window = 4;
+  cfg.theta = 0.2;
+  AnchorKVCache cache(cfg);
+  const auto K1 = random_kv(B, H, 1, D, 1), K2 = random_kv(B, H, 400, D, 2), V2 = random_kv(B, H, 400, D, 3);
+  cache.update_and_fetch(TensorView::f32(K1.data(), {B, H, 1, D}), TensorView::f32(K1.data(), {B, H, 1, D}));
+  cache.update_and_fetch(TensorView::f32(K2.data(), {B, H, 400, D}), TensorView::f32(V2.data(), {B, H, 400, D}));
+  const auto q = random_kv(B, Hq, 9, D, 4);
+  std::vector<float> Kr, Vr;
+  reconstruct_f32(cache, Kr, Vr);
+  const auto ref = dense_reference(q, Kr, Vr, B, H, Hq, 9, 401, D);
+  EXPECT_LE(nmse(ref, attend(TensorView::f32(q.data(), {B, Hq, 9, D}), cache).to_f32()), kReconstructionNmse);
+}
+
+}  // namespace
+}  // namespace anchorkv

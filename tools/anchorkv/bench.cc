@@ -2,6 +2,7 @@
 // dense fp16 attention, side by side in one run, plus the machine's read
 // bandwidth measured in the same run. Every figure is measured here.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -16,6 +17,7 @@
 #include "core/buffer.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
+#include "eval/metrics.h"
 #include "eval/workload.h"
 
 namespace anchorkv::cli {
@@ -147,6 +149,101 @@ void run_attention(const Options& opt) {
                             .c_str());
 }
 
+struct RopeBenchOptions {
+  int64_t seq = 8192, heads = 8, group = 4, dim = 128, clusters = 64;
+  double theta = 0.05;
+  int threads = 0;
+  int reps = 9;
+  bool json = false;
+};
+
+// Post-RoPE storage (the seed's) vs pre-RoPE storage with RoPE applied in
+// attention (the paper's): accuracy against exact attention, and speed.
+void run_rope(const RopeBenchOptions& opt) {
+  const int64_t H = opt.heads, G = opt.group, Hq = H * G, D = opt.dim, S = opt.seq;
+  eval::SyntheticSpec spec;
+  spec.B = 1;
+  spec.H = H;
+  spec.S = S;
+  spec.D = D;
+  spec.n_queries = G;
+  spec.clusters = opt.clusters;
+  spec.query_position = S - 1;  // attend() places the query at the last cached position
+  spec.rope = true;
+  const eval::Workload post = eval::make_synthetic(spec);
+  spec.rope = false;
+  const eval::Workload pre = eval::make_synthetic(spec);
+  const TensorView q_post = TensorView::f32(post.Q.data(), {1, Hq, 1, D});
+  const TensorView q_pre = TensorView::f32(pre.Q.data(), {1, Hq, 1, D});
+
+  // Exact attention over the post-RoPE keys (identical to RoPE applied to pre-RoPE ones).
+  std::vector<double> exact(static_cast<size_t>(Hq * D));
+  for (int64_t hq = 0; hq < Hq; ++hq)
+    eval::attention_reference(&post.Q[hq * D], &post.K[(hq / G) * S * D], &post.V[(hq / G) * S * D], S, D,
+                              &exact[hq * D]);
+  auto rel_error = [&](const Tensor& y) {
+    const std::vector<float> v = y.to_f32();
+    double sum = 0;
+    for (int64_t hq = 0; hq < Hq; ++hq) {
+      double e = 0, n = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        e += (v[hq * D + d] - exact[hq * D + d]) * (v[hq * D + d] - exact[hq * D + d]);
+        n += exact[hq * D + d] * exact[hq * D + d];
+      }
+      sum += std::sqrt(e / n);
+    }
+    return sum / static_cast<double>(Hq);
+  };
+
+  AnchorKVConfig cfg;
+  cfg.theta = opt.theta;
+  cfg.threads = opt.threads;
+  AnchorKVCache c_post(cfg), c_pre(cfg);
+  FullKVCache f_post, f_pre;
+  c_post.update_and_fetch(post.keys(), post.values());
+  c_pre.update_and_fetch(pre.keys(), pre.values());
+  f_post.update_and_fetch(post.keys(), post.values());
+  f_pre.update_and_fetch(pre.keys(), pre.values());
+  AttentionOptions plain, roped;
+  plain.threads = roped.threads = opt.threads;
+  roped.rope.enabled = true;
+  roped.rope.base = spec.rope_base;
+  roped.rope.style = RopeStyle::kNormal;
+  const double err_post = rel_error(attend(q_post, c_post, plain));
+  const double err_pre = rel_error(attend(q_pre, c_pre, roped));
+  const double err_dense_pre = rel_error(attend(q_pre, f_pre, roped));
+  const auto [dense_post_s, comp_post_s] =
+      median_pair(opt.reps, [&] { attend(q_post, f_post, plain); }, [&] { attend(q_post, c_post, plain); });
+  const auto [dense_pre_s, comp_pre_s] =
+      median_pair(opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_pre, roped); });
+  nlohmann::json j = {{"benchmark", "rope"},
+                      {"S", S},
+                      {"H", H},
+                      {"Hq", Hq},
+                      {"D", D},
+                      {"theta", opt.theta},
+                      {"rope_base", spec.rope_base},
+                      {"clusters", opt.clusters},
+                      {"post_rope", {{"relative_error", err_post}, {"compressed_ms", comp_post_s * 1e3},
+                                     {"dense_ms", dense_post_s * 1e3}, {"compression_ratio", c_post.compression_ratio()}}},
+                      {"pre_rope", {{"relative_error", err_pre}, {"compressed_ms", comp_pre_s * 1e3},
+                                    {"dense_ms", dense_pre_s * 1e3}, {"compression_ratio", c_pre.compression_ratio()},
+                                    {"dense_relative_error", err_dense_pre}}},
+                      {"threads", core::resolve_threads(opt.threads)}};
+  if (opt.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  fmt::print("Pre- vs post-RoPE key storage: B=1 H={} Hq={} S={} D={} theta {} (RoPE base {:.0f}), {} threads\n\n", H,
+             Hq, S, D, opt.theta, spec.rope_base, core::resolve_threads(opt.threads));
+  fmt::print("  {:<10} {:>14} {:>15} {:>10} {:>8}\n", "keys", "rel. error", "compressed ms", "dense ms", "ratio");
+  fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "post-RoPE", err_post, comp_post_s * 1e3,
+             dense_post_s * 1e3, c_post.compression_ratio());
+  fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "pre-RoPE", err_pre, comp_pre_s * 1e3,
+             dense_pre_s * 1e3, c_pre.compression_ratio());
+  fmt::print("\n  (dense fp16 attention with RoPE applied in attention: rel. error {:.2e})\n", err_dense_pre);
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -163,6 +260,19 @@ void register_bench(CLI::App& app) {
   att->add_option("--reps", opt->reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   att->add_flag("--json", opt->json, "print JSON");
   att->callback([opt] { run_attention(*opt); });
+
+  auto ropt = std::make_shared<RopeBenchOptions>();
+  CLI::App* rope = bench->add_subcommand("rope", "Pre-RoPE vs post-RoPE key storage: accuracy and speed");
+  rope->add_option("--seq", ropt->seq, "sequence length")->check(CLI::Range(2, 1 << 22));
+  rope->add_option("--heads", ropt->heads, "KV heads")->check(CLI::Range(1, 256));
+  rope->add_option("--group", ropt->group, "query heads per KV head")->check(CLI::Range(1, 64));
+  rope->add_option("--head-dim", ropt->dim, "head dimension (even)")->check(CLI::Range(2, 1024));
+  rope->add_option("--theta", ropt->theta, "AnchorKV theta");
+  rope->add_option("--clusters", ropt->clusters, "token clusters per head in the workload")->check(CLI::Range(1, 1 << 20));
+  rope->add_option("--threads", ropt->threads, "threads (0 = all cores)");
+  rope->add_option("--reps", ropt->reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
+  rope->add_flag("--json", ropt->json, "print JSON");
+  rope->callback([ropt] { run_rope(*ropt); });
 }
 
 }  // namespace anchorkv::cli
