@@ -327,8 +327,8 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
   res_v.clear();
 
   // Scores of the anchor approximation: gamma_t * (q . a_K(t)).
-  thread_local std::vector<int64_t> tpos;
-  tpos.resize(static_cast<size_t>(n));
+  thread_local std::vector<int64_t> tpos;  // token positions (RoPE only)
+  if (cq.rope) tpos.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const compress::Meta m = compress::unpack_meta(row.meta[e0 + i]);
     ak[i] = m.anchor_k;
@@ -336,12 +336,18 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
     coef_v[i] = row.v.coef[e0 + i];
     if (m.res_k) res_k.push_back(static_cast<int32_t>(i));
     if (m.res_v) res_v.push_back(static_cast<int32_t>(i));
-    const float gk = row.k.coef[e0 + i];
     const int64_t pos = seg_pos0 + e0 + i + m.anchors_before;
-    tpos[i] = pos;
-    if (cq.rope) continue;
-    for (int64_t g = 0; g < nq; ++g)
-      s[g * n + i] = (!masked || pos <= cq.qpos[g]) ? gk * cq.anchor_dot[g * k + ak[i]] : kNegInf;
+    if (cq.rope) {
+      tpos[i] = pos;
+      continue;
+    }
+    const float gk = row.k.coef[e0 + i];
+    if (!masked) {
+      for (int64_t g = 0; g < nq; ++g) s[g * n + i] = gk * cq.anchor_dot[g * k + ak[i]];
+    } else {
+      for (int64_t g = 0; g < nq; ++g)
+        s[g * n + i] = pos <= cq.qpos[g] ? gk * cq.anchor_dot[g * k + ak[i]] : kNegInf;
+    }
   }
   // Pre-RoPE keys: q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
   thread_local std::vector<float> rc, rs, cs_row;
