@@ -10,6 +10,7 @@
 #include <string>
 
 #include "anchorkv/anchorkv.h"
+#include "anchorkv/baselines.h"
 
 namespace py = pybind11;
 using namespace anchorkv;
@@ -92,6 +93,21 @@ py::tuple fetch(const KVCache& cache) {
     out = cache.fetch();
   }
   return py::make_tuple(to_numpy(std::move(out.keys)), to_numpy(std::move(out.values)));
+}
+
+// The methods every cache shares.
+template <class C, class... Extra>
+void bind_common(py::class_<C, Extra...>& cls, const char* op) {
+  cls.def("update_and_fetch",
+          [op](C& c, const py::handle& k, const py::handle& v) { return update(c, k, v, op); })
+      .def("fetch", [](const C& c) { return fetch(c); })
+      .def_property_readonly("offset", &C::offset)
+      .def_property_readonly("nbytes", &C::nbytes)
+      .def_property_readonly("full_seq_bytes", &C::full_seq_bytes)
+      .def_property_readonly("compression_ratio", &C::compression_ratio)
+      .def_property_readonly("tokens_kept", &C::tokens_kept)
+      .def_property_readonly("tokens_total", &C::tokens_total)
+      .def_property_readonly("name", &C::name);
 }
 
 }  // namespace
@@ -189,4 +205,14 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("compression_ratio", &FullKVCache::compression_ratio)
       .def_property_readonly("tokens_kept", &FullKVCache::tokens_kept)
       .def_property_readonly("tokens_total", &FullKVCache::tokens_total);
+
+  py::class_<QuantizedKVCache, KVCache> q(m, "QuantizedKVCache");
+  q.def(py::init<int, int64_t>(), py::arg("bits") = 4, py::arg("group_size") = 64);
+  bind_common(q, "anchorkv::QuantizedKVCache::update_and_fetch");
+  py::class_<StreamingLLMCache, KVCache> sl(m, "StreamingLLMCache");
+  sl.def(py::init<double, int64_t>(), py::arg("theta") = 0.05, py::arg("sinks") = 4);
+  bind_common(sl, "anchorkv::StreamingLLMCache::update_and_fetch");
+  py::class_<SnapKVCache, KVCache> sn(m, "SnapKVCache");
+  sn.def(py::init<double, int64_t, int64_t>(), py::arg("theta") = 0.05, py::arg("window") = 32, py::arg("kernel") = 7);
+  bind_common(sn, "anchorkv::SnapKVCache::update_and_fetch");
 }

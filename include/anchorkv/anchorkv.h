@@ -2,6 +2,7 @@
 #pragma once
 
 #include "anchorkv/attention.h"
+#include "anchorkv/baselines.h"
 #include "anchorkv/cache.h"
 #include "anchorkv/config.h"
 #include "anchorkv/status.h"

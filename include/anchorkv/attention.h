@@ -8,6 +8,9 @@
 //          with their K/V first): query i sits at position offset - Sq + i and
 //          attends causally to every position up to and including its own.
 //   output [B, Hq, Sq, D], f32 (or f16 with options.out_dtype).
+// Caches that evict tokens are attended over what they keep, with causal
+// positions taken as the kept tokens' order (decode queries see them all);
+// RoPE inside attention is refused for them (it needs true positions).
 // Works on any KVCache: AnchorKVCache runs the compressed kernel (anchors +
 // coefficients + rotated-domain residuals + exact tokens, one online
 // softmax); FullKVCache runs the dense fp16 kernel; any other cache is

@@ -27,6 +27,9 @@ __all__ = [
     "AnchorKVKVCache",
     "FullKVCache",
     "KVCacheBuilder",
+    "QuantizedKVCache",
+    "StreamingLLMCache",
+    "SnapKVCache",
     "attend",
 ]
 
@@ -221,6 +224,59 @@ class FullKVCache:
     @property
     def tokens_total(self) -> int:
         return self._cache.tokens_total
+
+
+class _BaselineCache:
+    """Common face of the baseline caches (true byte accounting in nbytes)."""
+
+    _native_type = None
+
+    def __init__(self, *args, **kwargs):
+        self._cache = self._native_type(*args, **kwargs)
+
+    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        return self._cache.update_and_fetch(keys, values)
+
+    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
+        return self._cache.fetch()
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    offset = property(lambda self: self._cache.offset)
+    nbytes = property(lambda self: self._cache.nbytes)
+    full_seq_bytes = property(lambda self: self._cache.full_seq_bytes)
+    compression_ratio = property(lambda self: self._cache.compression_ratio)
+    tokens_kept = property(lambda self: self._cache.tokens_kept)
+    tokens_total = property(lambda self: self._cache.tokens_total)
+    name = property(lambda self: self._cache.name)
+
+
+class QuantizedKVCache(_BaselineCache):
+    """Group-wise affine quantization (bits 2, 4 or 8; fp16 scale and bias per group)."""
+
+    _native_type = _core.QuantizedKVCache
+
+    def __init__(self, bits: int = 4, group_size: int = 64):
+        super().__init__(bits, group_size)
+
+
+class StreamingLLMCache(_BaselineCache):
+    """Attention sinks + recent window, theta x prefill tokens; rolling during decode."""
+
+    _native_type = _core.StreamingLLMCache
+
+    def __init__(self, theta: float = 0.05, sinks: int = 4):
+        super().__init__(theta, sinks)
+
+
+class SnapKVCache(_BaselineCache):
+    """Observation-window scoring at prefill (pooled), keeps theta x prefill tokens."""
+
+    _native_type = _core.SnapKVCache
+
+    def __init__(self, theta: float = 0.05, window: int = 32, kernel: int = 7):
+        super().__init__(theta, window, kernel)
 
 
 class KVCacheBuilder:

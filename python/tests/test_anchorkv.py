@@ -259,6 +259,27 @@ def test_attend_matches_dense_attention_on_both_caches():
         anchorkv.attend(q, object())
 
 
+def test_baseline_caches():
+    k, v = kv(B=1, H=2, S=400)
+    q = anchorkv.QuantizedKVCache(bits=4)
+    K, V = q.update_and_fetch(k, v)
+    assert K.shape == k.shape and q.nbytes == 2 * 400 * 2 * (32 + 4)
+    assert np.abs(K.astype(np.float32) - k).max() < 0.5
+    s = anchorkv.StreamingLLMCache(theta=0.1)
+    K, V = s.update_and_fetch(k, v)
+    assert K.shape == (1, 2, 40, 64) and s.tokens_kept == 80 and s.tokens_total == 800
+    assert np.array_equal(K[:, :, :4], k[:, :, :4].astype(np.float16))
+    n = anchorkv.SnapKVCache(theta=0.1)
+    K, V = n.update_and_fetch(k, v)
+    assert K.shape == (1, 2, 40, 64) and n.nbytes == 2 * 40 * 64 * 4
+    y = anchorkv.attend(np.ones((1, 2, 1, 64), np.float32), n)
+    assert y.shape == (1, 2, 1, 64)
+    with pytest.raises(ValueError, match="bits"):
+        anchorkv.QuantizedKVCache(bits=3)
+    with pytest.raises(ValueError, match="theta"):
+        anchorkv.SnapKVCache(theta=2.0)
+
+
 # ---------------------------------------------------------------- GIL
 
 def test_gil_is_released_during_compression():

@@ -27,7 +27,8 @@ void attention_reference(const float* q, const float* K, const float* V, int64_t
 }
 
 ErrorSummary attention_error(const float* Q, int64_t nq, const float* K, const float* V, const float* Kh,
-                             const float* Vh, int64_t rows, int64_t S, int64_t D, int threads) {
+                             const float* Vh, int64_t rows, int64_t S, int64_t D, int threads, int64_t S_hat) {
+  if (S_hat < 0) S_hat = S;
   const int64_t n = rows * nq;
   std::vector<double> rel(static_cast<size_t>(n)), cosine(static_cast<size_t>(n)), num(static_cast<size_t>(n)),
       den(static_cast<size_t>(n));
@@ -36,7 +37,7 @@ ErrorSummary attention_error(const float* Q, int64_t nq, const float* K, const f
     std::vector<double> y(static_cast<size_t>(D)), yh(static_cast<size_t>(D));
     const float* q = Q + i * D;
     attention_reference(q, K + row * S * D, V + row * S * D, S, D, y.data());
-    attention_reference(q, Kh + row * S * D, Vh + row * S * D, S, D, yh.data());
+    attention_reference(q, Kh + row * S_hat * D, Vh + row * S_hat * D, S_hat, D, yh.data());
     double e = 0, yy = 0, hh = 0, yhd = 0;
     for (int64_t d = 0; d < D; ++d) {
       e += (y[d] - yh[d]) * (y[d] - yh[d]);

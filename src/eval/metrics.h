@@ -18,8 +18,9 @@ struct ErrorSummary {
   int64_t queries = 0;
 };
 
-// Queries Q [rows, nq, D] against exact K, V and approximations Kh, Vh ([rows, S, D]).
+// Queries Q [rows, nq, D] against exact K, V ([rows, S, D]) and approximations
+// Kh, Vh ([rows, S_hat, D]; S_hat < S for caches that evict, -1 means S).
 ErrorSummary attention_error(const float* Q, int64_t nq, const float* K, const float* V, const float* Kh,
-                             const float* Vh, int64_t rows, int64_t S, int64_t D, int threads);
+                             const float* Vh, int64_t rows, int64_t S, int64_t D, int threads, int64_t S_hat = -1);
 
 }  // namespace anchorkv::eval

@@ -133,6 +133,9 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
   if (!(opt.scale >= 0.0f) || !std::isfinite(opt.scale))
     core::fail(ErrorCode::kInvalidArgument, kOp, "scale must be finite and >= 0");
   const RopeOptions* rope = opt.rope.enabled ? &opt.rope : nullptr;
+  if (rope && cache.tokens_kept() < cache.tokens_total())
+    core::fail(ErrorCode::kUnsupported, kOp,
+               "RoPE inside attention needs every token's position; cache '" + cache.name() + "' evicts tokens");
   if (rope) {
     if (plan.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
     if (!(rope->base > 1.0) || !std::isfinite(rope->base))

@@ -7,4 +7,5 @@ namespace anchorkv::cli {
 void register_demo(CLI::App& app);
 void register_codec_mse(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_compare(CLI::App& app);
 }  // namespace anchorkv::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   anchorkv::cli::register_demo(app);
   anchorkv::cli::register_codec_mse(app);
   anchorkv::cli::register_bench(app);
+  anchorkv::cli::register_compare(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,100 @@
+// Baseline caches for comparisons at matched bytes. Each implements KVCache
+// with true byte accounting (nbytes() = what it really stores) and sizes
+// itself from a byte budget `theta` (a fraction of the fp16 K+V bytes of the
+// prefill), the same knob AnchorKV uses.
+//
+// Eviction caches (StreamingLLM, SnapKV) keep theta * S tokens of the first
+// prefill (S > 1 call) and report tokens_kept < tokens_total. Quantized caches
+// cannot go below their bit width: their size is fixed and a comparison marks
+// them over budget.
+#pragma once
+
+#include <memory>
+
+#include "anchorkv/cache.h"
+
+namespace anchorkv {
+
+// Group-wise affine quantization along D (as mlx_lm's QuantizedKVCache):
+// groups of `group_size` coordinates, x ~ scale * q + bias, q in [0, 2^bits),
+// fp16 scale and bias per group. Every token (prefill and decode) is quantized.
+class QuantizedKVCache final : public KVCache {
+ public:
+  explicit QuantizedKVCache(int bits = 4, int64_t group_size = 64);  // bits 2, 4 or 8
+  ~QuantizedKVCache() override;
+  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
+  KVPair fetch() const override;
+  std::string name() const override;
+  int64_t offset() const override;
+  bool is_trimmable() const override { return false; }
+  int64_t nbytes() const override;
+  int64_t full_seq_bytes() const override;
+  int64_t tokens_total() const override;
+  int64_t tokens_kept() const override { return tokens_total(); }
+  // Bytes one token of one row and side takes: ceil(D*bits/8) + 4 * ceil(D/group).
+  static int64_t token_side_bytes(int64_t D, int bits, int64_t group_size);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Shared by the eviction caches: the rows keep a fixed set of positions.
+class EvictionCacheBase : public KVCache {
+ public:
+  ~EvictionCacheBase() override;
+  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
+  KVPair fetch() const override;
+  int64_t offset() const override;
+  bool is_trimmable() const override { return false; }
+  int64_t nbytes() const override;
+  int64_t full_seq_bytes() const override;
+  int64_t tokens_total() const override;
+  int64_t tokens_kept() const override;
+  double theta() const;
+  // Token budget for a prefill of S tokens: max(1, floor(theta * S)).
+  int64_t budget_tokens(int64_t S) const;
+
+ protected:
+  EvictionCacheBase(double theta, const char* op);
+  // Positions (ascending, within [0, S)) to keep from a [S, D] prefill row.
+  virtual std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const = 0;
+  // Whether decode tokens evict old ones (StreamingLLM) or just append (SnapKV).
+  virtual bool rolling() const = 0;
+  virtual int64_t sinks() const { return 0; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// StreamingLLM: `sinks` attention-sink tokens plus the most recent tokens,
+// theta * S in all; decode keeps the size constant (oldest non-sink evicted).
+class StreamingLLMCache final : public EvictionCacheBase {
+ public:
+  explicit StreamingLLMCache(double theta = 0.05, int64_t sinks = 4);
+  std::string name() const override { return "streamingllm"; }
+
+ private:
+  std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const override;
+  bool rolling() const override { return true; }
+  int64_t sinks() const override { return sinks_; }
+  int64_t sinks_;
+};
+
+// SnapKV: the trailing `window` keys act as observation queries (key-as-query,
+// as AnchorKV's scoring); attention averaged over them and smoothed with an
+// average pool of width `kernel` ranks the other positions; the top ones plus
+// the window are kept (theta * S in all). Decode tokens are appended.
+class SnapKVCache final : public EvictionCacheBase {
+ public:
+  explicit SnapKVCache(double theta = 0.05, int64_t window = 32, int64_t kernel = 7);
+  std::string name() const override { return "snapkv"; }
+
+ private:
+  std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const override;
+  bool rolling() const override { return false; }
+  int64_t window_, kernel_;
+};
+
+}  // namespace anchorkv

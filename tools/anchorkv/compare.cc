@@ -1,0 +1,107 @@
+// `anchorkv compare`: every method at the same byte budget on one workload.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "anchorkv/status.h"
+#include "commands.h"
+#include "core/error.h"
+#include "eval/compare.h"
+
+namespace anchorkv::cli {
+namespace {
+
+struct Options {
+  std::string workload = "synthetic";
+  std::vector<double> thetas = {0.02, 0.05, 0.1, 0.2};
+  std::vector<std::string> methods = {"all"};
+  eval::SyntheticSpec spec;
+  std::string json_path, csv_path;
+  int threads = 0;
+};
+
+void run(Options opt) {
+  if (opt.workload != "synthetic")
+    core::fail(ErrorCode::kUnsupported, "anchorkv compare",
+               "workload '" + opt.workload + "': only the built-in 'synthetic' workload is available so far");
+  if (opt.methods.size() == 1 && opt.methods[0] == "all") opt.methods = eval::all_methods();
+  for (const auto& m : opt.methods) eval::make_cache(m, 0.05, 1);  // validates names up front
+  const eval::Workload w = eval::make_synthetic(opt.spec);
+  const bool tty = isatty(fileno(stderr));
+  const auto rows = eval::compare(w, opt.thetas, opt.methods, opt.threads, [&](int i, int n, const std::string& what) {
+    if (!tty) return;
+    const int width = 30, fill = width * i / n;
+    std::fprintf(stderr, "\r[%s%s] %d/%d %-40s", std::string(fill, '#').c_str(), std::string(width - fill, ' ').c_str(),
+                 i, n, what.c_str());
+    if (i == n) std::fprintf(stderr, "\n");
+  });
+
+  const auto& sp = opt.spec;
+  fmt::print("Synthetic workload: B={} H={} S={} D={}, {} held-out queries per head (seed {})\n\n", sp.B, sp.H, sp.S,
+             sp.D, sp.n_queries, sp.seed);
+  fmt::print("  {:>5} {:<13} {:>11} {:>7} {:>6} {:>13} {:>9} {:>9} {:>8} {:>10}\n", "theta", "method", "bytes",
+             "ratio", "budget", "tokens kept", "err mean", "err p95", "cosine", "prefill ms");
+  nlohmann::json j = nlohmann::json::array();
+  std::string csv =
+      "theta,method,bytes,full_bytes,budget_bytes,compression_ratio,over_budget,tokens_kept,tokens_total,"
+      "rel_error_mean,rel_error_p95,cosine,compress_ms\n";
+  for (const auto& r : rows) {
+    const std::string budget = r.method == "full" ? "-" : r.over_budget ? "OVER" : r.under_budget ? "under" : "ok";
+    fmt::print("  {:>5} {:<13} {:>11} {:>6.1f}x {:>6} {:>13} {:>9.4f} {:>9.4f} {:>8.4f} {:>10.1f}\n", r.theta, r.method,
+               r.bytes, r.compression_ratio, budget, fmt::format("{}/{}", r.tokens_kept, r.tokens_total),
+               r.error.mean, r.error.p95, r.error.mean_cosine, r.compress_ms);
+    j.push_back({{"theta", r.theta}, {"method", r.method}, {"bytes", r.bytes}, {"full_bytes", r.full_bytes},
+                 {"budget_bytes", r.budget_bytes}, {"compression_ratio", r.compression_ratio},
+                 {"over_budget", r.over_budget}, {"under_budget", r.under_budget}, {"tokens_kept", r.tokens_kept}, {"tokens_total", r.tokens_total},
+                 {"rel_error_mean", r.error.mean}, {"rel_error_p95", r.error.p95}, {"cosine", r.error.mean_cosine},
+                 {"compress_ms", r.compress_ms}});
+    csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.theta, r.method, r.bytes, r.full_bytes,
+                       r.budget_bytes, r.compression_ratio, r.over_budget ? 1 : 0, r.tokens_kept, r.tokens_total,
+                       r.error.mean, r.error.p95, r.error.mean_cosine, r.compress_ms);
+  }
+  fmt::print(
+      "\n  budget: 'ok' = within 2% of theta x fp16 bytes; 'OVER' = the method's smallest size is larger;\n"
+      "          'under' = the method cannot spend the budget (e.g. every AnchorKV token already has a residual)\n");
+  auto write = [](const std::string& path, const std::string& text) {
+    if (path.empty()) return;
+    std::ofstream f(path);
+    if (!f) core::fail(ErrorCode::kInvalidArgument, "anchorkv compare", "cannot write '" + path + "'");
+    f << text;
+  };
+  write(opt.json_path,
+        nlohmann::json{{"workload", {{"kind", "synthetic"}, {"B", sp.B}, {"H", sp.H}, {"S", sp.S}, {"D", sp.D},
+                                     {"queries_per_head", sp.n_queries}, {"seed", sp.seed}}},
+                       {"results", j}}
+                .dump(2));
+  write(opt.csv_path, csv);
+}
+
+}  // namespace
+
+void register_compare(CLI::App& app) {
+  auto opt = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand("compare", "Every method at the same bytes: attention error on held-out queries");
+  sub->add_option("--workload", opt->workload, "workload: synthetic");
+  sub->add_option("--theta", opt->thetas, "byte budgets (fraction of fp16)")->delimiter(',');
+  sub->add_option("--methods", opt->methods, "methods or 'all': " + fmt::format("{}", fmt::join(eval::all_methods(), ",")))
+      ->delimiter(',');
+  sub->add_option("--seq,-S", opt->spec.S, "prefill length")->check(CLI::Range(2, 1 << 22));
+  sub->add_option("--heads,-H", opt->spec.H, "KV heads")->check(CLI::Range(1, 256));
+  sub->add_option("--head-dim,-D", opt->spec.D, "head dimension")->check(CLI::Range(1, 1024));
+  sub->add_option("--queries", opt->spec.n_queries, "held-out queries per head")->check(CLI::Range(1, 4096));
+  sub->add_option("--clusters", opt->spec.clusters, "token clusters per head")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--workload-seed", opt->spec.seed, "workload seed");
+  sub->add_option("--json", opt->json_path, "write JSON here");
+  sub->add_option("--csv", opt->csv_path, "write CSV here");
+  sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
+  sub->callback([opt] { run(*opt); });
+}
+
+}  // namespace anchorkv::cli
