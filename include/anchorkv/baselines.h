@@ -97,4 +97,53 @@ class SnapKVCache final : public EvictionCacheBase {
   int64_t window_, kernel_;
 };
 
+// KIVI (Liu et al., 2024): keys quantized per channel over groups of
+// `group` tokens, values per token over groups of `group` channels (fp16 scale
+// and zero point per group), the most recent `residual` tokens kept in fp16.
+// Tokens leave the fp16 window in whole key groups. Size is fixed by `bits`.
+class KIVICache final : public KVCache {
+ public:
+  explicit KIVICache(int bits = 2, int64_t group = 32, int64_t residual = 32);  // bits 2 or 4
+  ~KIVICache() override;
+  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
+  KVPair fetch() const override;
+  std::string name() const override;
+  int64_t offset() const override;
+  bool is_trimmable() const override { return false; }
+  int64_t nbytes() const override;
+  int64_t full_seq_bytes() const override;
+  int64_t tokens_total() const override;
+  int64_t tokens_kept() const override { return tokens_total(); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// H2O (Zhang et al., 2023): heavy hitters by accumulated attention plus a
+// recent window (half the budget each). A cache sees no queries, so keys act
+// as queries (as in AnchorKV's scoring): at prefill every key attends causally
+// over the prefix and each token's score is the attention it receives; during
+// decode each new key adds its attention over the kept tokens, and the
+// lowest-scoring token outside the recent window is evicted (constant size).
+// The accumulated scores are stored (fp32 per kept token) and counted in nbytes.
+class H2OCache final : public KVCache {
+ public:
+  explicit H2OCache(double theta = 0.05, double recent_share = 0.5);
+  ~H2OCache() override;
+  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
+  KVPair fetch() const override;
+  std::string name() const override { return "h2o"; }
+  int64_t offset() const override;
+  bool is_trimmable() const override { return false; }
+  int64_t nbytes() const override;
+  int64_t full_seq_bytes() const override;
+  int64_t tokens_total() const override;
+  int64_t tokens_kept() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace anchorkv

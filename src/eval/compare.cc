@@ -9,7 +9,7 @@
 namespace anchorkv::eval {
 
 std::vector<std::string> all_methods() {
-  return {"full", "anchorkv", "quantized8", "quantized4", "quantized2", "streamingllm", "snapkv"};
+  return {"full", "anchorkv", "quantized8", "quantized4", "quantized2", "kivi4", "kivi2", "streamingllm", "snapkv", "h2o"};
 }
 
 std::unique_ptr<KVCache> make_cache(const std::string& method, double theta, int threads) {
@@ -25,6 +25,9 @@ std::unique_ptr<KVCache> make_cache(const std::string& method, double theta, int
   if (method == "quantized2") return std::make_unique<QuantizedKVCache>(2);
   if (method == "streamingllm") return std::make_unique<StreamingLLMCache>(theta);
   if (method == "snapkv") return std::make_unique<SnapKVCache>(theta);
+  if (method == "h2o") return std::make_unique<H2OCache>(theta);
+  if (method == "kivi2") return std::make_unique<KIVICache>(2);
+  if (method == "kivi4") return std::make_unique<KIVICache>(4);
   core::fail(ErrorCode::kInvalidArgument, "anchorkv::eval::make_cache", "unknown method '" + method + "'");
 }
 

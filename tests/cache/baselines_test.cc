@@ -92,12 +92,69 @@ TEST(SnapKVCache, KeepsWindowPlusTopScoredAndAppendsDecode) {
   EXPECT_EQ(c.nbytes(), 21 * D * 4);
 }
 
+TEST(KIVICache, BytesByHandWindowExactAndErrorBounded) {
+  const int64_t B = 1, H = 2, S = 100, D = 128;
+  KIVICache c(2, 32, 32);
+  const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
+  auto out = c.update_and_fetch(view(K, B, H, S, D), view(V, B, H, S, D));
+  // 64 tokens quantized (two key groups of 32), 36 in the fp16 window.
+  const int64_t per_row = 2 * (32 * 128 * 2 / 8 + 128 * 4) + 64 * (128 * 2 / 8 + 4 * 4) + 36 * 128 * 4;
+  EXPECT_EQ(c.nbytes(), H * per_row);
+  EXPECT_EQ(c.tokens_kept(), c.tokens_total());
+  ASSERT_EQ(out.keys.shape(), (Shape4{B, H, S, D}));
+  for (int64_t t = 64; t < S; ++t) EXPECT_EQ(out.keys.at(0, 1, t, 7), K[(S + t) * D + 7]);  // window exact
+  // Keys per channel over 32 tokens: error within half a step of that channel's range.
+  const auto k = out.keys.to_f32();
+  for (int64_t g = 0; g < 2; ++g)
+    for (int64_t d = 0; d < D; ++d) {
+      float lo = 1e30f, hi = -1e30f;
+      for (int64_t t = g * 32; t < g * 32 + 32; ++t) {
+        lo = std::min(lo, K[t * D + d]);
+        hi = std::max(hi, K[t * D + d]);
+      }
+      for (int64_t t = g * 32; t < g * 32 + 32; ++t)
+        ASSERT_LE(std::fabs(k[t * D + d] - K[t * D + d]), 0.5f * (hi - lo) / 3 * 1.01f + 2e-3f * (std::fabs(lo) + std::fabs(hi)));
+    }
+  // Decode: the window grows to 32 + 31 then a group leaves it.
+  for (int i = 0; i < 28; ++i) {
+    const auto t = random_kv(B, H, 1, D, 10 + i);
+    out = c.update_and_fetch(view(t, B, H, 1, D), view(t, B, H, 1, D));
+  }
+  EXPECT_EQ(out.keys.shape()[2], 128);
+  EXPECT_EQ(c.nbytes(), H * (3 * (32 * 128 * 2 / 8 + 128 * 4) + 96 * (128 * 2 / 8 + 16) + 32 * 128 * 4));
+  EXPECT_THROW(KIVICache(3), Error);
+}
+
+TEST(H2OCache, KeepsHeavyHittersAndRecentWithinBudget) {
+  const int64_t B = 1, H = 1, S = 300, D = 32;
+  auto K = random_kv(B, H, S, D, 3);
+  // Position 40 is attended by everything after it: a heavy hitter.
+  for (int64_t d = 0; d < D; ++d) K[40 * D + d] = core::round_to_half(3.0f * K[(S - 1) * D + d]);
+  H2OCache c(0.1);  // T = floor(0.1 * 300 * 128 / 132) = 29 tokens
+  auto out = c.update_and_fetch(view(K, B, H, S, D), view(K, B, H, S, D));
+  ASSERT_EQ(out.keys.shape()[2], 29);
+  EXPECT_EQ(c.nbytes(), 29 * (D * 4 + 4));
+  EXPECT_LE(c.nbytes(), static_cast<int64_t>(0.1 * S * D * 4));
+  bool has40 = false;
+  for (int64_t i = 0; i < 29; ++i) has40 |= out.keys.at(0, 0, i, 0) == K[40 * D];
+  EXPECT_TRUE(has40);
+  EXPECT_EQ(out.keys.at(0, 0, 28, 5), K[(S - 1) * D + 5]);  // the most recent stays
+  const auto t = random_kv(B, H, 1, D, 9);
+  out = c.update_and_fetch(view(t, B, H, 1, D), view(t, B, H, 1, D));
+  EXPECT_EQ(out.keys.shape()[2], 29);  // constant size during decode
+  EXPECT_EQ(out.keys.at(0, 0, 28, 2), t[2]);
+  EXPECT_EQ(c.tokens_total(), 301);
+  EXPECT_EQ(c.tokens_kept(), 29);
+}
+
 TEST(Baselines, BadInputLeavesStateUnchanged) {
   StreamingLLMCache s(0.5);
   SnapKVCache k(0.5);
   QuantizedKVCache q(4);
+  KIVICache kv(2, 8, 8);
+  H2OCache h(0.5);
   const auto K = random_kv(1, 2, 30, 16, 1);
-  for (KVCache* c : std::vector<KVCache*>{&s, &k, &q}) {
+  for (KVCache* c : std::vector<KVCache*>{&s, &k, &q, &kv, &h}) {
     c->update_and_fetch(view(K, 1, 2, 30, 16), view(K, 1, 2, 30, 16));
     const int64_t bytes = c->nbytes(), off = c->offset();
     auto bad = random_kv(1, 2, 1, 16, 2);
@@ -126,12 +183,12 @@ TEST(Compare, BudgetsMatchWithinTwoPercentAndErrorFallsWithBudget) {
   spec.n_queries = 16;
   const eval::Workload w = eval::make_synthetic(spec);
   const std::vector<double> thetas = {0.02, 0.05, 0.1, 0.15};
-  const auto rows = eval::compare(w, thetas, {"anchorkv", "streamingllm", "snapkv", "quantized4"}, 2);
+  const auto rows = eval::compare(w, thetas, {"anchorkv", "streamingllm", "snapkv", "h2o", "quantized4", "kivi2"}, 2);
   std::map<std::string, double> prev;
   for (const auto& r : rows) {
     SCOPED_TRACE(r.method + " theta " + std::to_string(r.theta));
-    if (r.method == "quantized4") {
-      EXPECT_TRUE(r.over_budget);  // 4 bits + group params cannot reach 15% of fp16
+    if (r.method == "quantized4" || r.method == "kivi2") {
+      EXPECT_TRUE(r.over_budget);  // bits + group params cannot reach 15% of fp16
       continue;
     }
     // AnchorKV below its base bytes (no room for residuals, theta 0.02) stores its floor.

@@ -1,6 +1,8 @@
 // `anchorkv compare`: every method at the same byte budget on one workload.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -18,12 +20,67 @@
 namespace anchorkv::cli {
 namespace {
 
+// A small SVG line plot: mean attention error vs compression ratio (log x), one series per method.
+std::string svg_plot(const std::vector<eval::CompareRow>& rows, const std::vector<std::string>& methods,
+                     const std::string& title) {
+  const double W = 760, H = 480, L = 70, R = 170, T = 40, B = 60;
+  double xmax = 2, ymax = 0.1;
+  for (const auto& r : rows) {
+    xmax = std::max(xmax, r.compression_ratio);
+    ymax = std::max(ymax, r.error.mean);
+  }
+  xmax = std::pow(2.0, std::ceil(std::log2(xmax)));
+  ymax = std::ceil(ymax * 5) / 5;
+  auto X = [&](double ratio) { return L + (W - L - R) * std::log2(std::max(ratio, 1.0)) / std::log2(xmax); };
+  auto Y = [&](double e) { return T + (H - T - B) * (1 - e / ymax); };
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                          "#bcbd22", "#17becf"};
+  std::string o = fmt::format(
+      "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' font-family='sans-serif' font-size='12'>\n"
+      "<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='22' font-size='15'>{}</text>\n",
+      W, H, L, title);
+  for (double x = 1; x <= xmax; x *= 2)
+    o += fmt::format("<line x1='{0:.1f}' y1='{1}' x2='{0:.1f}' y2='{2}' stroke='#ddd'/><text x='{0:.1f}' y='{3}' "
+                     "text-anchor='middle'>{4}x</text>\n",
+                     X(x), T, H - B, H - B + 18, x);
+  for (int i = 0; i <= 5; ++i) {
+    const double e = ymax * i / 5;
+    o += fmt::format("<line x1='{0}' y1='{1:.1f}' x2='{2}' y2='{1:.1f}' stroke='#ddd'/><text x='{3}' y='{4:.1f}' "
+                     "text-anchor='end'>{5:.2f}</text>\n",
+                     L, Y(e), W - R, L - 6, Y(e) + 4, e);
+  }
+  o += fmt::format("<text x='{}' y='{}' text-anchor='middle'>compression ratio (fp16 bytes / stored bytes)</text>\n",
+                   (L + W - R) / 2, H - 18);
+  o += fmt::format("<text x='18' y='{}' transform='rotate(-90 18 {})' text-anchor='middle'>attention rel. error "
+                   "(mean)</text>\n",
+                   (T + H - B) / 2, (T + H - B) / 2);
+  int ci = 0;
+  for (const auto& m : methods) {
+    const char* c = colors[ci % 10];
+    std::vector<std::pair<double, double>> pts;
+    for (const auto& r : rows)
+      if (r.method == m) pts.emplace_back(r.compression_ratio, r.error.mean);
+    std::sort(pts.begin(), pts.end());
+    pts.erase(std::unique(pts.begin(), pts.end()), pts.end());
+    std::string line;
+    for (const auto& [x, y] : pts) {
+      line += fmt::format("{:.1f},{:.1f} ", X(x), Y(y));
+      o += fmt::format("<circle cx='{:.1f}' cy='{:.1f}' r='3.5' fill='{}'/>\n", X(x), Y(y), c);
+    }
+    o += fmt::format("<polyline points='{}' fill='none' stroke='{}' stroke-width='2'/>\n", line, c);
+    o += fmt::format("<rect x='{}' y='{}' width='14' height='4' fill='{}'/><text x='{}' y='{}'>{}</text>\n", W - R + 15,
+                     T + 10 + 20 * ci, c, W - R + 35, T + 15 + 20 * ci, m);
+    ++ci;
+  }
+  return o + "</svg>\n";
+}
+
 struct Options {
   std::string workload = "synthetic";
   std::vector<double> thetas = {0.02, 0.05, 0.1, 0.2};
   std::vector<std::string> methods = {"all"};
   eval::SyntheticSpec spec;
-  std::string json_path, csv_path;
+  std::string json_path, csv_path, plot_path;
   int threads = 0;
 };
 
@@ -81,6 +138,9 @@ void run(Options opt) {
                        {"results", j}}
                 .dump(2));
   write(opt.csv_path, csv);
+  write(opt.plot_path,
+        svg_plot(rows, opt.methods,
+                 fmt::format("Synthetic workload (S={}, H={}, D={}): error vs compression", sp.S, sp.H, sp.D)));
 }
 
 }  // namespace
@@ -100,6 +160,7 @@ void register_compare(CLI::App& app) {
   sub->add_option("--workload-seed", opt->spec.seed, "workload seed");
   sub->add_option("--json", opt->json_path, "write JSON here");
   sub->add_option("--csv", opt->csv_path, "write CSV here");
+  sub->add_option("--plot", opt->plot_path, "write an SVG plot of error vs compression ratio here");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
   sub->callback([opt] { run(*opt); });
 }
