@@ -215,4 +215,10 @@ PYBIND11_MODULE(_core, m) {
   py::class_<SnapKVCache, KVCache> sn(m, "SnapKVCache");
   sn.def(py::init<double, int64_t, int64_t>(), py::arg("theta") = 0.05, py::arg("window") = 32, py::arg("kernel") = 7);
   bind_common(sn, "anchorkv::SnapKVCache::update_and_fetch");
+  py::class_<KIVICache, KVCache> kv(m, "KIVICache");
+  kv.def(py::init<int, int64_t, int64_t>(), py::arg("bits") = 2, py::arg("group") = 32, py::arg("residual") = 32);
+  bind_common(kv, "anchorkv::KIVICache::update_and_fetch");
+  py::class_<H2OCache, KVCache> h2o(m, "H2OCache");
+  h2o.def(py::init<double, double>(), py::arg("theta") = 0.05, py::arg("recent_share") = 0.5);
+  bind_common(h2o, "anchorkv::H2OCache::update_and_fetch");
 }

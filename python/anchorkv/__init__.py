@@ -30,6 +30,8 @@ __all__ = [
     "QuantizedKVCache",
     "StreamingLLMCache",
     "SnapKVCache",
+    "KIVICache",
+    "H2OCache",
     "attend",
 ]
 
@@ -277,6 +279,24 @@ class SnapKVCache(_BaselineCache):
 
     def __init__(self, theta: float = 0.05, window: int = 32, kernel: int = 7):
         super().__init__(theta, window, kernel)
+
+
+class KIVICache(_BaselineCache):
+    """KIVI: keys per channel over token groups, values per token, fp16 recent window."""
+
+    _native_type = _core.KIVICache
+
+    def __init__(self, bits: int = 2, group: int = 32, residual: int = 32):
+        super().__init__(bits, group, residual)
+
+
+class H2OCache(_BaselineCache):
+    """H2O: heavy hitters by accumulated (key-as-query) attention plus a recent window."""
+
+    _native_type = _core.H2OCache
+
+    def __init__(self, theta: float = 0.05, recent_share: float = 0.5):
+        super().__init__(theta, recent_share)
 
 
 class KVCacheBuilder:

@@ -274,6 +274,13 @@ def test_baseline_caches():
     assert K.shape == (1, 2, 40, 64) and n.nbytes == 2 * 40 * 64 * 4
     y = anchorkv.attend(np.ones((1, 2, 1, 64), np.float32), n)
     assert y.shape == (1, 2, 1, 64)
+    kv2 = anchorkv.KIVICache(bits=2)
+    K, V = kv2.update_and_fetch(k, v)
+    assert K.shape == k.shape and kv2.tokens_kept == kv2.tokens_total
+    assert np.array_equal(K[:, :, -16:], k[:, :, -16:].astype(np.float16))  # fp16 window
+    h = anchorkv.H2OCache(theta=0.1)
+    K, V = h.update_and_fetch(k, v)
+    assert K.shape[2] < 400 and h.nbytes <= 0.1 * h.full_seq_bytes
     with pytest.raises(ValueError, match="bits"):
         anchorkv.QuantizedKVCache(bits=3)
     with pytest.raises(ValueError, match="theta"):
