@@ -22,6 +22,8 @@ enum class ErrorCode : int {
   kOutOfRange = 5,       // a finite value that fp16 storage cannot hold
   kInvalidState = 6,     // the call is not allowed in the object's current state
   kUnsupported = 7,      // a valid request this build or layout cannot serve
+  kCorruptFile = 8,      // a file violates its format (bad magic, sizes, offsets, ...)
+  kIo = 9,               // the operating system refused (open, stat, map)
 };
 
 const char* error_code_name(ErrorCode code);

@@ -14,6 +14,8 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kOutOfRange: return "out_of_range";
     case ErrorCode::kInvalidState: return "invalid_state";
     case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kCorruptFile: return "corrupt_file";
+    case ErrorCode::kIo: return "io";
   }
   return "unknown";
 }

@@ -18,8 +18,13 @@ const char* dtype_name(DType dtype) {
 }
 
 std::string shape_string(const Shape4& s) {
-  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
-         ", " + std::to_string(s[3]) + "]";
+  std::string out = "[";
+  for (int i = 0; i < 4; ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  out += ']';
+  return out;
 }
 
 TensorView TensorView::contiguous(const void* data, DType dtype, const Shape4& shape) {
