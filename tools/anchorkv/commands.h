@@ -8,4 +8,5 @@ void register_demo(CLI::App& app);
 void register_codec_mse(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_compare(CLI::App& app);
+void register_logits(CLI::App& app);
 }  // namespace anchorkv::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   anchorkv::cli::register_codec_mse(app);
   anchorkv::cli::register_bench(app);
   anchorkv::cli::register_compare(app);
+  anchorkv::cli::register_logits(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

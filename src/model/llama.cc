@@ -1,0 +1,228 @@
+#include "model/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/linalg.h"
+#include "core/parallel.h"
+#include "io/gguf.h"
+#include "kernels/rope.h"
+
+namespace anchorkv::model {
+
+namespace {
+constexpr const char* kLoad = "anchorkv::load_model";
+
+std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name, std::vector<int64_t> expect_dims) {
+  const io::GgufTensor& t = f.tensor(name);
+  if (t.dims != expect_dims) {
+    std::string got, want;
+    for (auto d : t.dims) got += std::to_string(d) + " ";
+    for (auto d : expect_dims) want += std::to_string(d) + " ";
+    core::fail(ErrorCode::kCorruptFile, kLoad, "tensor '" + name + "' has dims [ " + got + "], expected [ " + want + "]");
+  }
+  std::vector<float> out(static_cast<size_t>(t.n_elements));
+  int64_t be = 0, bb = 0;
+  io::ggml_block(t.type, &be, &bb);
+  const int64_t row = t.dims[0], rows = t.n_elements / row, row_bytes = row / be * bb;
+  for (int64_t r = 0; r < rows; ++r) io::dequantize_row(t.type, t.data + r * row_bytes, row, &out[r * row]);
+  return out;
+}
+}  // namespace
+
+LlamaWeights load_gguf(const std::string& path) {
+  const io::GgufFile f = io::GgufFile::open(path);
+  LlamaWeights w;
+  LlamaConfig& c = w.config;
+  c.architecture = f.get_string("general.architecture");
+  if (c.architecture != "llama" && c.architecture != "mistral")
+    core::fail(ErrorCode::kUnsupported, kLoad, "architecture '" + c.architecture + "' is not supported yet (llama, mistral)");
+  const std::string a = c.architecture;
+  c.dim = static_cast<int64_t>(f.get_uint(a + ".embedding_length"));
+  c.n_layers = static_cast<int64_t>(f.get_uint(a + ".block_count"));
+  c.n_heads = static_cast<int64_t>(f.get_uint(a + ".attention.head_count"));
+  c.n_kv_heads = f.has(a + ".attention.head_count_kv") ? static_cast<int64_t>(f.get_uint(a + ".attention.head_count_kv"))
+                                                       : c.n_heads;
+  c.hidden = static_cast<int64_t>(f.get_uint(a + ".feed_forward_length"));
+  c.context = f.has(a + ".context_length") ? static_cast<int64_t>(f.get_uint(a + ".context_length")) : 0;
+  c.rope_base = f.has(a + ".rope.freq_base") ? f.get_float(a + ".rope.freq_base") : 10000.0;
+  c.rms_eps = f.get_float(a + ".attention.layer_norm_rms_epsilon");
+  if (c.dim <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts or embedding length");
+  c.head_dim = c.dim / c.n_heads;
+  const auto& emb = f.tensor("token_embd.weight");
+  c.vocab = emb.dims.size() == 2 ? emb.dims[1] : 0;
+  const int64_t D = c.dim, hd = c.head_dim, kv = c.n_kv_heads * hd;
+  w.embeddings = read_tensor(f, "token_embd.weight", {D, c.vocab});
+  w.final_norm = read_tensor(f, "output_norm.weight", {D});
+  w.output = f.find_tensor("output.weight") ? read_tensor(f, "output.weight", {D, c.vocab}) : w.embeddings;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LlamaLayer L;
+    L.attn_norm = read_tensor(f, p + "attn_norm.weight", {D});
+    L.wq = read_tensor(f, p + "attn_q.weight", {D, c.n_heads * hd});
+    L.wk = read_tensor(f, p + "attn_k.weight", {D, kv});
+    L.wv = read_tensor(f, p + "attn_v.weight", {D, kv});
+    L.wo = read_tensor(f, p + "attn_output.weight", {c.n_heads * hd, D});
+    L.ffn_norm = read_tensor(f, p + "ffn_norm.weight", {D});
+    L.w_gate = read_tensor(f, p + "ffn_gate.weight", {D, c.hidden});
+    L.w_up = read_tensor(f, p + "ffn_up.weight", {D, c.hidden});
+    L.w_down = read_tensor(f, p + "ffn_down.weight", {c.hidden, D});
+    w.layers.push_back(std::move(L));
+  }
+  return w;
+}
+
+LlamaWeights load_llama2c(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) core::fail(ErrorCode::kIo, kLoad, "cannot open '" + path + "'");
+  in.seekg(0, std::ios::end);
+  const int64_t size = in.tellg();
+  in.seekg(0);
+  int32_t h[7];
+  if (size < 28 || !in.read(reinterpret_cast<char*>(h), 28))
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': shorter than the llama2.c header");
+  LlamaWeights w;
+  LlamaConfig& c = w.config;
+  c.architecture = "llama2.c";
+  c.dim = h[0];
+  c.hidden = h[1];
+  c.n_layers = h[2];
+  c.n_heads = h[3];
+  c.n_kv_heads = h[4];
+  const bool shared = h[5] > 0;
+  c.vocab = std::abs(h[5]);
+  c.context = h[6];
+  for (int i = 0; i < 7; ++i)
+    if (h[i] == 0 || (i != 5 && h[i] < 0) || std::abs(static_cast<int64_t>(h[i])) > (int64_t{1} << 24))
+      core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': header field " + std::to_string(i) + " = " +
+                                                     std::to_string(h[i]) + " is out of range");
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts");
+  c.head_dim = c.dim / c.n_heads;
+  c.rms_eps = 1e-5;
+  c.rope_base = 10000.0;
+  const int64_t D = c.dim, L = c.n_layers, kv = c.n_kv_heads * c.head_dim, Hd = c.hidden;
+  const int64_t floats = c.vocab * D + L * D + L * D * D + 2 * L * kv * D + L * D * D + L * D + 3 * L * Hd * D + D +
+                         c.context * c.head_dim + (shared ? 0 : c.vocab * D);
+  if (size < 28 + floats * 4)
+    core::fail(ErrorCode::kCorruptFile, kLoad,
+               "'" + path + "': " + std::to_string(size) + " bytes, the header implies " + std::to_string(28 + floats * 4));
+  auto take = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    in.read(reinterpret_cast<char*>(v.data()), n * 4);
+    return v;
+  };
+  auto split = [&](int64_t per) {
+    std::vector<float> all = take(L * per);
+    std::vector<std::vector<float>> out(static_cast<size_t>(L));
+    for (int64_t l = 0; l < L; ++l) out[l].assign(all.begin() + l * per, all.begin() + (l + 1) * per);
+    return out;
+  };
+  w.embeddings = take(c.vocab * D);
+  auto att_norm = split(D), wq = split(D * D), wk = split(kv * D), wv = split(kv * D), wo = split(D * D),
+       ffn_norm = split(D), w1 = split(Hd * D), w2 = split(D * Hd), w3 = split(Hd * D);
+  w.final_norm = take(D);
+  take(c.context * c.head_dim);  // freq_cis_real and freq_cis_imag (RoPE is computed instead)
+  w.output = shared ? w.embeddings : take(c.vocab * D);
+  for (int64_t l = 0; l < L; ++l)
+    w.layers.push_back({att_norm[l], wq[l], wk[l], wv[l], wo[l], ffn_norm[l], w1[l], w3[l], w2[l]});
+  return w;
+}
+
+LlamaWeights load_model(const std::string& path) {
+  const bool gguf = path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+  return gguf ? load_gguf(path) : load_llama2c(path);
+}
+
+void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y, int threads) {
+  constexpr int64_t kRows = 64;
+  const int64_t tasks = (out + kRows - 1) / kRows;
+  core::parallel_for(tasks, threads, [&](int64_t t) {
+    const int64_t o0 = t * kRows, n = std::min(kRows, out - o0);
+    core::dot_matrix(x, T, in, W + o0 * in, n, in, in, y + o0, out);
+  });
+}
+
+LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads)
+    : w_(weights), threads_(threads) {
+  for (int64_t l = 0; l < w_.config.n_layers; ++l) caches_.push_back(make_cache(l));
+}
+
+namespace {
+void rmsnorm(const float* x, const float* g, int64_t D, double eps, float* out) {
+  double ss = 0;
+  for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
+  for (int64_t i = 0; i < D; ++i) out[i] = x[i] * inv * g[i];
+}
+}  // namespace
+
+std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
+  const LlamaConfig& c = w_.config;
+  const int64_t T = static_cast<int64_t>(tokens.size()), D = c.dim, hd = c.head_dim, Hq = c.n_heads,
+                Hk = c.n_kv_heads;
+  if (T == 0) core::fail(ErrorCode::kInvalidArgument, "anchorkv::LlamaModel::forward", "no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab)
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv::LlamaModel::forward",
+                 "token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(c.vocab));
+  std::vector<float> x(static_cast<size_t>(T * D)), xn(x.size()), q(static_cast<size_t>(T * Hq * hd)),
+      k(static_cast<size_t>(T * Hk * hd)), v(k.size()), att(q.size()), o(x.size()),
+      gate(static_cast<size_t>(T * c.hidden)), up(gate.size());
+  for (int64_t t = 0; t < T; ++t) std::copy_n(&w_.embeddings[tokens[t] * D], D, &x[t * D]);
+  RopeOptions rope;
+  rope.enabled = true;
+  rope.base = c.rope_base;
+  rope.style = c.rope_style;
+  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size());
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LlamaLayer& L = w_.layers[l];
+    for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
+    matmul(xn.data(), T, D, L.wq.data(), Hq * hd, q.data(), threads_);
+    matmul(xn.data(), T, D, L.wk.data(), Hk * hd, k.data(), threads_);
+    matmul(xn.data(), T, D, L.wv.data(), Hk * hd, v.data(), threads_);
+    // RoPE at the tokens' positions (keys enter the cache post-RoPE), then [T, H, hd] -> [1, H, T, hd].
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < Hq; ++h) {
+        float* qp = &q[(t * Hq + h) * hd];
+        kernels::rope_rotate_at(qp, hd, rope, pos_ + t);
+        std::copy_n(qp, hd, &qh[(h * T + t) * hd]);
+      }
+      for (int64_t h = 0; h < Hk; ++h) {
+        float* kp = &k[(t * Hk + h) * hd];
+        kernels::rope_rotate_at(kp, hd, rope, pos_ + t);
+        std::copy_n(kp, hd, &kh[(h * T + t) * hd]);
+        std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
+      }
+    }
+    KVCache& cache = *caches_[l];
+    cache.update_and_fetch(TensorView::f32(kh.data(), {1, Hk, T, hd}), TensorView::f32(vh.data(), {1, Hk, T, hd}));
+    AttentionOptions ao;
+    ao.threads = threads_;
+    const Tensor y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), cache, ao);
+    const float* yp = y.data_as<float>();
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t t = 0; t < T; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);
+    matmul(att.data(), T, Hq * hd, L.wo.data(), D, o.data(), threads_);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
+    matmul(xn.data(), T, D, L.w_gate.data(), c.hidden, gate.data(), threads_);
+    matmul(xn.data(), T, D, L.w_up.data(), c.hidden, up.data(), threads_);
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
+    matmul(gate.data(), T, c.hidden, L.w_down.data(), D, o.data(), threads_);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  }
+  const int64_t first = all_logits ? 0 : T - 1, n = T - first;
+  for (int64_t t = first; t < T; ++t) rmsnorm(&x[t * D], w_.final_norm.data(), D, c.rms_eps, &xn[(t - first) * D]);
+  std::vector<float> logits(static_cast<size_t>(n * c.vocab));
+  matmul(xn.data(), n, D, w_.output.data(), c.vocab, logits.data(), threads_);
+  pos_ += T;
+  return logits;
+}
+
+}  // namespace anchorkv::model

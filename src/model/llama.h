@@ -1,0 +1,71 @@
+// A compact Llama-family runtime: weights from GGUF (architecture `llama`) or
+// a llama2.c checkpoint, a forward pass whose every layer reads and writes any
+// KVCache (attention through attend(), so compressed caches are never
+// densified). RoPE is applied before the cache (post-RoPE keys, as the seed).
+//
+// Shapes (row-major): embeddings [vocab, dim]; wq [n_heads*hd, dim];
+// wk, wv [n_kv*hd, dim]; wo [dim, n_heads*hd]; w_gate, w_up [hidden, dim];
+// w_down [dim, hidden]; output [vocab, dim].
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "anchorkv/attention.h"
+#include "anchorkv/cache.h"
+
+namespace anchorkv::model {
+
+struct LlamaConfig {
+  int64_t dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden = 0, vocab = 0;
+  int64_t context = 0;
+  double rope_base = 10000.0;
+  RopeStyle rope_style = RopeStyle::kNormal;
+  double rms_eps = 1e-5;
+  std::string architecture;
+};
+
+struct LlamaLayer {
+  std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+};
+
+struct LlamaWeights {
+  LlamaConfig config;
+  std::vector<float> embeddings, final_norm, output;
+  std::vector<LlamaLayer> layers;
+};
+
+// Throws Error(kCorruptFile / kUnsupported / kIo) naming what is wrong.
+LlamaWeights load_gguf(const std::string& path);
+LlamaWeights load_llama2c(const std::string& path);
+// By extension: .gguf -> GGUF, otherwise llama2.c.
+LlamaWeights load_model(const std::string& path);
+
+// One cache per layer, made by `make_cache(layer)`.
+using CacheFactory = std::function<std::unique_ptr<KVCache>(int64_t layer)>;
+
+class LlamaModel {
+ public:
+  LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads = 0);
+  // Feeds tokens at the next positions; returns logits [tokens, vocab] when
+  // all_logits, else [1, vocab] for the last token.
+  std::vector<float> forward(const std::vector<int32_t>& tokens, bool all_logits = false);
+  int64_t position() const { return pos_; }
+  const LlamaConfig& config() const { return w_.config; }
+  const std::vector<std::unique_ptr<KVCache>>& caches() const { return caches_; }
+
+ private:
+  const LlamaWeights& w_;
+  std::vector<std::unique_ptr<KVCache>> caches_;
+  int threads_;
+  int64_t pos_ = 0;
+};
+
+// y[t, o] = sum_i W[o, i] x[t, i]; x [T, in], W [out, in], y [T, out]. Threads
+// split the output rows (same bits for any thread count).
+void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y, int threads);
+
+}  // namespace anchorkv::model

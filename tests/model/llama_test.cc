@@ -1,0 +1,70 @@
+#include "model/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "anchorkv/anchorkv.h"
+
+namespace anchorkv::model {
+namespace {
+
+std::string shared_model(const char* name) {
+  return (std::filesystem::path(ANCHORKV_SOURCE_DIR) / ".." / "shared" / "models" / name).string();
+}
+
+class Models : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Models, IncrementalDecodeEqualsPrefillAndLosslessAnchorKVEqualsFull) {
+  const std::string path = shared_model(GetParam());
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  ASSERT_GT(w.config.n_layers, 0);
+  const std::vector<int32_t> tokens = {1, 40, 41, 42, 50, 60, 70, 80, 90, 100, 110, 120};
+  auto full = [](int64_t) { return std::make_unique<FullKVCache>(); };
+  LlamaModel a(w, full), b(w, full);
+  const auto prefill = a.forward(tokens, true);
+  const int64_t V = w.config.vocab;
+  ASSERT_EQ(static_cast<int64_t>(prefill.size()), static_cast<int64_t>(tokens.size()) * V);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto step = b.forward({tokens[i]});
+    for (int64_t v = 0; v < V; ++v) ASSERT_NEAR(step[v], prefill[i * V + v], 1e-4) << i << "," << v;
+  }
+  EXPECT_EQ(b.position(), static_cast<int64_t>(tokens.size()));
+  // Every token an anchor: the compressed cache holds exactly what the full one does.
+  AnchorKVConfig cfg;
+  cfg.anchor_frac = 1.0;
+  LlamaModel c(w, [&](int64_t) { return std::make_unique<AnchorKVCache>(cfg); });
+  const auto lossless = c.forward(tokens, true);
+  // (the compressed kernel sums in another order: equal to float rounding through every layer, relative 5e-4)
+  for (size_t i = 0; i < lossless.size(); ++i) ASSERT_NEAR(lossless[i], prefill[i], 5e-4 * std::max(1.0f, std::fabs(prefill[i])));
+  // Threads do not change the bits.
+  LlamaModel d(w, full, 1), e(w, full, 2);
+  EXPECT_EQ(d.forward(tokens, true), e.forward(tokens, true));
+  EXPECT_THROW(a.forward({static_cast<int32_t>(V)}), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, Models, ::testing::Values("anchorkv-tiny.gguf", "stories260K.bin"));
+
+TEST(Llama, BadFilesAreClearErrors) {
+  EXPECT_THROW(load_model("/nonexistent/model.bin"), Error);
+  const auto tmp = std::filesystem::temp_directory_path() / "anchorkv_bad_llama2c.bin";
+  {
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    const int32_t h[7] = {64, 172, 5, 8, 4, 512, 512};  // header only: weights missing
+    std::fwrite(h, 4, 7, f);
+    std::fclose(f);
+  }
+  try {
+    load_model(tmp.string());
+    ADD_FAILURE() << "accepted a truncated checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruptFile);
+    EXPECT_NE(std::string(e.what()).find("the header implies"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(tmp);
+}
+
+}  // namespace
+}  // namespace anchorkv::model
