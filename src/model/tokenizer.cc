@@ -1,0 +1,196 @@
+#include "model/tokenizer.h"
+
+#include <cstdio>
+#include <queue>
+
+#include "core/error.h"
+#include "io/gguf.h"
+
+namespace anchorkv::model {
+
+namespace {
+constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581
+constexpr const char* kOp = "anchorkv::Tokenizer";
+
+size_t utf8_len(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c >> 5) == 0x6) return 2;
+  if ((c >> 4) == 0xE) return 3;
+  if ((c >> 3) == 0x1E) return 4;
+  return 1;  // invalid lead byte: a symbol of its own (falls back to a byte token)
+}
+}  // namespace
+
+Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types,
+                     int32_t bos, int32_t eos, int32_t unk, bool escape_spaces)
+    : pieces_(std::move(pieces)), scores_(std::move(scores)), types_(std::move(types)), bos_(bos), eos_(eos), unk_(unk),
+      escape_spaces_(escape_spaces) {
+  const size_t n = pieces_.size();
+  if (scores_.size() != n || types_.size() != n)
+    core::fail(ErrorCode::kCorruptFile, kOp, "tokens, scores and token types differ in length");
+  for (int32_t id : {bos_, eos_, unk_})
+    if (id < -1 || id >= static_cast<int32_t>(n))
+      core::fail(ErrorCode::kCorruptFile, kOp, "special token id " + std::to_string(id) + " is outside the vocabulary");
+  for (auto& b : byte_token_) b = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (types_[i] == kByte) {
+      unsigned v = 0;
+      if (pieces_[i].size() == 6 && std::sscanf(pieces_[i].c_str(), "<0x%2X>", &v) == 1) byte_token_[v] = static_cast<int32_t>(i);
+      continue;
+    }
+    if (types_[i] == kNormal || types_[i] == kUserDefined || types_[i] == kUnused) index_.emplace(pieces_[i], static_cast<int32_t>(i));
+  }
+}
+
+Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model != "llama")
+    core::fail(ErrorCode::kUnsupported, kOp, "tokenizer model '" + model + "' is not supported yet (llama is)");
+  const auto& toks = f.get_array("tokenizer.ggml.tokens");
+  std::vector<std::string> pieces;
+  for (const auto& v : toks.items) {
+    const auto* s = std::get_if<std::string>(&v);
+    if (!s) core::fail(ErrorCode::kCorruptFile, kOp, "tokenizer.ggml.tokens holds a non-string");
+    pieces.push_back(*s);
+  }
+  std::vector<float> scores(pieces.size(), 0.0f);
+  if (f.has("tokenizer.ggml.scores")) {
+    const auto& a = f.get_array("tokenizer.ggml.scores");
+    if (a.items.size() != pieces.size()) core::fail(ErrorCode::kCorruptFile, kOp, "scores and tokens differ in length");
+    for (size_t i = 0; i < pieces.size(); ++i)
+      if (const auto* d = std::get_if<double>(&a.items[i])) scores[i] = static_cast<float>(*d);
+  }
+  std::vector<int32_t> types(pieces.size(), kNormal);
+  if (f.has("tokenizer.ggml.token_type")) {
+    const auto& a = f.get_array("tokenizer.ggml.token_type");
+    if (a.items.size() != pieces.size()) core::fail(ErrorCode::kCorruptFile, kOp, "token types and tokens differ in length");
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (const auto* x = std::get_if<int64_t>(&a.items[i])) types[i] = static_cast<int32_t>(*x);
+      if (const auto* x = std::get_if<uint64_t>(&a.items[i])) types[i] = static_cast<int32_t>(*x);
+    }
+  }
+  auto id = [&](const char* key, int32_t dflt) {
+    return f.has(key) ? static_cast<int32_t>(f.get_uint(key)) : dflt;
+  };
+  bool escape = false;
+  for (const auto& p : pieces) escape |= p.find(kSpace) != std::string::npos;
+  if (f.has("tokenizer.ggml.add_space_prefix")) {
+    if (const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_space_prefix"))) escape = escape || *b;
+  }
+  return Tokenizer(std::move(pieces), std::move(scores), std::move(types), id("tokenizer.ggml.bos_token_id", 1),
+                   id("tokenizer.ggml.eos_token_id", 2), id("tokenizer.ggml.unknown_token_id", 0), escape);
+}
+
+Tokenizer Tokenizer::bytes(int64_t vocab) {
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {kUnknown, kControl, kControl};
+  char buf[8];
+  for (int b = 0; b < 256 && static_cast<int64_t>(pieces.size()) < vocab; ++b) {
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    pieces.emplace_back(buf);
+    types.push_back(kByte);
+  }
+  while (static_cast<int64_t>(pieces.size()) < vocab) {
+    pieces.push_back("<unused" + std::to_string(pieces.size()) + ">");
+    types.push_back(kControl);
+  }
+  std::vector<float> scores(pieces.size(), 0.0f);
+  return Tokenizer(std::move(pieces), std::move(scores), std::move(types), 1, 2, 0, false);
+}
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text_in, bool add_bos) const {
+  std::string text;
+  if (escape_spaces_) {
+    text = kSpace;
+    for (char c : text_in) {
+      if (c == ' ')
+        text += kSpace;
+      else
+        text += c;
+    }
+  } else {
+    text = text_in;
+  }
+  // Symbols: UTF-8 characters in a doubly linked list.
+  struct Sym {
+    size_t start, len;
+    int prev, next;
+  };
+  std::vector<Sym> sym;
+  for (size_t i = 0; i < text.size();) {
+    const size_t l = std::min(utf8_len(static_cast<unsigned char>(text[i])), text.size() - i);
+    sym.push_back({i, l, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
+    i += l;
+  }
+  if (!sym.empty()) sym.back().next = -1;
+  struct Bigram {
+    int left, right;
+    float score;
+    size_t len;
+    bool operator<(const Bigram& o) const {  // max-heap: higher score, then leftmost
+      return score < o.score || (score == o.score && left > o.left);
+    }
+  };
+  std::priority_queue<Bigram> queue;
+  auto try_pair = [&](int l, int r) {
+    if (l < 0 || r < 0) return;
+    const std::string s = text.substr(sym[l].start, sym[l].len + sym[r].len);
+    auto it = index_.find(s);
+    if (it != index_.end()) queue.push({l, r, scores_[it->second], s.size()});
+  };
+  for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int>(i) - 1, static_cast<int>(i));
+  while (!queue.empty()) {
+    const Bigram b = queue.top();
+    queue.pop();
+    Sym& l = sym[b.left];
+    Sym& r = sym[b.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != b.len || l.next != b.right) continue;  // stale
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = b.left;
+    try_pair(l.prev, b.left);
+    try_pair(b.left, l.next);
+  }
+  std::vector<int32_t> ids;
+  if (add_bos && bos_ >= 0) ids.push_back(bos_);
+  for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) {
+    const std::string s = text.substr(sym[i].start, sym[i].len);
+    auto it = index_.find(s);
+    if (it != index_.end()) {
+      ids.push_back(it->second);
+      continue;
+    }
+    for (unsigned char c : s) ids.push_back(byte_token_[c] >= 0 ? byte_token_[c] : unk_);
+  }
+  return ids;
+}
+
+std::string Tokenizer::piece(int32_t id) const {
+  if (id < 0 || id >= size()) return "";
+  if (types_[id] == kByte) {
+    for (int b = 0; b < 256; ++b)
+      if (byte_token_[b] == id) return std::string(1, static_cast<char>(b));
+  }
+  if (types_[id] == kControl || types_[id] == kUnknown) return "";
+  std::string s = pieces_[id];
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (s.compare(i, 3, kSpace) == 0) {
+      out += ' ';
+      i += 3;
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) out += piece(id);
+  if (escape_spaces_ && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the added prefix
+  return out;
+}
+
+}  // namespace anchorkv::model
