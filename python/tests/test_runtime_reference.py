@@ -180,8 +180,7 @@ def test_logits_match_independent_numpy_reference(name, loader, tokens):
     # Decode one token at a time through the cache: same logits.
     inc = cli_logits(path, tokens, "--incremental")
     assert np.abs(inc - got).max() < 1e-4 * max(1.0, np.abs(got).max())
-    # Every layer on a compressed cache: the prompt is compressed (one anchor per head at this
-    # length), logits stay finite and differ from the exact ones.
-    comp = cli_logits(path, tokens, "--cache", "anchorkv")
-    assert comp.shape == got.shape and np.isfinite(comp).all()
-    assert np.abs(comp - got).max() > 1e-3
+    # A prefill attends over exact K/V whatever the cache; the cache compresses afterwards.
+    for cache in ("anchorkv", "snapkv", "h2o", "kivi2"):
+        comp = cli_logits(path, tokens, "--cache", cache)
+        assert np.abs(comp - got).max() < 1e-4 * max(1.0, np.abs(got).max()), cache

@@ -201,10 +201,26 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       }
     }
     KVCache& cache = *caches_[l];
-    cache.update_and_fetch(TensorView::f32(kh.data(), {1, Hk, T, hd}), TensorView::f32(vh.data(), {1, Hk, T, hd}));
+    const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}), kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
     AttentionOptions ao;
     ao.threads = threads_;
-    const Tensor y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), cache, ao);
+    Tensor y;
+    if (T > 1) {
+      // A prefill chunk attends over exact K/V (what the cache held before it, then the
+      // chunk itself); the cache compresses or evicts afterwards, for the decode steps
+      // (the paper compresses "at the end of prefill"; SnapKV/H2O score then evict).
+      FullKVCache exact;
+      if (cache.offset() > 0) {
+        const KVPair past = cache.fetch();
+        exact.update_and_fetch(past.keys.view(), past.values.view());
+      }
+      exact.update_and_fetch(kv_k, kv_v);
+      y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), exact, ao);
+      cache.update_and_fetch(kv_k, kv_v);
+    } else {
+      cache.update_and_fetch(kv_k, kv_v);
+      y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), cache, ao);
+    }
     const float* yp = y.data_as<float>();
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t t = 0; t < T; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);

@@ -1,7 +1,9 @@
 // A compact Llama-family runtime: weights from GGUF (architecture `llama`) or
 // a llama2.c checkpoint, a forward pass whose every layer reads and writes any
 // KVCache (attention through attend(), so compressed caches are never
-// densified). RoPE is applied before the cache (post-RoPE keys, as the seed).
+// densified during decode). RoPE is applied before the cache (post-RoPE keys,
+// as the seed). A multi-token chunk (prefill) attends over exact K/V, and the
+// cache compresses or evicts afterwards for the decode steps.
 //
 // Shapes (row-major): embeddings [vocab, dim]; wq [n_heads*hd, dim];
 // wk, wv [n_kv*hd, dim]; wo [dim, n_heads*hd]; w_gate, w_up [hidden, dim];

@@ -9,4 +9,5 @@ void register_codec_mse(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_logits(CLI::App& app);
+void register_runtime(CLI::App& app);
 }  // namespace anchorkv::cli

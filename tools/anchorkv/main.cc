@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   anchorkv::cli::register_bench(app);
   anchorkv::cli::register_compare(app);
   anchorkv::cli::register_logits(app);
+  anchorkv::cli::register_runtime(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,246 @@
+// `anchorkv run` and `anchorkv eval`: real inference with any cache.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "anchorkv/anchorkv.h"
+#include "commands.h"
+#include "core/error.h"
+#include "eval/compare.h"
+#include "io/gguf.h"
+#include "model/llama.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+namespace anchorkv::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool is_gguf(const std::string& p) { return p.size() >= 5 && p.compare(p.size() - 5, 5, ".gguf") == 0; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) core::fail(ErrorCode::kIo, "anchorkv", "cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Prompt tokens from --prompt / --prompt-file (GGUF tokenizer) or --tokens.
+std::vector<int32_t> prompt_tokens(const std::string& model, const std::string& prompt, const std::string& prompt_file,
+                                   const std::vector<int32_t>& ids, const model::Tokenizer* tok) {
+  if (!ids.empty()) return ids;
+  const std::string text = !prompt_file.empty() ? read_file(prompt_file) : prompt;
+  if (!tok)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv",
+               "'" + model + "' carries no tokenizer (llama2.c checkpoint): pass token ids with --tokens");
+  return tok->encode(text, true);
+}
+
+model::CacheFactory factory(const std::string& cache, double theta, int threads) {
+  eval::make_cache(cache, theta, threads);  // validates the name now
+  return [=](int64_t) { return eval::make_cache(cache, theta, threads); };
+}
+
+struct CacheTotals {
+  int64_t bytes = 0, full = 0;
+};
+CacheTotals totals(const model::LlamaModel& m) {
+  CacheTotals t;
+  for (const auto& c : m.caches()) {
+    t.bytes += c->nbytes();
+    t.full += c->full_seq_bytes();
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------- run
+
+struct RunOptions {
+  std::string model, prompt, prompt_file, cache = "full";
+  std::vector<int32_t> tokens;
+  double theta = 0.05;
+  int64_t n = 128;
+  model::SamplerOptions sampler;
+  int threads = 0;
+};
+
+void run(const RunOptions& o) {
+  const model::LlamaWeights w = model::load_model(o.model);
+  std::unique_ptr<model::Tokenizer> tok;
+  if (is_gguf(o.model)) tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
+  const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
+  model::LlamaModel m(w, factory(o.cache, o.theta, o.threads), o.threads);
+  model::Sampler sampler(o.sampler);
+  auto t0 = Clock::now();
+  std::vector<float> logits = m.forward(prompt);
+  const double prefill_s = since(t0);
+  t0 = Clock::now();
+  int64_t generated = 0;
+  for (; generated < o.n; ++generated) {
+    const int32_t next = sampler.sample(logits.data(), w.config.vocab);
+    if (tok && next == tok->eos()) break;
+    if (tok)
+      std::fputs(tok->piece(next).c_str(), stdout);
+    else
+      std::printf("%d ", next);
+    std::fflush(stdout);
+    if (m.position() >= w.config.context && w.config.context > 0) break;
+    logits = m.forward({next});
+  }
+  const double decode_s = since(t0);
+  const CacheTotals t = totals(m);
+  std::fprintf(stderr,
+               "\n\n[%s cache] prompt %zu tokens: prefill %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
+               "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n",
+               o.cache.c_str(), prompt.size(), static_cast<double>(prompt.size()) / prefill_s,
+               static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
+               o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
+               t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0);
+}
+
+// ---------------------------------------------------------------- eval
+
+struct EvalOptions {
+  std::string model, text, json_path;
+  std::vector<int32_t> tokens;
+  int64_t ctx = 512;
+  double prefix_frac = 0.5;
+  std::vector<std::string> caches = {"full", "anchorkv", "snapkv", "h2o", "streamingllm", "kivi2"};
+  std::vector<double> thetas = {0.05, 0.1, 0.2};
+  int threads = 0;
+};
+
+struct Continuation {
+  std::vector<std::vector<double>> logp;  // per predicted position: log-probabilities
+  double prefill_s = 0, decode_s = 0;
+  CacheTotals bytes;
+};
+
+Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
+                          const model::CacheFactory& f, int threads) {
+  model::LlamaModel m(w, f, threads);
+  Continuation c;
+  const int64_t V = w.config.vocab;
+  auto t0 = Clock::now();
+  std::vector<float> logits = m.forward(std::vector<int32_t>(toks.begin(), toks.begin() + P));
+  c.prefill_s = since(t0);
+  c.bytes = totals(m);  // right after the (compressed) prefix
+  t0 = Clock::now();
+  c.logp.push_back(model::log_softmax(logits.data(), V));
+  for (int64_t t = P; t + 1 < static_cast<int64_t>(toks.size()); ++t) {
+    logits = m.forward({toks[t]});
+    c.logp.push_back(model::log_softmax(logits.data(), V));
+  }
+  c.decode_s = since(t0);
+  return c;
+}
+
+void evaluate(const EvalOptions& o) {
+  const model::LlamaWeights w = model::load_model(o.model);
+  std::vector<int32_t> toks = o.tokens;
+  if (toks.empty()) {
+    if (!is_gguf(o.model))
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "llama2.c checkpoints carry no tokenizer: pass --tokens");
+    if (o.text.empty()) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "pass --text FILE (or --tokens)");
+    const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
+    toks = tok.encode(read_file(o.text), true);
+  }
+  if (static_cast<int64_t>(toks.size()) > o.ctx) toks.resize(static_cast<size_t>(o.ctx));
+  const int64_t N = static_cast<int64_t>(toks.size());
+  const int64_t P = std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.prefix_frac * N)), 2, N - 1);
+  if (N < 3) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "need at least 3 tokens of text");
+  const bool tty = isatty(fileno(stderr));
+  std::vector<std::pair<std::string, double>> runs;
+  for (const auto& c : o.caches) {
+    if (c == "full" || c.rfind("quantized", 0) == 0 || c.rfind("kivi", 0) == 0)
+      runs.emplace_back(c, 0.0);
+    else
+      for (double th : o.thetas) runs.emplace_back(c, th);
+  }
+  const Continuation ref = continuation(w, toks, P, factory("full", 0, o.threads), o.threads);
+  fmt::print("{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
+             o.model, N, P, N - P);
+  fmt::print("  {:<13} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio", "ppl",
+             "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
+  nlohmann::json rows = nlohmann::json::array();
+  int done = 0;
+  for (const auto& [cache, theta] : runs) {
+    const Continuation c = cache == "full" ? ref : continuation(w, toks, P, factory(cache, theta, o.threads), o.threads);
+    double nll = 0, kl = 0;
+    int64_t agree = 0;
+    const int64_t n = static_cast<int64_t>(c.logp.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& p = ref.logp[i];
+      const auto& q = c.logp[i];
+      nll -= q[toks[P + i]];
+      double k = 0;
+      for (size_t v = 0; v < p.size(); ++v) k += std::exp(p[v]) * (p[v] - q[v]);
+      kl += k;
+      agree += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
+    }
+    const double ratio = c.bytes.bytes > 0 ? static_cast<double>(c.bytes.full) / static_cast<double>(c.bytes.bytes) : 1.0;
+    const double ppl = std::exp(nll / static_cast<double>(n));
+    fmt::print("  {:<13} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
+               theta > 0 ? fmt::format("{}", theta) : "-", ratio, ppl, kl / static_cast<double>(n),
+               100.0 * static_cast<double>(agree) / static_cast<double>(n), nll / static_cast<double>(n) / std::log(2.0),
+               static_cast<double>(P) / c.prefill_s, static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9));
+    rows.push_back({{"cache", cache}, {"theta", theta}, {"compression_ratio_after_prefix", ratio},
+                    {"perplexity", ppl}, {"kl_mean", kl / static_cast<double>(n)},
+                    {"top1_agreement", static_cast<double>(agree) / static_cast<double>(n)},
+                    {"prefill_tok_s", static_cast<double>(P) / c.prefill_s},
+                    {"decode_tok_s", static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9)}});
+    if (tty) std::fprintf(stderr, "[%d/%zu]\r", ++done, runs.size());
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << nlohmann::json{{"model", o.model}, {"tokens", N}, {"prefix", P}, {"results", rows}}.dump(2);
+  }
+}
+
+}  // namespace
+
+void register_runtime(CLI::App& app) {
+  auto r = std::make_shared<RunOptions>();
+  CLI::App* run_cmd = app.add_subcommand("run", "Generate text with a GGUF / llama2.c model and any cache");
+  run_cmd->add_option("--model,-m", r->model, "model file")->required();
+  run_cmd->add_option("--prompt,-p", r->prompt, "prompt text (GGUF models)");
+  run_cmd->add_option("--prompt-file", r->prompt_file, "prompt from a file");
+  run_cmd->add_option("--tokens", r->tokens, "prompt as token ids")->delimiter(',');
+  run_cmd->add_option("--cache", r->cache, "cache per layer: full, anchorkv, snapkv, h2o, kivi2, ...");
+  run_cmd->add_option("--theta", r->theta, "cache byte budget");
+  run_cmd->add_option("-n", r->n, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  run_cmd->add_option("--temperature", r->sampler.temperature, "0 = greedy");
+  run_cmd->add_option("--top-k", r->sampler.top_k, "keep the k most likely (0 = all)");
+  run_cmd->add_option("--top-p", r->sampler.top_p, "nucleus mass (1 = all)");
+  run_cmd->add_option("--seed", r->sampler.seed, "sampling seed");
+  run_cmd->add_option("--threads", r->threads, "threads (0 = all cores)");
+  run_cmd->callback([r] { run(*r); });
+
+  auto e = std::make_shared<EvalOptions>();
+  CLI::App* ev = app.add_subcommand("eval", "Perplexity, KL and top-1 agreement vs the full cache after a compressed prefix");
+  ev->add_option("--model,-m", e->model, "model file")->required();
+  ev->add_option("--text", e->text, "text file to score (GGUF models)");
+  ev->add_option("--tokens", e->tokens, "token ids to score instead")->delimiter(',');
+  ev->add_option("--ctx", e->ctx, "tokens scored in all")->check(CLI::Range(int64_t{3}, int64_t{1} << 20));
+  ev->add_option("--prefix-frac", e->prefix_frac, "share of the tokens fed as the (compressed) prefill");
+  ev->add_option("--caches", e->caches, "caches to compare")->delimiter(',');
+  ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
+  ev->add_option("--json", e->json_path, "write JSON here");
+  ev->add_option("--threads", e->threads, "threads (0 = all cores)");
+  ev->callback([e] { evaluate(*e); });
+}
+
+}  // namespace anchorkv::cli
