@@ -135,6 +135,10 @@ PYBIND11_MODULE(_core, m) {
       .value("first_prefill", CompressTrigger::kFirstPrefill)
       .value("first_decode", CompressTrigger::kFirstDecode);
 
+  py::enum_<MetadataLayout>(m, "MetadataLayout")
+      .value("seed", MetadataLayout::kSeed)
+      .value("compact", MetadataLayout::kCompact);
+
   py::class_<AnchorKVConfig>(m, "AnchorKVConfig")
       .def(py::init<>())
       .def_readwrite("theta", &AnchorKVConfig::theta)
@@ -146,6 +150,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("scale", &AnchorKVConfig::scale)
       .def_readwrite("allocation", &AnchorKVConfig::allocation)
       .def_readwrite("trigger", &AnchorKVConfig::trigger)
+      .def_readwrite("metadata", &AnchorKVConfig::metadata)
       .def_readwrite("threads", &AnchorKVConfig::threads)
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);

@@ -27,6 +27,13 @@ enum class CompressTrigger : uint8_t {
                   // first S == 1 call after them compresses all tokens stored so far
 };
 
+// Per-token metadata layout of compressed tokens (spec §5).
+enum class MetadataLayout : uint8_t {
+  kSeed,     // seed accounting: an int32-sized index and an fp32 coefficient per side (16 bytes/token)
+  kCompact,  // uint16 index + fp16 coefficient per side (8 bytes/token) + the anchor positions (4 bytes
+             // per anchor); needs k < 32768 anchors per segment
+};
+
 struct AnchorKVConfig {
   // --- the seed's fields (anchorkv_*), same names without the prefix ---
   double theta = 0.05;              // fraction of fp16 K+V bytes to retain, 0 <= theta <= 1
@@ -42,6 +49,7 @@ struct AnchorKVConfig {
   // (docs/codec.md); kAbsMax is the seed's behaviour.
   ResidualScale scale = ResidualScale::kRms;
   CompressTrigger trigger = CompressTrigger::kFirstPrefill;
+  MetadataLayout metadata = MetadataLayout::kSeed;  // the budget and accounting use its real size
   int threads = 0;  // worker threads for compression/reconstruction; 0 = all cores.
                     // Output is bit-identical for every value.
 
@@ -53,5 +61,6 @@ struct AnchorKVConfig {
 const char* to_string(ResidualAllocation v);
 const char* to_string(ResidualScale v);
 const char* to_string(CompressTrigger v);
+const char* to_string(MetadataLayout v);
 
 }  // namespace anchorkv

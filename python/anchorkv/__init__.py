@@ -37,6 +37,7 @@ __all__ = [
 
 _SCALES = {"rms": _core.ResidualScale.rms, "absmax": _core.ResidualScale.absmax}
 _ALLOCATIONS = {"pooled": _core.ResidualAllocation.pooled, "per_head": _core.ResidualAllocation.per_head}
+_METADATA = {"seed": _core.MetadataLayout.seed, "compact": _core.MetadataLayout.compact}
 _TRIGGERS = {
     "first_prefill": _core.CompressTrigger.first_prefill,
     "first_decode": _core.CompressTrigger.first_decode,
@@ -64,6 +65,7 @@ class KVCacheConfig:
     anchorkv_scale: residual scale, "rms" (default, measured better) or "absmax" (seed).
     anchorkv_allocation: "pooled" across heads (seed) or "per_head".
     anchorkv_compress_at: "first_prefill" (seed) or "first_decode" (chunked prefill).
+    anchorkv_metadata: "seed" (16 bytes per token) or "compact" (8 bytes + 4 per anchor).
     anchorkv_threads: worker threads, 0 = all cores (results are identical for any value).
     """
 
@@ -76,6 +78,7 @@ class KVCacheConfig:
     anchorkv_scale: str = "rms"
     anchorkv_allocation: str = "pooled"
     anchorkv_compress_at: str = "first_prefill"
+    anchorkv_metadata: str = "seed"
     anchorkv_threads: int = 0
 
     def __post_init__(self):
@@ -103,6 +106,7 @@ class KVCacheConfig:
         c.scale = _pick(_SCALES, "anchorkv_scale", self.anchorkv_scale)
         c.allocation = _pick(_ALLOCATIONS, "anchorkv_allocation", self.anchorkv_allocation)
         c.trigger = _pick(_TRIGGERS, "anchorkv_compress_at", self.anchorkv_compress_at)
+        c.metadata = _pick(_METADATA, "anchorkv_metadata", self.anchorkv_metadata)
         c.validate()
         return c
 

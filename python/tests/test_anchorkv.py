@@ -103,6 +103,20 @@ def test_byte_accounting_formulas():
     assert cache.full_seq_bytes == full + H * D * 4
 
 
+def test_compact_metadata_layout():
+    k, v = kv(S=512)
+    seed = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_anchor_frac=1 / 16, anchorkv_theta=0.2))
+    comp = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_anchor_frac=1 / 16, anchorkv_theta=0.2,
+                                                           anchorkv_metadata="compact"))
+    seed.update_and_fetch(k, v)
+    comp.update_and_fetch(k, v)
+    # Same bytes budget, cheaper metadata: more residuals.
+    assert comp.n_residual_total > seed.n_residual_total
+    assert abs(comp.anchorkv_bytes - seed.anchorkv_bytes) < 2 * 18
+    with pytest.raises(ValueError, match="metadata"):
+        anchorkv.KVCacheConfig(anchorkv_metadata="tiny")
+
+
 def test_deterministic_for_a_fixed_seed_and_thread_count():
     k, v = kv(B=2, H=3, S=700)
     outs = []

@@ -60,7 +60,7 @@ NewSegment compress_segment(const internal::AnchorKVState& st, int64_t S, const 
   seg.tokens = S;
   const int64_t b_res = compress::residual_bytes(D, cfg.residual_bits);
   for (const auto& row : seg.rows) {
-    seg.bytes += compress::base_row_bytes(S, row.n_anchor, D) + row.n_residual() * b_res;
+    seg.bytes += compress::base_row_bytes(S, row.n_anchor, D, row.compact) + row.n_residual() * b_res;
     seg.n_anchor += row.n_anchor;
     seg.n_residual += row.n_residual();
   }

@@ -15,9 +15,15 @@ inline constexpr int64_t kMetaBytesPerToken = 2 * (4 + 4);
 inline int64_t residual_bytes(int64_t D, int bits) { return (D * bits + 7) / 8 + 2; }
 // fp16 K + V of a row.
 inline int64_t full_row_bytes(int64_t S, int64_t D) { return S * D * 2 * 2; }
+// Compact layout: uint16 index + fp16 coefficient per side, plus an int32
+// position per anchor.
+inline constexpr int64_t kCompactMetaBytesPerToken = 2 * (2 + 2);
+inline constexpr int64_t kCompactBytesPerAnchor = 4;
+
 // fp16 anchors (K and V) + metadata of the other tokens.
-inline int64_t base_row_bytes(int64_t S, int64_t n_anchor, int64_t D) {
-  return n_anchor * D * 2 * 2 + (S - n_anchor) * kMetaBytesPerToken;
+inline int64_t base_row_bytes(int64_t S, int64_t n_anchor, int64_t D, bool compact = false) {
+  return compact ? n_anchor * (D * 2 * 2 + kCompactBytesPerAnchor) + (S - n_anchor) * kCompactMetaBytesPerToken
+                 : n_anchor * D * 2 * 2 + (S - n_anchor) * kMetaBytesPerToken;
 }
 // max(0, floor((theta * full - base) / b_res)).
 int64_t residual_budget(double theta, int64_t full, int64_t base, int64_t b_res);

@@ -30,6 +30,11 @@ uint64_t row_seed(uint64_t seed, int64_t row) { return core::stream_seed(seed, s
 
 void check_segment(const SegmentInput& in, const AnchorKVConfig& config) {
   const AnchorPlan plan = plan_anchors(in.S, config);
+  if (config.metadata == MetadataLayout::kCompact && plan.k > kMaxCompactAnchors && plan.k < in.S)
+    core::fail(ErrorCode::kUnsupported, "anchorkv::compress",
+               "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) +
+                   " anchors; the compact metadata layout holds at most " + std::to_string(kMaxCompactAnchors) +
+                   " (use the seed layout)");
   if (plan.k > kMaxAnchors && plan.k < in.S)
     core::fail(ErrorCode::kUnsupported, "anchorkv::compress",
                "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) +
@@ -240,7 +245,8 @@ ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& 
     for (int64_t row = first; row < first + group; ++row) {
       const RowAnalysis& a = analysis[row];
       full += full_row_bytes(S, D);
-      base += base_row_bytes(S, static_cast<int64_t>(a.anchors.size()), D);
+      base += base_row_bytes(S, static_cast<int64_t>(a.anchors.size()), D,
+                             config.metadata == MetadataLayout::kCompact);
       uk.emplace_back(a.utility.key);
       uv.emplace_back(a.utility.value);
     }
@@ -257,7 +263,7 @@ ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& 
 
 std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
                                        const std::vector<RowAnalysis>& analysis,
-                                       const ResidualChoice& choice, int threads) {
+                                       const ResidualChoice& choice, int threads, bool compact) {
   const int64_t S = in.S, D = in.D;
   const int64_t cb = codec.code_bytes();
   std::vector<CompressedRow> rows(static_cast<size_t>(in.rows()));
@@ -269,6 +275,8 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
     const int64_t k = static_cast<int64_t>(a.anchors.size());
     out.length = S;
     out.n_anchor = k;
+    out.compact = compact;
+    if (compact) out.anchor_pos = a.anchors;
     out.anchor_k.resize(static_cast<size_t>(k * D));
     out.anchor_v.resize(static_cast<size_t>(k * D));
     for (int64_t j = 0; j < k; ++j) {
@@ -276,9 +284,15 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       core::float_to_half_n(V + a.anchors[j] * D, &out.anchor_v[j * D], D);
     }
     const int64_t n_other = S - k;
-    out.meta.reserve(static_cast<size_t>(n_other));
-    out.k.coef.reserve(static_cast<size_t>(n_other));
-    out.v.coef.reserve(static_cast<size_t>(n_other));
+    if (compact) {
+      out.meta32.reserve(static_cast<size_t>(n_other));
+      out.k.coef16.reserve(static_cast<size_t>(n_other));
+      out.v.coef16.reserve(static_cast<size_t>(n_other));
+    } else {
+      out.meta.reserve(static_cast<size_t>(n_other));
+      out.k.coef.reserve(static_cast<size_t>(n_other));
+      out.v.coef.reserve(static_cast<size_t>(n_other));
+    }
     const auto& rk = choice.k[row];
     const auto& rv = choice.v[row];
     out.k.codes.resize(rk.size() * static_cast<size_t>(cb));
@@ -298,16 +312,28 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       m.anchors_before = static_cast<int32_t>(ia);
       m.res_k = ik < rk.size() && rk[ik] == t;
       m.res_v = iv < rv.size() && rv[iv] == t;
-      out.meta.push_back(pack_meta(m));
-      out.k.coef.push_back(a.k.coef[t]);
-      out.v.coef.push_back(a.v.coef[t]);
+      // The coefficient as stored; residuals are taken against it.
+      float gk = a.k.coef[t], gv = a.v.coef[t];
+      if (compact) {
+        const uint16_t hk = core::float_to_half(std::clamp(gk, -core::kFp16Max, core::kFp16Max));
+        const uint16_t hv = core::float_to_half(std::clamp(gv, -core::kFp16Max, core::kFp16Max));
+        gk = core::half_to_float(hk);
+        gv = core::half_to_float(hv);
+        out.meta32.push_back(pack_meta32(m));
+        out.k.coef16.push_back(hk);
+        out.v.coef16.push_back(hv);
+      } else {
+        out.meta.push_back(pack_meta(m));
+        out.k.coef.push_back(gk);
+        out.v.coef.push_back(gv);
+      }
       if (m.res_k) {
-        residual(K + t * D, K + a.anchors[m.anchor_k] * D, a.k.coef[t], D, r.data());
+        residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
         codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());
         ++ik;
       }
       if (m.res_v) {
-        residual(V + t * D, V + a.anchors[m.anchor_v] * D, a.v.coef[t], D, r.data());
+        residual(V + t * D, V + a.anchors[m.anchor_v] * D, gv, D, r.data());
         codec.encode(r.data(), &out.v.codes[iv * cb], &out.v.scales[iv], scratch.data());
         ++iv;
       }
@@ -321,7 +347,7 @@ std::vector<CompressedRow> compress_reference(const SegmentInput& in, const Anch
   check_segment(in, config);
   const auto analysis = analyze_reference(in, config);
   const auto choice = allocate_residuals(in, config, analysis);
-  return encode_rows(in, codec, analysis, choice, 1);
+  return encode_rows(in, codec, analysis, choice, 1, config.metadata == MetadataLayout::kCompact);
 }
 
 std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,
@@ -333,7 +359,7 @@ std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig
   const auto choice = allocate_residuals(in, config, analysis);
   const double allocate_s = seconds_since(t0);
   t0 = Clock::now();
-  auto rows = encode_rows(in, codec, analysis, choice, config.threads);
+  auto rows = encode_rows(in, codec, analysis, choice, config.threads, config.metadata == MetadataLayout::kCompact);
   if (stats) {
     stats->allocate_s = allocate_s;
     stats->encode_s = seconds_since(t0);

@@ -54,9 +54,10 @@ std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& c
 ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& config,
                                   const std::vector<RowAnalysis>& analysis);
 
+// compact: MetadataLayout::kCompact (fp16 gammas; residuals computed against them).
 std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
                                        const std::vector<RowAnalysis>& analysis,
-                                       const ResidualChoice& choice, int threads);
+                                       const ResidualChoice& choice, int threads, bool compact = false);
 
 std::vector<CompressedRow> compress_reference(const SegmentInput& in, const AnchorKVConfig& config,
                                               const ResidualCodec& codec);

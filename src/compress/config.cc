@@ -32,12 +32,14 @@ void AnchorKVConfig::validate() const {
   if (scale != ResidualScale::kAbsMax && scale != ResidualScale::kRms) bad("scale", "unknown value");
   if (trigger != CompressTrigger::kFirstPrefill && trigger != CompressTrigger::kFirstDecode)
     bad("trigger", "unknown value");
+  if (metadata != MetadataLayout::kSeed && metadata != MetadataLayout::kCompact) bad("metadata", "unknown value");
   if (threads < 0 || threads > 4096) bad("threads", "must be in [0, 4096], got " + std::to_string(threads));
 }
 
 const char* to_string(ResidualAllocation v) {
   return v == ResidualAllocation::kPerHead ? "per_head" : "pooled";
 }
+const char* to_string(MetadataLayout v) { return v == MetadataLayout::kCompact ? "compact" : "seed"; }
 const char* to_string(ResidualScale v) { return v == ResidualScale::kAbsMax ? "absmax" : "rms"; }
 const char* to_string(CompressTrigger v) {
   return v == CompressTrigger::kFirstDecode ? "first_decode" : "first_prefill";
@@ -48,7 +50,8 @@ std::string AnchorKVConfig::to_string() const {
   os << "theta=" << theta << " window=" << window << " rho=" << rho << " anchor_frac=" << anchor_frac
      << " residual_bits=" << residual_bits << " seed=" << seed
      << " allocation=" << anchorkv::to_string(allocation) << " scale=" << anchorkv::to_string(scale)
-     << " trigger=" << anchorkv::to_string(trigger) << " threads=" << threads;
+     << " trigger=" << anchorkv::to_string(trigger) << " metadata=" << anchorkv::to_string(metadata)
+     << " threads=" << threads;
   return os.str();
 }
 

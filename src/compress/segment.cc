@@ -10,13 +10,41 @@ namespace anchorkv::compress {
 
 int64_t CompressedRow::buffer_bytes() const {
   auto side = [](const CompressedSide& s) {
-    return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.codes.size() + s.scales.size() * sizeof(uint16_t));
+    return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.coef16.size() * sizeof(uint16_t) + s.codes.size() +
+                                s.scales.size() * sizeof(uint16_t));
   };
-  return static_cast<int64_t>((anchor_k.size() + anchor_v.size()) * sizeof(uint16_t) + meta.size() * sizeof(uint64_t)) +
+  return static_cast<int64_t>((anchor_k.size() + anchor_v.size()) * sizeof(uint16_t) + meta.size() * sizeof(uint64_t) +
+                              meta32.size() * sizeof(uint32_t) + anchor_pos.size() * sizeof(int32_t)) +
          side(k) + side(v);
 }
 
+Meta CompressedRow::meta_at(int64_t e) const {
+  if (!compact) return unpack_meta(meta[e]);
+  const uint32_t w = meta32[e];
+  Meta m;
+  m.anchor_k = static_cast<int32_t>(w & 0x7FFF);
+  m.res_k = (w >> 15) & 1;
+  m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
+  m.res_v = (w >> 31) & 1;
+  // Anchor j has anchor_pos[j] - j non-anchor tokens before it (non-decreasing in j):
+  // the anchors before entry e are those with anchor_pos[j] - j <= e.
+  int64_t lo = 0, hi = n_anchor;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (anchor_pos[mid] - mid <= e)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  m.anchors_before = static_cast<int32_t>(lo);
+  return m;
+}
+
+float CompressedRow::coef_k(int64_t e) const { return compact ? core::half_to_float(k.coef16[e]) : k.coef[e]; }
+float CompressedRow::coef_v(int64_t e) const { return compact ? core::half_to_float(v.coef16[e]) : v.coef[e]; }
+
 std::vector<int32_t> CompressedRow::anchor_positions() const {
+  if (compact) return anchor_pos;
   std::vector<int32_t> pos;
   pos.reserve(static_cast<size_t>(n_anchor));
   int64_t p = 0, j = 0;
@@ -36,7 +64,7 @@ template <class A, class T>
 void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {
   int64_t p = 0, j = 0, slot_k = 0, slot_v = 0;
   for (int64_t e = 0; e < row.n_other(); ++e) {
-    const Meta m = unpack_meta(row.meta[e]);
+    const Meta m = row.meta_at(e);
     while (j < m.anchors_before) emit_anchor(p++, j++);
     emit_token(p++, e, m, m.res_k ? slot_k++ : -1, m.res_v ? slot_v++ : -1);
   }
@@ -44,9 +72,8 @@ void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {
 }
 
 // out = gamma * anchor (+ decoded residual). anchors: [n_anchor, D] f32.
-void decode_side(const CompressedSide& side, const float* anchors, int64_t D, const ResidualCodec& codec,
-                 int64_t e, int32_t anchor, int64_t slot, float* out, float* tmp, uint8_t* scratch) {
-  const float g = side.coef[e];
+void decode_side(const CompressedSide& side, float g, const float* anchors, int64_t D, const ResidualCodec& codec,
+                 int32_t anchor, int64_t slot, float* out, float* tmp, uint8_t* scratch) {
   const float* a = anchors + anchor * D;
   for (int64_t d = 0; d < D; ++d) out[d] = g * a[d];
   if (slot >= 0) {
@@ -71,8 +98,8 @@ void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float
         std::copy_n(&av[j * D], D, out_v + p * D);
       },
       [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
-        decode_side(row.k, ak.data(), D, codec, e, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data());
-        decode_side(row.v, av.data(), D, codec, e, m.anchor_v, sv, out_v + p * D, tmp.data(), scratch.data());
+        decode_side(row.k, row.coef_k(e), ak.data(), D, codec, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data());
+        decode_side(row.v, row.coef_v(e), av.data(), D, codec, m.anchor_v, sv, out_v + p * D, tmp.data(), scratch.data());
       });
 }
 
@@ -91,9 +118,9 @@ void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, 
         std::copy_n(&row.anchor_v[j * D], D, out_v + p * D);
       },
       [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
-        decode_side(row.k, ak.data(), D, codec, e, m.anchor_k, sk, x.data(), tmp.data(), scratch.data());
+        decode_side(row.k, row.coef_k(e), ak.data(), D, codec, m.anchor_k, sk, x.data(), tmp.data(), scratch.data());
         core::f32_to_f16_n(x.data(), out_k + p * D, D);
-        decode_side(row.v, av.data(), D, codec, e, m.anchor_v, sv, x.data(), tmp.data(), scratch.data());
+        decode_side(row.v, row.coef_v(e), av.data(), D, codec, m.anchor_v, sv, x.data(), tmp.data(), scratch.data());
         core::f32_to_f16_n(x.data(), out_v + p * D, D);
       });
 }

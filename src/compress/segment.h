@@ -12,6 +12,13 @@
 //   k.scales, v.scales  [n_res] fp16                one scale per residual
 // Non-anchor tokens appear in position order; the i-th flagged token of a
 // side owns residual slot i of that side.
+//
+// Compact layout (MetadataLayout::kCompact): instead of meta + fp32 coefs,
+//   meta32              [n_other] uint32: anchor K (bits 0..14), K residual (15),
+//                       anchor V (16..30), V residual (31)
+//   k.coef16, v.coef16  [n_other] fp16 gamma
+//   anchor_pos          [n_anchor] int32 positions (anchors_before is derived)
+// = 8 bytes per non-anchor token + 4 per anchor.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +30,7 @@ namespace anchorkv::compress {
 
 inline constexpr int kMetaFieldBits = 20;
 inline constexpr int64_t kMaxAnchors = (int64_t{1} << kMetaFieldBits) - 1;
+inline constexpr int64_t kMaxCompactAnchors = (int64_t{1} << 15) - 1;
 
 struct Meta {
   int32_t anchor_k = 0;
@@ -49,8 +57,14 @@ inline Meta unpack_meta(uint64_t w) {
   return m;
 }
 
+inline uint32_t pack_meta32(const Meta& m) {
+  return (static_cast<uint32_t>(m.anchor_k) & 0x7FFF) | (static_cast<uint32_t>(m.res_k) << 15) |
+         ((static_cast<uint32_t>(m.anchor_v) & 0x7FFF) << 16) | (static_cast<uint32_t>(m.res_v) << 31);
+}
+
 struct CompressedSide {
-  std::vector<float> coef;      // [n_other]
+  std::vector<float> coef;      // [n_other] (seed layout)
+  std::vector<uint16_t> coef16; // [n_other] fp16 (compact layout)
   std::vector<uint8_t> codes;   // [n_res, code_bytes]
   std::vector<uint16_t> scales; // [n_res] fp16
   int64_t n_residual() const { return static_cast<int64_t>(scales.size()); }
@@ -59,12 +73,21 @@ struct CompressedSide {
 struct CompressedRow {
   int64_t length = 0;    // S, token positions in the segment
   int64_t n_anchor = 0;
+  bool compact = false;
   std::vector<uint16_t> anchor_k;  // [n_anchor, D] fp16
   std::vector<uint16_t> anchor_v;  // [n_anchor, D] fp16
-  std::vector<uint64_t> meta;      // [n_other]
+  std::vector<uint64_t> meta;      // [n_other] (seed layout)
+  std::vector<uint32_t> meta32;    // [n_other] (compact layout)
+  std::vector<int32_t> anchor_pos; // [n_anchor] (compact layout)
   CompressedSide k, v;
 
-  int64_t n_other() const { return static_cast<int64_t>(meta.size()); }
+  int64_t n_other() const { return static_cast<int64_t>(compact ? meta32.size() : meta.size()); }
+  // Entry e's metadata in either layout (compact: anchors_before by binary search).
+  Meta meta_at(int64_t e) const;
+  bool res_k(int64_t e) const { return compact ? (meta32[e] >> 15) & 1 : (meta[e] >> 60) & 1; }
+  bool res_v(int64_t e) const { return compact ? (meta32[e] >> 31) & 1 : (meta[e] >> 61) & 1; }
+  float coef_k(int64_t e) const;
+  float coef_v(int64_t e) const;
   int64_t n_residual() const { return k.n_residual() + v.n_residual(); }
   // Sum of the sizes of the buffers above (what is really held).
   int64_t buffer_bytes() const;

@@ -9,7 +9,7 @@
 namespace anchorkv::eval {
 
 std::vector<std::string> all_methods() {
-  return {"full", "anchorkv", "quantized8", "quantized4", "quantized2", "kivi4", "kivi2", "streamingllm", "snapkv", "h2o"};
+  return {"full", "anchorkv", "anchorkv_compact", "quantized8", "quantized4", "quantized2", "kivi4", "kivi2", "streamingllm", "snapkv", "h2o"};
 }
 
 std::unique_ptr<KVCache> make_cache(const std::string& method, double theta, int threads) {
@@ -18,6 +18,13 @@ std::unique_ptr<KVCache> make_cache(const std::string& method, double theta, int
     AnchorKVConfig cfg;
     cfg.theta = theta;
     cfg.threads = threads;
+    return std::make_unique<AnchorKVCache>(cfg);
+  }
+  if (method == "anchorkv_compact") {
+    AnchorKVConfig cfg;
+    cfg.theta = theta;
+    cfg.threads = threads;
+    cfg.metadata = MetadataLayout::kCompact;
     return std::make_unique<AnchorKVCache>(cfg);
   }
   if (method == "quantized8") return std::make_unique<QuantizedKVCache>(8);

@@ -14,7 +14,7 @@
 
 namespace anchorkv::eval {
 
-// Known methods: full, anchorkv, quantized8, quantized4, quantized2, kivi4, kivi2,
+// Known methods: full, anchorkv, anchorkv_compact (8-byte metadata), quantized8, quantized4, quantized2, kivi4, kivi2,
 // streamingllm, snapkv, h2o.
 std::vector<std::string> all_methods();
 // A cache for `method` at budget theta (fraction of fp16 bytes). Throws

@@ -264,9 +264,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
         if (c.kind != Chunk::kEntries) continue;
         const int64_t end = std::min(c.a, row.n_other());
         for (; e < end; ++e) {
-          const uint64_t w = row.meta[e];
-          sk += (w >> 60) & 1;
-          sv += (w >> 61) & 1;
+          sk += row.res_k(e);
+          sv += row.res_v(e);
         }
         p.slot_k.push_back(sk);
         p.slot_v.push_back(sv);
@@ -361,8 +360,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
       kernels::entries_chunk(cq, row, *st->codec, a, b, sk, sv, plan.seg_pos0, masked_segment, t, scratch.data(),
                              opt.reference);
       for (int64_t e = a; e < b; ++e) {
-        sk += (row.meta[e] >> 60) & 1;
-        sv += (row.meta[e] >> 61) & 1;
+        sk += row.res_k(e);
+        sv += row.res_v(e);
       }
       for (int64_t g = 0; g < nq; ++g) {
         // w in the tile is [nq, k]; the chunk's is strided by k_max (same k per row).

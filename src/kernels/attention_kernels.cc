@@ -329,11 +329,24 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
   // Scores of the anchor approximation: gamma_t * (q . a_K(t)).
   thread_local std::vector<int64_t> tpos;  // token positions (RoPE only)
   if (cq.rope) tpos.resize(static_cast<size_t>(n));
+  // Compact rows derive anchors_before by binary search once, then step it.
+  int64_t before = row.compact ? row.meta_at(e0).anchors_before : 0;
   for (int64_t i = 0; i < n; ++i) {
-    const compress::Meta m = compress::unpack_meta(row.meta[e0 + i]);
+    compress::Meta m;
+    if (row.compact) {
+      const uint32_t w = row.meta32[e0 + i];
+      m.anchor_k = static_cast<int32_t>(w & 0x7FFF);
+      m.res_k = (w >> 15) & 1;
+      m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
+      m.res_v = (w >> 31) & 1;
+      while (before < row.n_anchor && row.anchor_pos[before] - before <= e0 + i) ++before;
+      m.anchors_before = static_cast<int32_t>(before);
+    } else {
+      m = compress::unpack_meta(row.meta[e0 + i]);
+    }
     ak[i] = m.anchor_k;
     av[i] = m.anchor_v;
-    coef_v[i] = row.v.coef[e0 + i];
+    coef_v[i] = row.coef_v(e0 + i);
     if (m.res_k) res_k.push_back(static_cast<int32_t>(i));
     if (m.res_v) res_v.push_back(static_cast<int32_t>(i));
     const int64_t pos = seg_pos0 + e0 + i + m.anchors_before;
@@ -341,7 +354,7 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       tpos[i] = pos;
       continue;
     }
-    const float gk = row.k.coef[e0 + i];
+    const float gk = row.coef_k(e0 + i);
     if (!masked) {
       for (int64_t g = 0; g < nq; ++g) s[g * n + i] = gk * cq.anchor_dot[g * k + ak[i]];
     } else {
@@ -364,7 +377,7 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       const int64_t r = tpos[i] - p_first;
       std::copy_n(&rc[r * half], half, cs_row.data());
       std::copy_n(&rs[r * half], half, cs_row.data() + half);
-      const float gk = row.k.coef[e0 + i];
+      const float gk = row.coef_k(e0 + i);
       for (int64_t g = 0; g < nq; ++g) {
         const float* csg = cq.cs + (g * k + ak[i]) * D;
         s[g * n + i] = (!masked || tpos[i] <= cq.qpos[g])

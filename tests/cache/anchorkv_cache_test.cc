@@ -47,6 +47,42 @@ TEST(AnchorKVCache, HandComputedBytesAtDefaults) {
   expect_invariants(c);
 }
 
+TEST(AnchorKVCache, CompactMetadataBytesByHandAndLossless) {
+  // Compact: base = 32 * (512 + 4) + 4064 * 8 = 49024; N = floor((104857.6 - 49024) / 34) = 1642.
+  const Data d = make(1, 1, 4096, 128);
+  AnchorKVConfig cfg;
+  cfg.metadata = MetadataLayout::kCompact;
+  AnchorKVCache c(cfg);
+  const auto out = c.update_and_fetch(d.k(), d.v());
+  EXPECT_EQ(c.n_residual_total(), 1642);
+  EXPECT_EQ(c.anchorkv_bytes(), 49024 + 1642 * 34);
+  expect_invariants(c);
+  // The same anchors as the seed layout, recovered from the stored positions.
+  AnchorKVCache seed;
+  seed.update_and_fetch(d.k(), d.v());
+  EXPECT_EQ(c.state().segment[0].anchor_positions(), seed.state().segment[0].anchor_positions());
+  // More residuals for the same budget: a closer reconstruction.
+  const auto ks = seed.fetch().keys.to_f32(), kc = out.keys.to_f32();
+  double es = 0, ec = 0;
+  for (size_t i = 0; i < ks.size(); ++i) {
+    es += (ks[i] - d.K[i]) * (ks[i] - d.K[i]);
+    ec += (kc[i] - d.K[i]) * (kc[i] - d.K[i]);
+  }
+  EXPECT_LT(ec, es);
+  // Every token an anchor: lossless in the compact layout too.
+  cfg.anchor_frac = 1.0;
+  AnchorKVCache all(cfg);
+  FullKVCache f;
+  const Data e = make(2, 2, 100, 64);
+  EXPECT_EQ(bits_of(all.update_and_fetch(e.k(), e.v()).keys), bits_of(f.update_and_fetch(e.k(), e.v()).keys));
+  expect_invariants(all);
+  // Decode after a compact prefill is exact.
+  const Data t = make(1, 1, 1, 128, 7);
+  const auto o2 = c.update_and_fetch(t.k(), t.v());
+  EXPECT_EQ(o2.keys.at(0, 0, 4096, 5), t.K[5]);
+  expect_invariants(c);
+}
+
 TEST(AnchorKVCache, PooledBudgetAcrossHeadsByHand) {
   // B=2, H=3, S=256, D=64, anchor_frac 1/16 -> 16 anchors per row, theta 0.2.
   // Per batch element: full = 3*256*64*4 = 196608, base = 3*(16*256 + 240*16) = 23808,

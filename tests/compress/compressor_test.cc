@@ -43,6 +43,9 @@ std::vector<Case> cases() {
   AnchorKVConfig ph = base;
   ph.allocation = ResidualAllocation::kPerHead;
   out.push_back({2, 2, 300, 32, ph});
+  AnchorKVConfig compact = base;
+  compact.metadata = MetadataLayout::kCompact;
+  out.push_back({2, 2, 500, 64, compact});
   AnchorKVConfig b3 = base;
   b3.residual_bits = 3;
   b3.scale = ResidualScale::kAbsMax;
@@ -91,6 +94,8 @@ TEST(Compressor, FastPathMatchesReference) {
     const auto rows_fast = compress(in, cfg2, codec);
     for (size_t r = 0; r < rows_ref.size(); ++r) {
       EXPECT_EQ(rows_ref[r].meta, rows_fast[r].meta);
+      EXPECT_EQ(rows_ref[r].meta32, rows_fast[r].meta32);
+      EXPECT_EQ(rows_ref[r].anchor_pos, rows_fast[r].anchor_pos);
       std::vector<float> k1(c.S * c.D), v1(k1.size()), k2(k1.size()), v2(k1.size());
       reconstruct_row(rows_ref[r], codec, k1.data(), v1.data());
       reconstruct_row(rows_fast[r], codec, k2.data(), v2.data());

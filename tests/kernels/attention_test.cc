@@ -80,7 +80,7 @@ struct Case {
   bool tail;
 };
 
-void run_case(const Case& c) {
+void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed) {
   SCOPED_TRACE(::testing::Message() << "S=" << c.S << " D=" << c.D << " G=" << c.G << " B=" << c.B
                                     << " Sq=" << c.Sq << " tail=" << c.tail);
   const int64_t H = 2, Hq = H * c.G;
@@ -88,6 +88,7 @@ void run_case(const Case& c) {
   cfg.theta = 0.15;  // residuals on K and V
   cfg.anchor_frac = 1.0 / 16;
   cfg.window = 8;
+  cfg.metadata = layout;
   AnchorKVCache cache(cfg);
   const auto K = random_kv(c.B, H, c.S, c.D, 11), V = random_kv(c.B, H, c.S, c.D, 12);
   cache.update_and_fetch(TensorView::f32(K.data(), {c.B, H, c.S, c.D}), TensorView::f32(V.data(), {c.B, H, c.S, c.D}));
@@ -151,6 +152,12 @@ TEST(Attention, EveryGroupBatchQueryAndTailCombinationAtSmallSize) {
     for (int64_t B : {1, 3})
       for (int64_t Sq : {1, 7})
         for (bool tail : {false, true}) run_case({300, 64, G, B, Sq, tail});
+}
+
+TEST(Attention, CompactMetadataLayout) {
+  for (const Case& c : {Case{1000, 64, 4, 2, 7, true}, Case{1000, 80, 1, 1, 1, false}, Case{4097, 128, 8, 1, 7, false},
+                        Case{300, 64, 4, 3, 1, true}})
+    run_case(c, MetadataLayout::kCompact);
 }
 
 TEST(Attention, FullCacheMatchesDenseReference) {
