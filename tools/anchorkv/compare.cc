@@ -103,7 +103,7 @@ void run(Options opt) {
   const auto& sp = opt.spec;
   fmt::print("Synthetic workload: B={} H={} S={} D={}, {} held-out queries per head (seed {})\n\n", sp.B, sp.H, sp.S,
              sp.D, sp.n_queries, sp.seed);
-  fmt::print("  {:>5} {:<13} {:>11} {:>7} {:>6} {:>13} {:>9} {:>9} {:>8} {:>10}\n", "theta", "method", "bytes",
+  fmt::print("  {:>5} {:<17} {:>11} {:>7} {:>6} {:>13} {:>9} {:>9} {:>8} {:>10}\n", "theta", "method", "bytes",
              "ratio", "budget", "tokens kept", "err mean", "err p95", "cosine", "prefill ms");
   nlohmann::json j = nlohmann::json::array();
   std::string csv =
@@ -111,7 +111,7 @@ void run(Options opt) {
       "rel_error_mean,rel_error_p95,cosine,compress_ms\n";
   for (const auto& r : rows) {
     const std::string budget = r.method == "full" ? "-" : r.over_budget ? "OVER" : r.under_budget ? "under" : "ok";
-    fmt::print("  {:>5} {:<13} {:>11} {:>6.1f}x {:>6} {:>13} {:>9.4f} {:>9.4f} {:>8.4f} {:>10.1f}\n", r.theta, r.method,
+    fmt::print("  {:>5} {:<17} {:>11} {:>6.1f}x {:>6} {:>13} {:>9.4f} {:>9.4f} {:>8.4f} {:>10.1f}\n", r.theta, r.method,
                r.bytes, r.compression_ratio, budget, fmt::format("{}/{}", r.tokens_kept, r.tokens_total),
                r.error.mean, r.error.p95, r.error.mean_cosine, r.compress_ms);
     j.push_back({{"theta", r.theta}, {"method", r.method}, {"bytes", r.bytes}, {"full_bytes", r.full_bytes},

@@ -173,7 +173,7 @@ void evaluate(const EvalOptions& o) {
   const Continuation ref = continuation(w, toks, P, factory("full", 0, o.threads), o.threads);
   fmt::print("{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
              o.model, N, P, N - P);
-  fmt::print("  {:<13} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio", "ppl",
+  fmt::print("  {:<17} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio", "ppl",
              "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
@@ -193,7 +193,7 @@ void evaluate(const EvalOptions& o) {
     }
     const double ratio = c.bytes.bytes > 0 ? static_cast<double>(c.bytes.full) / static_cast<double>(c.bytes.bytes) : 1.0;
     const double ppl = std::exp(nll / static_cast<double>(n));
-    fmt::print("  {:<13} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
+    fmt::print("  {:<17} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
                theta > 0 ? fmt::format("{}", theta) : "-", ratio, ppl, kl / static_cast<double>(n),
                100.0 * static_cast<double>(agree) / static_cast<double>(n), nll / static_cast<double>(n) / std::log(2.0),
                static_cast<double>(P) / c.prefill_s, static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9));
