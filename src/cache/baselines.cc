@@ -210,16 +210,7 @@ KVPair EvictionCacheBase::update_and_fetch(const TensorView& keys, const TensorV
   return fetch();
 }
 
-KVPair EvictionCacheBase::fetch() const {
-  const Impl& s = *impl_;
-  const int64_t n = s.kept.tokens;
-  KVPair out{Tensor(DType::kF16, {s.B, s.H, n, s.D}), Tensor(DType::kF16, {s.B, s.H, n, s.D})};
-  for (int64_t r = 0; r < s.B * s.H; ++r) {
-    std::copy(s.kept.k[r].begin(), s.kept.k[r].end(), out.keys.data_as<uint16_t>() + r * n * s.D);
-    std::copy(s.kept.v[r].begin(), s.kept.v[r].end(), out.values.data_as<uint16_t>() + r * n * s.D);
-  }
-  return out;
-}
+KVPair EvictionCacheBase::fetch() const { return impl_->kept.to_pair(impl_->B, impl_->H, impl_->D); }
 
 int64_t EvictionCacheBase::offset() const { return impl_->seen; }
 int64_t EvictionCacheBase::nbytes() const { return impl_->kept.buffer_bytes(); }
@@ -551,16 +542,7 @@ KVPair H2OCache::update_and_fetch(const TensorView& keys, const TensorView& valu
   return fetch();
 }
 
-KVPair H2OCache::fetch() const {
-  const Impl& s = *impl_;
-  const int64_t n = s.kept.tokens;
-  KVPair out{Tensor(DType::kF16, {s.B, s.H, n, s.D}), Tensor(DType::kF16, {s.B, s.H, n, s.D})};
-  for (int64_t r = 0; r < s.B * s.H; ++r) {
-    std::copy(s.kept.k[r].begin(), s.kept.k[r].end(), out.keys.data_as<uint16_t>() + r * n * s.D);
-    std::copy(s.kept.v[r].begin(), s.kept.v[r].end(), out.values.data_as<uint16_t>() + r * n * s.D);
-  }
-  return out;
-}
+KVPair H2OCache::fetch() const { return impl_->kept.to_pair(impl_->B, impl_->H, impl_->D); }
 
 int64_t H2OCache::offset() const { return impl_->seen; }
 int64_t H2OCache::nbytes() const {

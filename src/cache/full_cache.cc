@@ -33,16 +33,7 @@ KVPair FullKVCache::update_and_fetch(const TensorView& keys, const TensorView& v
   return fetch();
 }
 
-KVPair FullKVCache::fetch() const {
-  const internal::FullState& s = *impl_;
-  const int64_t n = s.rows.tokens;
-  KVPair out{Tensor(DType::kF16, {s.B, s.H, n, s.D}), Tensor(DType::kF16, {s.B, s.H, n, s.D})};
-  for (int64_t r = 0; r < s.B * s.H; ++r) {
-    std::copy(s.rows.k[r].begin(), s.rows.k[r].end(), out.keys.data_as<uint16_t>() + r * n * s.D);
-    std::copy(s.rows.v[r].begin(), s.rows.v[r].end(), out.values.data_as<uint16_t>() + r * n * s.D);
-  }
-  return out;
-}
+KVPair FullKVCache::fetch() const { return impl_->rows.to_pair(impl_->B, impl_->H, impl_->D); }
 
 int64_t FullKVCache::offset() const { return impl_->rows.tokens; }
 

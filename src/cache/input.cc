@@ -1,5 +1,6 @@
 #include "cache/input.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -112,6 +113,16 @@ void ExactRows::clear() {
   for (auto& x : k) std::vector<uint16_t>().swap(x);
   for (auto& x : v) std::vector<uint16_t>().swap(x);
   tokens = 0;
+}
+
+KVPair ExactRows::to_pair(int64_t B, int64_t H, int64_t D) const {
+  const int64_t n = tokens;
+  KVPair out{Tensor(DType::kF16, {B, H, n, D}), Tensor(DType::kF16, {B, H, n, D})};
+  for (int64_t r = 0; r < B * H; ++r) {
+    std::copy(k[r].begin(), k[r].end(), out.keys.data_as<uint16_t>() + r * n * D);
+    std::copy(v[r].begin(), v[r].end(), out.values.data_as<uint16_t>() + r * n * D);
+  }
+  return out;
 }
 
 int64_t ExactRows::buffer_bytes() const {

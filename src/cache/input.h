@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "anchorkv/cache.h"
 #include "anchorkv/tensor.h"
 #include "core/buffer.h"
 
@@ -43,6 +44,8 @@ struct ExactRows {
   void append(const StagedInput& in);
   void clear();
   int64_t buffer_bytes() const;
+  // The rows as dense fp16 K/V [B, H, tokens, D] (rows = B * H; empty rows allowed when B*H == 0).
+  KVPair to_pair(int64_t B, int64_t H, int64_t D) const;
 };
 
 }  // namespace anchorkv::cache
