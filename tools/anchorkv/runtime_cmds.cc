@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -16,6 +18,7 @@
 #include "anchorkv/anchorkv.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "eval/compare.h"
 #include "io/gguf.h"
 #include "model/llama.h"
@@ -114,9 +117,11 @@ void run(const RunOptions& o) {
 // ---------------------------------------------------------------- eval
 
 struct EvalOptions {
-  std::string model, text, json_path;
+  std::string model, text, json_path, task = "perplexity";
   std::vector<int32_t> tokens;
-  int64_t ctx = 512;
+  std::vector<int64_t> ctxs = {512};
+  std::vector<double> depths = {0.1, 0.5, 0.9};
+  int trials = 3;
   double prefix_frac = 0.5;
   std::vector<std::string> caches = {"full", "anchorkv", "snapkv", "h2o", "streamingllm", "kivi2"};
   std::vector<double> thetas = {0.05, 0.1, 0.2};
@@ -158,7 +163,7 @@ void evaluate(const EvalOptions& o) {
     const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
     toks = tok.encode(read_file(o.text), true);
   }
-  if (static_cast<int64_t>(toks.size()) > o.ctx) toks.resize(static_cast<size_t>(o.ctx));
+  if (static_cast<int64_t>(toks.size()) > o.ctxs[0]) toks.resize(static_cast<size_t>(o.ctxs[0]));
   const int64_t N = static_cast<int64_t>(toks.size());
   const int64_t P = std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.prefix_frac * N)), 2, N - 1);
   if (N < 3) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "need at least 3 tokens of text");
@@ -210,6 +215,85 @@ void evaluate(const EvalOptions& o) {
   }
 }
 
+// Passkey retrieval: filler text with "The pass key is N" at a depth, then
+// "What is the pass key? The pass key is" and a greedy answer of a few tokens.
+void passkey(const EvalOptions& o) {
+  if (!is_gguf(o.model)) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "passkey needs a GGUF model (a tokenizer)");
+  const model::LlamaWeights w = model::load_model(o.model);
+  const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
+  const std::string filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+  const std::string question = "What is the pass key? The pass key is";
+  std::vector<std::pair<std::string, double>> runs;
+  for (const auto& c : o.caches) {
+    if (c == "full" || c.rfind("quantized", 0) == 0 || c.rfind("kivi", 0) == 0)
+      runs.emplace_back(c, 0.0);
+    else
+      for (double th : o.thetas) runs.emplace_back(c, th);
+  }
+  core::Rng rng(2026);
+  struct Trial {
+    int64_t ctx;
+    double depth;
+    std::string key;
+    std::vector<int32_t> prompt;
+  };
+  std::vector<Trial> trials;
+  const int64_t filler_tokens = static_cast<int64_t>(tok.encode(filler, false).size());
+  for (int64_t ctx : o.ctxs)
+    for (double depth : o.depths)
+      for (int t = 0; t < o.trials; ++t) {
+        const std::string key = std::to_string(10000 + rng.below(90000));
+        const std::string needle = "The pass key is " + key + ". Remember it. " + key + " is the pass key. ";
+        const int64_t budget = ctx - static_cast<int64_t>(tok.encode(needle + question, false).size()) - 1;
+        const int64_t reps = std::max<int64_t>(1, budget / filler_tokens);
+        const int64_t at = std::llround(depth * static_cast<double>(reps));
+        std::string text;
+        for (int64_t r = 0; r < reps; ++r) {
+          if (r == at) text += needle;
+          text += filler;
+        }
+        if (at >= reps) text += needle;
+        text += question;
+        trials.push_back({ctx, depth, key, tok.encode(text, true)});
+      }
+  fmt::print("{}: passkey retrieval, {} trials per (context, depth), greedy answer of 8 tokens\n\n", o.model, o.trials);
+  std::string head = fmt::format("  {:<17} {:>5}", "cache", "theta");
+  for (int64_t ctx : o.ctxs) head += fmt::format(" {:>9}", fmt::format("ctx {}", ctx));
+  fmt::print("{}\n", head);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [cache, theta] : runs) {
+    std::map<int64_t, std::pair<int, int>> acc;  // ctx -> (correct, total)
+    for (const Trial& t : trials) {
+      model::LlamaModel m(w, factory(cache, theta, o.threads), o.threads);
+      std::vector<float> logits = m.forward(t.prompt);
+      std::vector<int32_t> answer;
+      for (int i = 0; i < 8; ++i) {
+        const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        answer.push_back(next);
+        logits = m.forward({next});
+      }
+      const bool ok = tok.decode(answer).find(t.key) != std::string::npos;
+      acc[t.ctx].first += ok;
+      acc[t.ctx].second += 1;
+    }
+    std::string line = fmt::format("  {:<17} {:>5}", cache, theta > 0 ? fmt::format("{}", theta) : "-");
+    nlohmann::json per_ctx;
+    for (int64_t ctx : o.ctxs) {
+      const double a = static_cast<double>(acc[ctx].first) / std::max(1, acc[ctx].second);
+      line += fmt::format(" {:>8.0f}%", 100 * a);
+      per_ctx[std::to_string(ctx)] = a;
+    }
+    fmt::print("{}\n", line);
+    rows.push_back({{"cache", cache}, {"theta", theta}, {"accuracy", per_ctx}});
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << nlohmann::json{{"model", o.model}, {"task", "passkey"}, {"trials", o.trials}, {"depths", o.depths},
+                        {"results", rows}}
+             .dump(2);
+  }
+}
+
 }  // namespace
 
 void register_runtime(CLI::App& app) {
@@ -234,13 +318,24 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--model,-m", e->model, "model file")->required();
   ev->add_option("--text", e->text, "text file to score (GGUF models)");
   ev->add_option("--tokens", e->tokens, "token ids to score instead")->delimiter(',');
-  ev->add_option("--ctx", e->ctx, "tokens scored in all")->check(CLI::Range(int64_t{3}, int64_t{1} << 20));
+  ev->add_option("--task", e->task, "perplexity (ppl, KL, top-1 after a compressed prefix) or passkey")
+      ->check(CLI::IsMember({"perplexity", "passkey"}));
+  ev->add_option("--ctx", e->ctxs, "tokens in all (passkey: a list of context lengths)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{3}, int64_t{1} << 20));
+  ev->add_option("--depths", e->depths, "passkey depths (0..1)")->delimiter(',');
+  ev->add_option("--trials", e->trials, "passkey trials per (context, depth)")->check(CLI::Range(1, 1000));
   ev->add_option("--prefix-frac", e->prefix_frac, "share of the tokens fed as the (compressed) prefill");
   ev->add_option("--caches", e->caches, "caches to compare")->delimiter(',');
   ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
   ev->add_option("--json", e->json_path, "write JSON here");
   ev->add_option("--threads", e->threads, "threads (0 = all cores)");
-  ev->callback([e] { evaluate(*e); });
+  ev->callback([e] {
+    if (e->task == "passkey")
+      passkey(*e);
+    else
+      evaluate(*e);
+  });
 }
 
 }  // namespace anchorkv::cli
