@@ -59,15 +59,6 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, i
   return hn::GetLane(hn::SumOfLanes(d, acc));
 }
 
-HWY_INLINE void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const auto va = hn::Set(d, a);
-  int64_t i = 0;
-  for (; i + N <= D; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
-  for (; i < D; ++i) y[i] += a * x[i];
-}
-
 // x[i] = exp(x[i] - m), returns the sum. Lanes past n are never touched.
 float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   const DF d;
@@ -190,7 +181,6 @@ void DenseChunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t*
       }
     }
   }
-  (void)Axpy;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -270,9 +260,8 @@ void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uin
                       int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, PartialView out, float* scratch,
                       bool reference) {
   const int64_t half = D / 2;
-  float* s = scratch;                // [nq, n]
-  float* table = s + nq * n;         // [n, D]: cos (D/2) then sin (D/2) per token
-  float* row = table + n * D;        // [D]
+  float* s = scratch;             // [nq, n]
+  float* row = scratch + nq * n;  // [D]
   thread_local std::vector<float> c, sn;
   c.resize(static_cast<size_t>(n * half));
   sn.resize(c.size());
@@ -284,7 +273,6 @@ void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uin
       s[g * n + i] = pos0 + i <= qpos[g] ? (reference ? core::dot_ref(q + g * D, row, D) : core::dot(q + g * D, row, D))
                                          : kNegInf;
   }
-  (void)table;
   softmax_stats(s, nq, n, out.m, out.l, reference);
   std::fill_n(out.acc, nq * D, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
@@ -307,7 +295,7 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
       w[j] = (!masked || anchor_pos[j] <= cq.qpos[g]) ? cq.anchor_dot[g * k + j] : kNegInf;
   }
   softmax_stats(out.w, cq.nq, k, out.m, out.l, true);
-  (void)out.acc;  // anchors contribute through w only; acc and rot stay as the caller zeroed them
+  // Anchors contribute through w only; acc and rot stay as the caller zeroed them.
 }
 
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
@@ -315,7 +303,6 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
                    int64_t slot_v0, int64_t seg_pos0, bool masked, PartialView out, float* scratch, bool reference) {
   const int64_t n = e1 - e0, nq = cq.nq, D = codec.dim(), k = row.n_anchor;
   const int64_t cb = codec.code_bytes();
-  const auto levels = codec.levels();
   float* s = scratch;                     // [nq, n]
   float* coef_v = scratch + nq * n;       // [n]
   auto* ak = reinterpret_cast<int32_t*>(coef_v + n);  // [n]
@@ -446,7 +433,6 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
         core::axpy(p, z, out.rot + g * D, D);
     }
   }
-  (void)levels;
 }
 
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

@@ -51,7 +51,7 @@ struct CompressedQueries {
 };
 
 // Dense fp16 tokens whose keys are pre-RoPE: each key is rotated to its
-// position (pos + rope.position_offset) before the dot. scratch: n * nq + n * D + 2 * D floats.
+// position (pos + rope.position_offset) before the dot. scratch: n * nq + D floats.
 void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
                       int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, PartialView out, float* scratch,
                       bool reference);

@@ -87,7 +87,6 @@ void run(const Options& opt) {
       const auto real = kind == "anchorkv" ? workload_residuals(D, opt.samples) : std::vector<std::vector<float>>{};
       for (int bits = 1; bits <= 4; ++bits) {
         double mse[2] = {0, 0};
-        double energy = 0;
         for (int s = 0; s < 2; ++s) {
           const ResidualScale scale = s == 0 ? ResidualScale::kAbsMax : ResidualScale::kRms;
           compress::ResidualCodec codec(D, bits, scale, 42);
@@ -111,9 +110,7 @@ void run(const Options& opt) {
             }
           }
           mse[s] = err / en;
-          energy = en;
         }
-        (void)energy;
         const char* winner = mse[1] < mse[0] ? "rms" : "absmax";
         results.push_back({{"residuals", kind}, {"D", D}, {"bits", bits}, {"absmax_rel_mse", mse[0]},
                            {"rms_rel_mse", mse[1]}, {"winner", winner}});
