@@ -1,9 +1,12 @@
 #include "eval/workload.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
 #include "core/parallel.h"
+#include "io/kvdump.h"
 #include "core/rng.h"
 
 namespace anchorkv::eval {
@@ -91,6 +94,40 @@ Workload make_synthetic(const SyntheticSpec& spec) {
       if (spec.rope) apply_rope(q, D, spec.query_position >= 0 ? spec.query_position : S + i, spec.rope_base);
     }
   });
+  return w;
+}
+
+Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held_out, int64_t* layer_used) {
+  const io::KVDump d = io::read_kvdump(path);
+  constexpr const char* op = "anchorkv::eval::workload_from_dump";
+  if (layer < 0) layer = static_cast<int64_t>(d.layers.size()) / 2;
+  if (layer_used) *layer_used = layer;
+  if (layer < 0 || layer >= static_cast<int64_t>(d.layers.size()))
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "layer " + std::to_string(layer) + " is not in the dump (" + std::to_string(d.layers.size()) + " layers)");
+  const int64_t N = static_cast<int64_t>(d.n_tokens), D = d.head_dim, Hk = d.n_kv_heads, Hq = d.n_heads, G = Hq / Hk;
+  if (held_out < 1 || held_out >= N - 1)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "held_out must be in [1, " + std::to_string(N - 2) + "] for a dump of " + std::to_string(N) + " tokens");
+  const int64_t S = N - held_out;
+  const io::KVDumpLayer& L = d.layers[static_cast<size_t>(layer)];
+  Workload w;
+  w.spec.B = 1;
+  w.spec.H = Hk;
+  w.spec.S = S;
+  w.spec.D = D;
+  w.spec.n_queries = G * held_out;
+  w.spec.rope = true;
+  w.K.resize(static_cast<size_t>(Hk * S * D));
+  w.V.resize(w.K.size());
+  w.Q.resize(static_cast<size_t>(Hk * G * held_out * D));
+  const std::vector<float>& K = L.k_post;
+  for (int64_t h = 0; h < Hk; ++h) {
+    std::copy_n(&K[h * N * D], S * D, &w.K[h * S * D]);
+    std::copy_n(&L.v[h * N * D], S * D, &w.V[h * S * D]);
+    for (int64_t g = 0; g < G; ++g)
+      std::copy_n(&L.q[((h * G + g) * N + S) * D], held_out * D, &w.Q[((h * G + g) * held_out) * D]);
+  }
   return w;
 }
 

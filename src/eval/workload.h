@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "anchorkv/tensor.h"
@@ -50,6 +51,13 @@ struct Workload {
 };
 
 Workload make_synthetic(const SyntheticSpec& spec);
+
+// A workload from one layer of a K/V dump (io/kvdump.h): the first
+// n_tokens - held_out positions are the cache's keys (post-RoPE, as the seed
+// stores them) and values; the queries of the last held_out positions, every
+// query head of a KV head's group, are the held-out queries (post-RoPE too).
+// layer < 0 takes the middle layer; *layer_used (if given) says which.
+Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held_out, int64_t* layer_used = nullptr);
 
 // Apply RoPE (normal/adjacent pairing) in place to x[D] at position pos.
 void apply_rope(float* x, int64_t D, int64_t pos, double base);

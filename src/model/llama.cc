@@ -186,6 +186,8 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     matmul(xn.data(), T, D, L.wq.data(), Hq * hd, q.data(), threads_);
     matmul(xn.data(), T, D, L.wk.data(), Hk * hd, k.data(), threads_);
     matmul(xn.data(), T, D, L.wv.data(), Hk * hd, v.data(), threads_);
+    std::vector<float> k_pre;
+    if (observer_) k_pre = k;
     // RoPE at the tokens' positions (keys enter the cache post-RoPE), then [T, H, hd] -> [1, H, T, hd].
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < Hq; ++h) {
@@ -200,6 +202,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
         std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
       }
     }
+    if (observer_) observer_(l, T, q.data(), k_pre.data(), k.data(), v.data());
     KVCache& cache = *caches_[l];
     const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}), kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
     AttentionOptions ao;

@@ -59,7 +59,14 @@ class LlamaModel {
   const LlamaConfig& config() const { return w_.config; }
   const std::vector<std::unique_ptr<KVCache>>& caches() const { return caches_; }
 
+  // Called per layer during forward with [T, heads, head_dim] token-major
+  // arrays: queries and keys after RoPE, keys before RoPE, values.
+  using LayerObserver = std::function<void(int64_t layer, int64_t T, const float* q, const float* k_pre,
+                                           const float* k_post, const float* v)>;
+  void set_observer(LayerObserver f) { observer_ = std::move(f); }
+
  private:
+  LayerObserver observer_;
   const LlamaWeights& w_;
   std::vector<std::unique_ptr<KVCache>> caches_;
   int threads_;

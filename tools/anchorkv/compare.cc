@@ -81,16 +81,24 @@ struct Options {
   std::vector<std::string> methods = {"all"};
   eval::SyntheticSpec spec;
   std::string json_path, csv_path, plot_path;
+  int64_t layer = -1, held_out = 32;
   int threads = 0;
 };
 
 void run(Options opt) {
-  if (opt.workload != "synthetic")
-    core::fail(ErrorCode::kUnsupported, "anchorkv compare",
-               "workload '" + opt.workload + "': only the built-in 'synthetic' workload is available so far");
   if (opt.methods.size() == 1 && opt.methods[0] == "all") opt.methods = eval::all_methods();
   for (const auto& m : opt.methods) eval::make_cache(m, 0.05, 1);  // validates names up front
-  const eval::Workload w = eval::make_synthetic(opt.spec);
+  const bool synthetic = opt.workload == "synthetic";
+  std::string source = "Synthetic workload";
+  eval::Workload w;
+  if (synthetic) {
+    w = eval::make_synthetic(opt.spec);
+  } else {  // a K/V dump written by `anchorkv dump-kv`
+    int64_t layer = 0;
+    w = eval::workload_from_dump(opt.workload, opt.layer, opt.held_out, &layer);
+    source = fmt::format("Dump {} layer {}", opt.workload, layer);
+  }
+  opt.spec = w.spec;
   const bool tty = isatty(fileno(stderr));
   const auto rows = eval::compare(w, opt.thetas, opt.methods, opt.threads, [&](int i, int n, const std::string& what) {
     if (!tty) return;
@@ -101,8 +109,8 @@ void run(Options opt) {
   });
 
   const auto& sp = opt.spec;
-  fmt::print("Synthetic workload: B={} H={} S={} D={}, {} held-out queries per head (seed {})\n\n", sp.B, sp.H, sp.S,
-             sp.D, sp.n_queries, sp.seed);
+  fmt::print("{}: B={} H={} S={} D={}, {} held-out queries per head{}\n\n", source, sp.B, sp.H, sp.S, sp.D,
+             sp.n_queries, synthetic ? fmt::format(" (seed {})", sp.seed) : "");
   fmt::print("  {:>5} {:<17} {:>11} {:>7} {:>6} {:>13} {:>9} {:>9} {:>8} {:>10}\n", "theta", "method", "bytes",
              "ratio", "budget", "tokens kept", "err mean", "err p95", "cosine", "prefill ms");
   nlohmann::json j = nlohmann::json::array();
@@ -133,14 +141,15 @@ void run(Options opt) {
     f << text;
   };
   write(opt.json_path,
-        nlohmann::json{{"workload", {{"kind", "synthetic"}, {"B", sp.B}, {"H", sp.H}, {"S", sp.S}, {"D", sp.D},
+        nlohmann::json{{"workload", {{"kind", synthetic ? "synthetic" : "dump"}, {"source", source}, {"B", sp.B},
+                                     {"H", sp.H}, {"S", sp.S}, {"D", sp.D},
                                      {"queries_per_head", sp.n_queries}, {"seed", sp.seed}}},
                        {"results", j}}
                 .dump(2));
   write(opt.csv_path, csv);
   write(opt.plot_path,
         svg_plot(rows, opt.methods,
-                 fmt::format("Synthetic workload (S={}, H={}, D={}): error vs compression", sp.S, sp.H, sp.D)));
+                 fmt::format("{} (S={}, H={}, D={}): error vs compression", source, sp.S, sp.H, sp.D)));
 }
 
 }  // namespace
@@ -148,7 +157,10 @@ void run(Options opt) {
 void register_compare(CLI::App& app) {
   auto opt = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand("compare", "Every method at the same bytes: attention error on held-out queries");
-  sub->add_option("--workload", opt->workload, "workload: synthetic");
+  sub->add_option("--workload", opt->workload, "workload: synthetic, or a K/V dump file from `anchorkv dump-kv`");
+  sub->add_option("--layer", opt->layer, "dump layer (default: the middle one)");
+  sub->add_option("--held-out", opt->held_out, "dump positions whose queries are held out")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--theta", opt->thetas, "byte budgets (fraction of fp16)")->delimiter(',');
   sub->add_option("--methods", opt->methods, "methods or 'all': " + fmt::format("{}", fmt::join(eval::all_methods(), ",")))
       ->delimiter(',');

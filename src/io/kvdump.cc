@@ -1,0 +1,104 @@
+#include "io/kvdump.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+
+namespace anchorkv::io {
+
+namespace {
+constexpr const char* kOp = "anchorkv::kvdump";
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeader = 48;
+
+struct Header {
+  char magic[4];
+  uint32_t version, n_layers, n_heads, n_kv_heads, head_dim;
+  uint64_t n_tokens;
+  uint32_t dtype, reserved;
+  uint64_t payload;
+};
+static_assert(sizeof(Header) == kHeader, "the .akv header is 48 bytes");
+
+// Floats per layer, or 0 on overflow.
+uint64_t layer_floats(uint64_t heads, uint64_t kv, uint64_t hd, uint64_t n) {
+  uint64_t a, b, c;
+  if (__builtin_mul_overflow(heads, hd, &a) || __builtin_mul_overflow(a, n, &a)) return 0;
+  if (__builtin_mul_overflow(kv, hd, &b) || __builtin_mul_overflow(b, n, &b) || __builtin_mul_overflow(b, 3, &b)) return 0;
+  if (__builtin_add_overflow(a, b, &c)) return 0;
+  return c;
+}
+}  // namespace
+
+void write_kvdump(const std::string& path, const KVDump& d) {
+  const uint64_t per = layer_floats(d.n_heads, d.n_kv_heads, d.head_dim, d.n_tokens);
+  for (const auto& l : d.layers)
+    if (l.q.size() != d.n_heads * d.head_dim * d.n_tokens ||
+        l.k_post.size() != d.n_kv_heads * d.head_dim * d.n_tokens || l.k_pre.size() != l.k_post.size() ||
+        l.v.size() != l.k_post.size())
+      core::fail(ErrorCode::kInvalidArgument, kOp, "layer arrays do not match the dump's shape");
+  Header h{{'A', 'K', 'V', 'D'}, kVersion, static_cast<uint32_t>(d.layers.size()), d.n_heads, d.n_kv_heads,
+           d.head_dim, d.n_tokens, 0, 0, per * 4 * d.layers.size()};
+  std::ofstream f(path, std::ios::binary);
+  if (!f) core::fail(ErrorCode::kIo, kOp, "cannot write '" + path + "'");
+  f.write(reinterpret_cast<const char*>(&h), sizeof(h));
+  for (const auto& l : d.layers)
+    for (const auto* a : {&l.q, &l.k_post, &l.k_pre, &l.v})
+      f.write(reinterpret_cast<const char*>(a->data()), static_cast<std::streamsize>(a->size() * 4));
+  if (!f) core::fail(ErrorCode::kIo, kOp, "write to '" + path + "' failed");
+}
+
+KVDump parse_kvdump(const uint8_t* data, size_t size, const std::string& name) {
+  auto bad = [&](const std::string& what) {
+    core::fail(ErrorCode::kCorruptFile, kOp, "'" + name + "': " + what);
+  };
+  if (size < kHeader) bad("shorter than the 48-byte header");
+  Header h;
+  std::memcpy(&h, data, kHeader);
+  if (std::memcmp(h.magic, "AKVD", 4) != 0) bad("bad magic (not an .akv dump)");
+  if (h.version != kVersion) bad("unsupported version " + std::to_string(h.version) + " (1 is)");
+  if (h.dtype != 0) bad("unsupported dtype " + std::to_string(h.dtype) + " (0 = f32 is)");
+  if (h.n_layers == 0 || h.n_heads == 0 || h.n_kv_heads == 0 || h.head_dim == 0 || h.n_tokens == 0)
+    bad("a zero dimension in the header");
+  if (h.n_heads % h.n_kv_heads != 0) bad("n_heads is not a multiple of n_kv_heads");
+  const uint64_t per = layer_floats(h.n_heads, h.n_kv_heads, h.head_dim, h.n_tokens);
+  uint64_t payload;
+  if (per == 0 || __builtin_mul_overflow(per, uint64_t{4} * h.n_layers, &payload)) bad("sizes overflow");
+  if (payload != h.payload) bad("payload size " + std::to_string(h.payload) + " disagrees with the shape (" +
+                                std::to_string(payload) + ")");
+  if (size - kHeader != payload)
+    bad("file holds " + std::to_string(size - kHeader) + " payload bytes, the header says " + std::to_string(payload));
+  KVDump d;
+  d.n_heads = h.n_heads;
+  d.n_kv_heads = h.n_kv_heads;
+  d.head_dim = h.head_dim;
+  d.n_tokens = h.n_tokens;
+  const uint8_t* p = data + kHeader;
+  auto take = [&](uint64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    std::memcpy(v.data(), p, n * 4);
+    p += n * 4;
+    return v;
+  };
+  const uint64_t nq = uint64_t{h.n_heads} * h.head_dim * h.n_tokens, nk = uint64_t{h.n_kv_heads} * h.head_dim * h.n_tokens;
+  for (uint32_t l = 0; l < h.n_layers; ++l) {
+    KVDumpLayer layer;
+    layer.q = take(nq);
+    layer.k_post = take(nk);
+    layer.k_pre = take(nk);
+    layer.v = take(nk);
+    d.layers.push_back(std::move(layer));
+  }
+  return d;
+}
+
+KVDump read_kvdump(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) core::fail(ErrorCode::kIo, kOp, "cannot open '" + path + "'");
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_kvdump(bytes.data(), bytes.size(), path);
+}
+
+}  // namespace anchorkv::io
