@@ -88,8 +88,11 @@ class GgufFile {
   std::vector<GgufTensor> tensors_;
 };
 
+// Whether dequantize_row handles the type: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (dequant.cc documents each layout).
+bool can_dequantize(GgmlType type);
 // Dequantize n elements (a multiple of the block size) of a row to f32.
-// Supports F32, F16, BF16, Q8_0 and Q4_0; throws Error(kUnsupported) otherwise.
+// Throws Error(kUnsupported) for other types, kInvalidArgument for a bad n.
 void dequantize_row(GgmlType type, const uint8_t* src, int64_t n, float* dst);
 
 }  // namespace anchorkv::io
