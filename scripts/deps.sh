@@ -6,6 +6,7 @@ set -euo pipefail
 ANCHORKV_PACKAGES=(
   g++ cmake make pkg-config
   libhwy-dev          # Google Highway: SIMD with runtime dispatch
+  libicu-dev          # ICU: Unicode classes and regex (BPE pre-tokenizers)
   libgtest-dev        # GoogleTest
   libbenchmark-dev    # Google Benchmark
   libcli11-dev        # command-line parsing

@@ -39,8 +39,11 @@ LlamaWeights load_gguf(const std::string& path) {
   LlamaWeights w;
   LlamaConfig& c = w.config;
   c.architecture = f.get_string("general.architecture");
-  if (c.architecture != "llama" && c.architecture != "mistral")
-    core::fail(ErrorCode::kUnsupported, kLoad, "architecture '" + c.architecture + "' is not supported yet (llama, mistral)");
+  if (c.architecture != "llama" && c.architecture != "mistral" && c.architecture != "qwen2")
+    core::fail(ErrorCode::kUnsupported, kLoad,
+               "architecture '" + c.architecture + "' is not supported (llama, mistral, qwen2 are)");
+  const bool qkv_bias = c.architecture == "qwen2";
+  c.rope_style = c.architecture == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
   const std::string a = c.architecture;
   c.dim = static_cast<int64_t>(f.get_uint(a + ".embedding_length"));
   c.n_layers = static_cast<int64_t>(f.get_uint(a + ".block_count"));
@@ -51,9 +54,20 @@ LlamaWeights load_gguf(const std::string& path) {
   c.context = f.has(a + ".context_length") ? static_cast<int64_t>(f.get_uint(a + ".context_length")) : 0;
   c.rope_base = f.has(a + ".rope.freq_base") ? f.get_float(a + ".rope.freq_base") : 10000.0;
   c.rms_eps = f.get_float(a + ".attention.layer_norm_rms_epsilon");
-  if (c.dim <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
+  const bool explicit_head = f.has(a + ".attention.key_length");
+  if (c.dim <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || (!explicit_head && c.dim % c.n_heads != 0) ||
+      c.n_heads % c.n_kv_heads != 0)
     core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts or embedding length");
   c.head_dim = c.dim / c.n_heads;
+  if (explicit_head) c.head_dim = static_cast<int64_t>(f.get_uint(a + ".attention.key_length"));
+  if (f.has(a + ".attention.value_length") &&
+      static_cast<int64_t>(f.get_uint(a + ".attention.value_length")) != c.head_dim)
+    core::fail(ErrorCode::kUnsupported, kLoad, "'" + path + "': key and value head sizes differ");
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > 4096)
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': head size " + std::to_string(c.head_dim) + " is invalid");
+  if (f.has(a + ".rope.dimension_count") &&
+      static_cast<int64_t>(f.get_uint(a + ".rope.dimension_count")) != c.head_dim)
+    core::fail(ErrorCode::kUnsupported, kLoad, "'" + path + "': partial RoPE (rope.dimension_count != head size)");
   const auto& emb = f.tensor("token_embd.weight");
   c.vocab = emb.dims.size() == 2 ? emb.dims[1] : 0;
   const int64_t D = c.dim, hd = c.head_dim, kv = c.n_kv_heads * hd;
@@ -67,6 +81,11 @@ LlamaWeights load_gguf(const std::string& path) {
     L.wq = read_tensor(f, p + "attn_q.weight", {D, c.n_heads * hd});
     L.wk = read_tensor(f, p + "attn_k.weight", {D, kv});
     L.wv = read_tensor(f, p + "attn_v.weight", {D, kv});
+    if (qkv_bias) {
+      L.bq = read_tensor(f, p + "attn_q.bias", {c.n_heads * hd});
+      L.bk = read_tensor(f, p + "attn_k.bias", {kv});
+      L.bv = read_tensor(f, p + "attn_v.bias", {kv});
+    }
     L.wo = read_tensor(f, p + "attn_output.weight", {c.n_heads * hd, D});
     L.ffn_norm = read_tensor(f, p + "ffn_norm.weight", {D});
     L.w_gate = read_tensor(f, p + "ffn_gate.weight", {D, c.hidden});
@@ -160,6 +179,13 @@ void rmsnorm(const float* x, const float* g, int64_t D, double eps, float* out) 
   const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
   for (int64_t i = 0; i < D; ++i) out[i] = x[i] * inv * g[i];
 }
+
+// y[t, :] += b for every row t (nothing when b is empty).
+void add_bias(float* y, int64_t T, const std::vector<float>& b) {
+  const int64_t n = static_cast<int64_t>(b.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
+}
 }  // namespace
 
 std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
@@ -186,6 +212,9 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     matmul(xn.data(), T, D, L.wq.data(), Hq * hd, q.data(), threads_);
     matmul(xn.data(), T, D, L.wk.data(), Hk * hd, k.data(), threads_);
     matmul(xn.data(), T, D, L.wv.data(), Hk * hd, v.data(), threads_);
+    add_bias(q.data(), T, L.bq);
+    add_bias(k.data(), T, L.bk);
+    add_bias(v.data(), T, L.bv);
     std::vector<float> k_pre;
     if (observer_) k_pre = k;
     // RoPE at the tokens' positions (keys enter the cache post-RoPE), then [T, H, hd] -> [1, H, T, hd].

@@ -5,6 +5,11 @@
 // as the seed). A multi-token chunk (prefill) attends over exact K/V, and the
 // cache compresses or evicts afterwards for the decode steps.
 //
+// Architectures: `llama` and `mistral` (RoPE on adjacent pairs, as GGUF stores
+// them), `qwen2` (Q/K/V biases, NeoX pairing: i with i + hd/2), llama2.c
+// checkpoints. Weights of any type dequantize_row reads are expanded to f32 at
+// load (4 bytes per weight in memory).
+//
 // Shapes (row-major): embeddings [vocab, dim]; wq [n_heads*hd, dim];
 // wk, wv [n_kv*hd, dim]; wo [dim, n_heads*hd]; w_gate, w_up [hidden, dim];
 // w_down [dim, hidden]; output [vocab, dim].
@@ -32,6 +37,7 @@ struct LlamaConfig {
 
 struct LlamaLayer {
   std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  std::vector<float> bq, bk, bv;  // empty when the architecture has no attention biases
 };
 
 struct LlamaWeights {

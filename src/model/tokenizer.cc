@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "model/bpe.h"
 
 namespace anchorkv::model {
 
@@ -44,8 +45,8 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
 
 Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
-  if (model != "llama")
-    core::fail(ErrorCode::kUnsupported, kOp, "tokenizer model '" + model + "' is not supported yet (llama is)");
+  if (model != "llama" && model != "gpt2")
+    core::fail(ErrorCode::kUnsupported, kOp, "tokenizer model '" + model + "' is not supported (llama, gpt2 are)");
   const auto& toks = f.get_array("tokenizer.ggml.tokens");
   std::vector<std::string> pieces;
   for (const auto& v : toks.items) {
@@ -72,13 +73,96 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
   auto id = [&](const char* key, int32_t dflt) {
     return f.has(key) ? static_cast<int32_t>(f.get_uint(key)) : dflt;
   };
+  auto flag = [&](const char* key, bool dflt) {
+    if (!f.has(key)) return dflt;
+    const auto* b = std::get_if<bool>(&f.metadata().at(key));
+    if (!b) core::fail(ErrorCode::kCorruptFile, kOp, std::string(key) + " is not a bool");
+    return *b;
+  };
+  if (model == "gpt2") {
+    std::vector<std::string> merges;
+    if (f.has("tokenizer.ggml.merges"))
+      for (const auto& v : f.get_array("tokenizer.ggml.merges").items) {
+        const auto* m = std::get_if<std::string>(&v);
+        if (!m) core::fail(ErrorCode::kCorruptFile, kOp, "tokenizer.ggml.merges holds a non-string");
+        merges.push_back(*m);
+      }
+    const std::string pre = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
+    Tokenizer t = byte_level_bpe(std::move(pieces), std::move(types), merges, pre,
+                                 id("tokenizer.ggml.bos_token_id", -1), id("tokenizer.ggml.eos_token_id", -1),
+                                 id("tokenizer.ggml.unknown_token_id", -1));
+    t.add_bos_ = flag("tokenizer.ggml.add_bos_token", false);
+    return t;
+  }
   bool escape = false;
   for (const auto& p : pieces) escape |= p.find(kSpace) != std::string::npos;
   if (f.has("tokenizer.ggml.add_space_prefix")) {
     if (const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_space_prefix"))) escape = escape || *b;
   }
-  return Tokenizer(std::move(pieces), std::move(scores), std::move(types), id("tokenizer.ggml.bos_token_id", 1),
-                   id("tokenizer.ggml.eos_token_id", 2), id("tokenizer.ggml.unknown_token_id", 0), escape);
+  Tokenizer t(std::move(pieces), std::move(scores), std::move(types), id("tokenizer.ggml.bos_token_id", 1),
+              id("tokenizer.ggml.eos_token_id", 2), id("tokenizer.ggml.unknown_token_id", 0), escape);
+  t.add_bos_ = flag("tokenizer.ggml.add_bos_token", true);
+  return t;
+}
+
+Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector<int32_t> types,
+                                    const std::vector<std::string>& merges, const std::string& pre, int32_t bos,
+                                    int32_t eos, int32_t unk) {
+  std::vector<float> scores(pieces.size(), 0.0f);
+  Tokenizer t(std::move(pieces), std::move(scores), std::move(types), bos, eos, unk, false);
+  t.pre_ = std::make_shared<const bpe::PreTokenizer>(pre);
+  t.add_bos_ = false;  // GPT-2 style models add none unless tokenizer.ggml.add_bos_token says so
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const std::string& m = merges[r];
+    const size_t sp = m.find(' ');
+    if (sp == std::string::npos || sp == 0 || sp + 1 >= m.size() || m.find(' ', sp + 1) != std::string::npos)
+      core::fail(ErrorCode::kCorruptFile, kOp, "merge " + std::to_string(r) + " ('" + m + "') is not 'left right'");
+    t.merge_rank_.emplace(m, static_cast<int32_t>(r));  // first occurrence wins
+  }
+  // Every byte must be reachable: its character is a token.
+  for (int b = 0; b < 256; ++b)
+    if (!t.index_.count(bpe::byte_to_char(static_cast<unsigned char>(b))) && t.unk_ < 0)
+      core::fail(ErrorCode::kCorruptFile, kOp,
+                 "byte-level vocabulary lacks the token for byte " + std::to_string(b) + " and has no unknown token");
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::encode_bpe(const std::string& text) const {
+  std::vector<int32_t> ids;
+  std::vector<std::string> sym;
+  for (const std::string& chunk : pre_->split(text)) {
+    sym.clear();
+    for (unsigned char c : chunk) sym.push_back(bpe::byte_to_char(c));
+    while (sym.size() > 1) {
+      int32_t best = -1;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        auto it = merge_rank_.find(sym[i] + " " + sym[i + 1]);
+        if (it != merge_rank_.end() && (best < 0 || it->second < best)) {
+          best = it->second;
+          at = i;
+        }
+      }
+      if (best < 0) break;
+      sym[at] += sym[at + 1];
+      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+    }
+    for (const std::string& s : sym) {
+      auto it = index_.find(s);
+      if (it != index_.end()) {
+        ids.push_back(it->second);
+        continue;
+      }
+      // Not a token (a merge whose result the vocabulary lacks): its characters.
+      for (size_t i = 0; i < s.size();) {
+        const size_t l = std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i);
+        auto c = index_.find(s.substr(i, l));
+        ids.push_back(c != index_.end() ? c->second : unk_);
+        i += l;
+      }
+    }
+  }
+  return ids;
 }
 
 Tokenizer Tokenizer::bytes(int64_t vocab) {
@@ -99,6 +183,13 @@ Tokenizer Tokenizer::bytes(int64_t vocab) {
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text_in, bool add_bos) const {
+  if (pre_) {
+    std::vector<int32_t> ids;
+    if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
+    const std::vector<int32_t> body = encode_bpe(text_in);
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
+  }
   std::string text;
   if (escape_spaces_) {
     text = kSpace;
@@ -153,7 +244,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text_in, bool add_bos)
     try_pair(b.left, l.next);
   }
   std::vector<int32_t> ids;
-  if (add_bos && bos_ >= 0) ids.push_back(bos_);
+  if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
   for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) {
     const std::string s = text.substr(sym[i].start, sym[i].len);
     auto it = index_.find(s);
@@ -173,7 +264,20 @@ std::string Tokenizer::piece(int32_t id) const {
       if (byte_token_[b] == id) return std::string(1, static_cast<char>(b));
   }
   if (types_[id] == kControl || types_[id] == kUnknown) return "";
-  std::string s = pieces_[id];
+  const std::string& s = pieces_[id];
+  if (pre_) {  // byte-level: each character back to its byte (user-defined text stays as is)
+    std::string out;
+    for (size_t i = 0; i < s.size();) {
+      const size_t l = std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i);
+      const int b = bpe::char_to_byte(s.substr(i, l));
+      if (b >= 0)
+        out += static_cast<char>(b);
+      else
+        out += s.substr(i, l);
+      i += l;
+    }
+    return out;
+  }
   std::string out;
   for (size_t i = 0; i < s.size();) {
     if (s.compare(i, 3, kSpace) == 0) {

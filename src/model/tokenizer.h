@@ -7,9 +7,22 @@
 //   concatenation is the highest-scoring vocabulary piece (leftmost on ties);
 //   a symbol that is no piece becomes its bytes' <0xNN> tokens.
 // decode: pieces joined, U+2581 -> ' ', byte tokens -> raw bytes.
+//
+// GPT-2 byte-level BPE (tokenizer.ggml.model = "gpt2", with
+// tokenizer.ggml.merges "left right" in rank order):
+// encode: the pre-tokenizer named by tokenizer.ggml.pre splits the text
+//   (model/bpe.h); each chunk's bytes map to GPT-2's printable characters;
+//   repeatedly merge the adjacent pair of lowest merge rank (leftmost on
+//   ties); each resulting piece is a vocabulary token (a piece that is not
+//   falls back to its characters' tokens).
+// decode: pieces' characters mapped back to bytes.
+//
+// BOS is added when encode is asked to and the model's
+// tokenizer.ggml.add_bos_token (default: true for llama, false for gpt2) allows.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -19,6 +32,9 @@ class GgufFile;
 }
 
 namespace anchorkv::model {
+namespace bpe {
+class PreTokenizer;
+}
 
 class Tokenizer {
  public:
@@ -26,7 +42,12 @@ class Tokenizer {
 
   Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types, int32_t bos,
             int32_t eos, int32_t unk, bool escape_spaces);
-  // Throws Error(kUnsupported) for tokenizer models other than "llama".
+  // Byte-level BPE: pieces, merges ("left right", rank order), pre-tokenizer name.
+  static Tokenizer byte_level_bpe(std::vector<std::string> pieces, std::vector<int32_t> types,
+                                  const std::vector<std::string>& merges, const std::string& pre, int32_t bos,
+                                  int32_t eos, int32_t unk);
+  // "llama" (SentencePiece) or "gpt2" (byte-level BPE); throws Error(kUnsupported)
+  // for other tokenizer models, Error(kCorruptFile) for malformed metadata.
   static Tokenizer from_gguf(const io::GgufFile& f);
   // The byte-level vocabulary of a model without tokenizer data (llama2.c
   // checkpoints here): ids 3 + byte, 1 = BOS, 2 = EOS.
@@ -38,8 +59,14 @@ class Tokenizer {
   int32_t bos() const { return bos_; }
   int32_t eos() const { return eos_; }
   int64_t size() const { return static_cast<int64_t>(pieces_.size()); }
+  bool is_bpe() const { return pre_ != nullptr; }
 
  private:
+  std::vector<int32_t> encode_bpe(const std::string& text) const;
+  std::shared_ptr<const bpe::PreTokenizer> pre_;  // set for byte-level BPE
+  std::unordered_map<std::string, int32_t> merge_rank_;
+  bool add_bos_ = true;
+
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::vector<int32_t> types_;

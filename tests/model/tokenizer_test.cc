@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "anchorkv/status.h"
 #include "io/gguf.h"
+#include "model/bpe.h"
 
 namespace anchorkv::model {
 namespace {
@@ -69,6 +71,119 @@ TEST(Tokenizer, SharedTinyModelIsByteLevel) {
   EXPECT_EQ(tok.decode(ids), text);
   const Tokenizer b = Tokenizer::bytes(512);
   EXPECT_EQ(b.encode("ab", true), (std::vector<int32_t>{1, 3 + 'a', 3 + 'b'}));
+}
+
+// ---------------------------------------------------------------- byte-level BPE
+
+using Chunks = std::vector<std::string>;
+
+TEST(BpePreTokenizer, Gpt2PatternSplitsWordsNumbersPunctuationAndSpaces) {
+  const bpe::PreTokenizer gpt2("gpt2");
+  EXPECT_EQ(gpt2.split("Hello world's 123 ok!!\n\n  x"),
+            (Chunks{"Hello", " world", "'s", " 123", " ok", "!!", "\n\n ", " x"}));
+  // Letters beyond ASCII are \p{L}: Latin-1, Cyrillic, CJK.
+  EXPECT_EQ(gpt2.split("h\xC3\xA9llo \xD0\xBC\xD0\xB8\xD1\x80 \xE6\x97\xA5\xE6\x9C\xAC"),
+            (Chunks{"h\xC3\xA9llo", " \xD0\xBC\xD0\xB8\xD1\x80", " \xE6\x97\xA5\xE6\x9C\xAC"}));
+  EXPECT_TRUE(gpt2.split("").empty());
+}
+
+TEST(BpePreTokenizer, Qwen2AndLlama3DifferInDigitRuns) {
+  EXPECT_EQ(bpe::PreTokenizer("qwen2").split("abc 12345"), (Chunks{"abc", " ", "1", "2", "3", "4", "5"}));
+  EXPECT_EQ(bpe::PreTokenizer("llama-bpe").split("abc 12345"), (Chunks{"abc", " ", "123", "45"}));
+  // Case-insensitive contractions, newline runs.
+  EXPECT_EQ(bpe::PreTokenizer("qwen2").split("I'LL go\n\nnow"), (Chunks{"I", "'LL", " go", "\n\n", "now"}));
+}
+
+TEST(BpePreTokenizer, IllFormedUtf8BytesAreChunksOfTheirOwn) {
+  const bpe::PreTokenizer gpt2("gpt2");
+  EXPECT_EQ(gpt2.split("ab\xFF" "cd\xE2\x82"), (Chunks{"ab", "\xFF", "cd", "\xE2", "\x82"}));
+}
+
+TEST(BpePreTokenizer, UnknownNameIsUnsupported) {
+  try {
+    bpe::PreTokenizer p("klingon");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("klingon"), std::string::npos);
+  }
+}
+
+TEST(BpeByteMap, IsABijectionWithGpt2sPrintableCharacters) {
+  EXPECT_EQ(bpe::byte_to_char('a'), "a");
+  EXPECT_EQ(bpe::byte_to_char(' '), "\xC4\xA0");   // U+0120 'Ġ'
+  EXPECT_EQ(bpe::byte_to_char('\n'), "\xC4\x8A");  // U+010A 'Ċ'
+  EXPECT_EQ(bpe::byte_to_char(0), "\xC4\x80");     // U+0100
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(bpe::char_to_byte(bpe::byte_to_char(static_cast<unsigned char>(b))), b);
+  EXPECT_EQ(bpe::char_to_byte("\xE6\x97\xA5"), -1);
+}
+
+Tokenizer toy_bpe(const std::vector<std::string>& extra, const std::vector<std::string>& merges) {
+  std::vector<std::string> p;
+  std::vector<int32_t> t;
+  for (int b = 0; b < 256; ++b) {
+    p.push_back(bpe::byte_to_char(static_cast<unsigned char>(b)));
+    t.push_back(Tokenizer::kNormal);
+  }
+  for (const auto& w : extra) {
+    p.push_back(w);
+    t.push_back(Tokenizer::kNormal);
+  }
+  p.push_back("<|endoftext|>");
+  t.push_back(Tokenizer::kControl);
+  const int32_t eot = static_cast<int32_t>(p.size()) - 1;
+  return Tokenizer::byte_level_bpe(p, t, merges, "gpt2", eot, eot, -1);
+}
+
+int32_t id_of(const Tokenizer& tok, const std::string& piece) {
+  for (int32_t i = 0; i < tok.size(); ++i)
+    if (tok.piece(i) == piece) return i;
+  return -1;
+}
+
+TEST(BpeTokenizer, MergesApplyInRankOrder) {
+  // "Ġ" is the byte-level space.
+  const Tokenizer tok = toy_bpe({"he", "ll", "hell", "\xC4\xA0w", "or", "\xC4\xA0wor"},
+                                {"h e", "l l", "he ll", "\xC4\xA0 w", "o r", "\xC4\xA0w or"});
+  ASSERT_TRUE(tok.is_bpe());
+  const auto ids = tok.encode("hello world", false);
+  std::vector<std::string> pieces;
+  for (int32_t id : ids) pieces.push_back(tok.piece(id));
+  EXPECT_EQ(pieces, (Chunks{"hell", "o", " wor", "l", "d"}));
+  // Ranks decide, not order of appearance: "o r" (rank 4) loses to "Ġ w" (rank 3).
+  EXPECT_EQ(ids[2], id_of(tok, " wor"));
+  // gpt2 models add no BOS unless the file says so.
+  EXPECT_EQ(tok.encode("hello", true).size(), tok.encode("hello", false).size());
+}
+
+TEST(BpeTokenizer, AMergeOutsideTheVocabularyFallsBackToCharacters) {
+  const Tokenizer tok = toy_bpe({"ab"}, {"a b", "ab c"});  // "abc" is no token
+  const auto ids = tok.encode("abc", false);
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(tok.piece(ids[0]), "a");
+  EXPECT_EQ(tok.piece(ids[1]), "b");
+  EXPECT_EQ(tok.piece(ids[2]), "c");
+  EXPECT_EQ(tok.decode(ids), "abc");
+}
+
+TEST(BpeTokenizer, RoundTripsAsciiUtf8AndArbitraryBytes) {
+  const Tokenizer tok = toy_bpe({"he", "ll", "hell"}, {"h e", "l l", "he ll"});
+  const std::vector<std::string> texts = {
+      "hello, world!  tabs\tand\nnewlines\n", "na\xC3\xAFve caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x98\x80",
+      std::string("nul\0byte", 8), "\xFF\xFE\x80 broken \xE2\x82 utf8", ""};
+  for (const auto& s : texts) EXPECT_EQ(tok.decode(tok.encode(s, false)), s) << s;
+}
+
+TEST(BpeTokenizer, MalformedMergesAreCorruptFiles) {
+  for (const std::string bad : {"nospace", " leading", "trailing ", "a b c"}) {
+    try {
+      toy_bpe({}, {bad});
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorruptFile);
+      EXPECT_NE(std::string(e.what()).find("merge 0"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

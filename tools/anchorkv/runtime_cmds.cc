@@ -345,6 +345,34 @@ void dump_kv(const DumpOptions& o) {
 }  // namespace
 
 void register_runtime(CLI::App& app) {
+  struct TokenizeOptions {
+    std::string model, text, text_file;
+    bool bos = false, json = false;
+  };
+  auto tk = std::make_shared<TokenizeOptions>();
+  CLI::App* tok_cmd = app.add_subcommand("tokenize", "Token ids of a text with a GGUF model's tokenizer");
+  tok_cmd->add_option("--model,-m", tk->model, "GGUF model file")->required();
+  auto* text_opt = tok_cmd->add_option("--text,-t", tk->text, "text to tokenize");
+  tok_cmd->add_option("--text-file", tk->text_file, "text from a file")->excludes(text_opt);
+  tok_cmd->add_flag("--bos", tk->bos, "add BOS where the model's tokenizer asks for one");
+  tok_cmd->add_flag("--json", tk->json, "print {\"tokens\": [...], \"pieces\": [...], \"decoded\": ...}");
+  tok_cmd->callback([tk] {
+    const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(tk->model));
+    const std::string text = tk->text_file.empty() ? tk->text : read_file(tk->text_file);
+    const std::vector<int32_t> ids = tok.encode(text, tk->bos);
+    if (tk->json) {
+      nlohmann::json pieces = nlohmann::json::array();
+      // Pieces are raw bytes; a piece that splits a UTF-8 character is shown with replacement characters.
+      for (int32_t id : ids) pieces.push_back(tok.piece(id));
+      std::printf("%s\n", nlohmann::json{{"tokens", ids}, {"pieces", pieces}, {"decoded", tok.decode(ids)}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
+      return;
+    }
+    for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? "," : "", ids[i]);
+    std::printf("\n");
+  });
+
   auto r = std::make_shared<RunOptions>();
   CLI::App* run_cmd = app.add_subcommand("run", "Generate text with a GGUF / llama2.c model and any cache");
   run_cmd->add_option("--model,-m", r->model, "model file")->required();
