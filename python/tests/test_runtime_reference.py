@@ -184,6 +184,10 @@ def test_logits_match_independent_numpy_reference(name, loader, tokens):
     for cache in ("anchorkv", "snapkv", "h2o", "kivi2"):
         comp = cli_logits(path, tokens, "--cache", cache)
         assert np.abs(comp - got).max() < 1e-4 * max(1.0, np.abs(got).max()), cache
+    # Keys stored before RoPE (rotated inside attention), decoded one at a time: the same
+    # model up to fp16 rounding of unrotated keys.
+    pre = cli_logits(path, tokens, "--cache", "full:pre", "--incremental")
+    assert np.abs(pre - got).max() < 2e-3 * max(1.0, np.abs(got).max())
 
 
 # ---------------------------------------------------------------- qwen2, quantized weights, byte-level BPE
@@ -381,6 +385,10 @@ def test_qwen2_quantized_logits_match_numpy_reference(qwen2):
     assert np.abs(forward_general(W, cfg, tokens, rope) - ref).max() > 0.05 * np.abs(ref).max()
     inc = cli_logits(path, tokens, "--incremental")
     assert np.abs(inc - got).max() < 1e-4 * max(1.0, np.abs(got).max())
+    # NeoX RoPE inside attention (keys cached unrotated), through the compressed kernel too.
+    for cache in ("full:pre", "anchorkv:pre"):
+        pre = cli_logits(path, tokens, "--cache", cache, "--theta", "1.0", "--incremental")
+        assert np.abs(pre - ref).max() < 4e-3 * max(1.0, np.abs(ref).max()), cache
 
 
 def test_gpt2_bpe_tokenizer_matches_reference_encoder(qwen2):

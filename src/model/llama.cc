@@ -167,8 +167,8 @@ void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, 
   });
 }
 
-LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads)
-    : w_(weights), threads_(threads) {
+LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads, KeyRope keys)
+    : w_(weights), threads_(threads), keys_(keys) {
   for (int64_t l = 0; l < w_.config.n_layers; ++l) caches_.push_back(make_cache(l));
 }
 
@@ -215,27 +215,36 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
     add_bias(v.data(), T, L.bv);
-    std::vector<float> k_pre;
+    std::vector<float> k_pre, q_post, k_post;
     if (observer_) k_pre = k;
-    // RoPE at the tokens' positions (keys enter the cache post-RoPE), then [T, H, hd] -> [1, H, T, hd].
+    // RoPE at the tokens' positions: applied here for post-RoPE keys, inside
+    // attention for pre-RoPE keys (then rotated copies only for the observer).
+    // [T, H, hd] token-major -> [1, H, T, hd] head-major for the cache.
+    const bool pre = keys_ == KeyRope::kPreRope;
+    if (pre && observer_) {
+      q_post = q;
+      k_post = k;
+    }
+    const bool rotate_here = !pre || observer_;
+    float* qr = pre ? q_post.data() : q.data();
+    float* kr = pre ? k_post.data() : k.data();
     for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < Hq; ++h) {
-        float* qp = &q[(t * Hq + h) * hd];
-        kernels::rope_rotate_at(qp, hd, rope, pos_ + t);
-        std::copy_n(qp, hd, &qh[(h * T + t) * hd]);
+      if (rotate_here) {
+        for (int64_t h = 0; h < Hq; ++h) kernels::rope_rotate_at(&qr[(t * Hq + h) * hd], hd, rope, pos_ + t);
+        for (int64_t h = 0; h < Hk; ++h) kernels::rope_rotate_at(&kr[(t * Hk + h) * hd], hd, rope, pos_ + t);
       }
+      for (int64_t h = 0; h < Hq; ++h) std::copy_n(&q[(t * Hq + h) * hd], hd, &qh[(h * T + t) * hd]);
       for (int64_t h = 0; h < Hk; ++h) {
-        float* kp = &k[(t * Hk + h) * hd];
-        kernels::rope_rotate_at(kp, hd, rope, pos_ + t);
-        std::copy_n(kp, hd, &kh[(h * T + t) * hd]);
+        std::copy_n(&k[(t * Hk + h) * hd], hd, &kh[(h * T + t) * hd]);
         std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
       }
     }
-    if (observer_) observer_(l, T, q.data(), k_pre.data(), k.data(), v.data());
+    if (observer_) observer_(l, T, pre ? q_post.data() : q.data(), k_pre.data(), pre ? k_post.data() : k.data(), v.data());
     KVCache& cache = *caches_[l];
     const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}), kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
     AttentionOptions ao;
     ao.threads = threads_;
+    if (pre) ao.rope = rope;  // cache position 0 is token position 0
     Tensor y;
     if (T > 1) {
       // A prefill chunk attends over exact K/V (what the cache held before it, then the

@@ -1,9 +1,10 @@
 // A compact Llama-family runtime: weights from GGUF (architecture `llama`) or
 // a llama2.c checkpoint, a forward pass whose every layer reads and writes any
 // KVCache (attention through attend(), so compressed caches are never
-// densified during decode). RoPE is applied before the cache (post-RoPE keys,
-// as the seed). A multi-token chunk (prefill) attends over exact K/V, and the
-// cache compresses or evicts afterwards for the decode steps.
+// densified during decode). Keys enter the cache after RoPE (as the seed) or
+// before it (KeyRope::kPreRope, as the paper). A multi-token chunk (prefill)
+// attends over exact K/V, and the cache compresses or evicts afterwards for
+// the decode steps.
 //
 // Architectures: `llama` and `mistral` (RoPE on adjacent pairs, as GGUF stores
 // them), `qwen2` (Q/K/V biases, NeoX pairing: i with i + hd/2), llama2.c
@@ -55,9 +56,16 @@ LlamaWeights load_model(const std::string& path);
 // One cache per layer, made by `make_cache(layer)`.
 using CacheFactory = std::function<std::unique_ptr<KVCache>(int64_t layer)>;
 
+// Where keys enter the cache: after RoPE (the seed's setting: the cache holds
+// rotated keys) or before it (the paper's, §3.2: the cache holds unrotated
+// keys, and attention rotates the query and every key at its position). A
+// cache that evicts tokens loses their positions, so it needs kPostRope.
+enum class KeyRope : uint8_t { kPostRope, kPreRope };
+
 class LlamaModel {
  public:
-  LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads = 0);
+  LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads = 0,
+             KeyRope keys = KeyRope::kPostRope);
   // Feeds tokens at the next positions; returns logits [tokens, vocab] when
   // all_logits, else [1, vocab] for the last token.
   std::vector<float> forward(const std::vector<int32_t>& tokens, bool all_logits = false);
@@ -76,6 +84,7 @@ class LlamaModel {
   const LlamaWeights& w_;
   std::vector<std::unique_ptr<KVCache>> caches_;
   int threads_;
+  KeyRope keys_;
   int64_t pos_ = 0;
 };
 

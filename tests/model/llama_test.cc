@@ -45,6 +45,52 @@ TEST_P(Models, IncrementalDecodeEqualsPrefillAndLosslessAnchorKVEqualsFull) {
   EXPECT_THROW(a.forward({static_cast<int32_t>(V)}), Error);
 }
 
+TEST_P(Models, PreRopeKeysGiveTheSameModel) {
+  const std::string path = shared_model(GetParam());
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  const std::vector<int32_t> tokens = {1, 40, 41, 42, 50, 60, 70, 80, 90, 100, 110, 120};
+  const int64_t V = w.config.vocab, P = 6;
+  auto full = [](int64_t) { return std::make_unique<FullKVCache>(); };
+  LlamaModel post(w, full);
+  const auto ref = post.forward(tokens, true);
+  // Keys stored unrotated, RoPE inside attention: a prefix, then one token at a time.
+  // (fp16 storage rounds unrotated keys differently: 2e-3 of the largest logit.)
+  float scale = 1.0f;
+  for (float x : ref) scale = std::max(scale, std::fabs(x));
+  AnchorKVConfig lossless;
+  lossless.anchor_frac = 1.0;
+  for (int variant = 0; variant < 2; ++variant) {
+    LlamaModel pre(
+        w,
+        [&](int64_t) -> std::unique_ptr<KVCache> {
+          if (variant == 0) return std::make_unique<FullKVCache>();
+          return std::make_unique<AnchorKVCache>(lossless);  // the compressed kernel with RoPE
+        },
+        0, KeyRope::kPreRope);
+    std::vector<float> got = pre.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P), true);
+    for (size_t i = P; i < tokens.size(); ++i) {
+      const auto step = pre.forward({tokens[i]});
+      got.insert(got.end(), step.begin(), step.end());
+    }
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_NEAR(got[i], ref[i], 2e-3 * scale) << "variant " << variant << " at " << i;
+  }
+  // A lossy cache: where keys are stored changes what is compressed (the option is live).
+  AnchorKVConfig lossy;
+  lossy.theta = 0.05;
+  lossy.anchor_frac = 0.25;
+  auto lossy_factory = [&](int64_t) { return std::make_unique<AnchorKVCache>(lossy); };
+  LlamaModel a(w, lossy_factory, 0, KeyRope::kPostRope), b(w, lossy_factory, 0, KeyRope::kPreRope);
+  a.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P));
+  b.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P));
+  const auto la = a.forward({tokens[P]}), lb = b.forward({tokens[P]});
+  float diff = 0;
+  for (int64_t v = 0; v < V; ++v) diff = std::max(diff, std::fabs(la[v] - lb[v]));
+  EXPECT_GT(diff, 1e-3f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shared, Models, ::testing::Values("anchorkv-tiny.gguf", "stories260K.bin"));
 
 TEST(Llama, BadFilesAreClearErrors) {

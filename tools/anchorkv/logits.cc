@@ -25,8 +25,7 @@ struct Options {
 
 void run(const Options& opt) {
   const model::LlamaWeights w = model::load_model(opt.model);
-  model::LlamaModel m(
-      w, [&](int64_t) { return eval::make_cache(opt.cache, opt.theta, opt.threads); }, opt.threads);
+  model::LlamaModel m = make_model(w, opt.cache, opt.theta, opt.threads);
   std::vector<float> logits;
   if (opt.incremental) {  // one token at a time (decode path)
     for (int32_t t : opt.tokens) {
@@ -60,7 +59,7 @@ void register_logits(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("logits", "Logits of a GGUF / llama2.c model for token ids");
   sub->add_option("--model,-m", opt->model, "model file (.gguf or llama2.c .bin)")->required();
   sub->add_option("--tokens", opt->tokens, "token ids, comma separated")->delimiter(',')->required();
-  sub->add_option("--cache", opt->cache, "cache per layer: full, anchorkv, snapkv, ...");
+  sub->add_option("--cache", opt->cache, "cache per layer: full, anchorkv, snapkv, ... (NAME:pre = keys stored before RoPE)");
   sub->add_option("--theta", opt->theta, "cache byte budget");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
   sub->add_flag("--incremental", opt->incremental, "feed one token at a time");

@@ -53,10 +53,30 @@ std::vector<int32_t> prompt_tokens(const std::string& model, const std::string& 
   return tok->encode(text, true);
 }
 
-model::CacheFactory factory(const std::string& cache, double theta, int threads) {
-  eval::make_cache(cache, theta, threads);  // validates the name now
-  return [=](int64_t) { return eval::make_cache(cache, theta, threads); };
+}  // namespace
+
+CacheSpec parse_cache_spec(const std::string& spec) {
+  CacheSpec c;
+  c.name = spec;
+  const std::string suffix = ":pre";
+  if (spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    c.name = spec.substr(0, spec.size() - suffix.size());
+    c.keys = model::KeyRope::kPreRope;
+    if (c.name == "snapkv" || c.name == "h2o" || c.name == "streamingllm")
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv",
+                 "cache '" + spec + "': " + c.name + " evicts tokens and loses their positions, so it needs post-RoPE keys");
+  }
+  eval::make_cache(c.name, 0.1, 1);  // validates the name now
+  return c;
 }
+
+model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
+  const CacheSpec c = parse_cache_spec(spec);
+  return model::LlamaModel(
+      w, [name = c.name, theta, threads](int64_t) { return eval::make_cache(name, theta, threads); }, threads, c.keys);
+}
+
+namespace {
 
 struct CacheTotals {
   int64_t bytes = 0, full = 0;
@@ -86,7 +106,7 @@ void run(const RunOptions& o) {
   std::unique_ptr<model::Tokenizer> tok;
   if (is_gguf(o.model)) tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
   const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
-  model::LlamaModel m(w, factory(o.cache, o.theta, o.threads), o.threads);
+  model::LlamaModel m = make_model(w, o.cache, o.theta, o.threads);
   model::Sampler sampler(o.sampler);
   auto t0 = Clock::now();
   std::vector<float> logits = m.forward(prompt);
@@ -129,6 +149,21 @@ struct EvalOptions {
   int threads = 0;
 };
 
+// (cache spec, theta) pairs: caches without a byte budget run once (theta 0).
+// Every spec is validated before any work starts.
+std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& caches,
+                                                       const std::vector<double>& thetas) {
+  std::vector<std::pair<std::string, double>> runs;
+  for (const auto& c : caches) {
+    const std::string name = parse_cache_spec(c).name;
+    if (name == "full" || name.rfind("quantized", 0) == 0 || name.rfind("kivi", 0) == 0)
+      runs.emplace_back(c, 0.0);
+    else
+      for (double th : thetas) runs.emplace_back(c, th);
+  }
+  return runs;
+}
+
 struct Continuation {
   std::vector<std::vector<double>> logp;  // per predicted position: log-probabilities
   double prefill_s = 0, decode_s = 0;
@@ -136,8 +171,8 @@ struct Continuation {
 };
 
 Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
-                          const model::CacheFactory& f, int threads) {
-  model::LlamaModel m(w, f, threads);
+                          const std::string& cache, double theta, int threads) {
+  model::LlamaModel m = make_model(w, cache, theta, threads);
   Continuation c;
   const int64_t V = w.config.vocab;
   auto t0 = Clock::now();
@@ -170,21 +205,16 @@ void evaluate(const EvalOptions& o) {
   if (N < 3) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "need at least 3 tokens of text");
   const bool tty = isatty(fileno(stderr));
   std::vector<std::pair<std::string, double>> runs;
-  for (const auto& c : o.caches) {
-    if (c == "full" || c.rfind("quantized", 0) == 0 || c.rfind("kivi", 0) == 0)
-      runs.emplace_back(c, 0.0);
-    else
-      for (double th : o.thetas) runs.emplace_back(c, th);
-  }
-  const Continuation ref = continuation(w, toks, P, factory("full", 0, o.threads), o.threads);
+  for (const auto& [c, th] : cache_runs(o.caches, o.thetas)) runs.emplace_back(c, th);
+  const Continuation ref = continuation(w, toks, P, "full", 0, o.threads);
   fmt::print("{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
              o.model, N, P, N - P);
-  fmt::print("  {:<17} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio", "ppl",
+  fmt::print("  {:<21} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio", "ppl",
              "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
   for (const auto& [cache, theta] : runs) {
-    const Continuation c = cache == "full" ? ref : continuation(w, toks, P, factory(cache, theta, o.threads), o.threads);
+    const Continuation c = cache == "full" ? ref : continuation(w, toks, P, cache, theta, o.threads);
     double nll = 0, kl = 0;
     int64_t agree = 0;
     const int64_t n = static_cast<int64_t>(c.logp.size());
@@ -199,7 +229,7 @@ void evaluate(const EvalOptions& o) {
     }
     const double ratio = c.bytes.bytes > 0 ? static_cast<double>(c.bytes.full) / static_cast<double>(c.bytes.bytes) : 1.0;
     const double ppl = std::exp(nll / static_cast<double>(n));
-    fmt::print("  {:<17} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
+    fmt::print("  {:<21} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
                theta > 0 ? fmt::format("{}", theta) : "-", ratio, ppl, kl / static_cast<double>(n),
                100.0 * static_cast<double>(agree) / static_cast<double>(n), nll / static_cast<double>(n) / std::log(2.0),
                static_cast<double>(P) / c.prefill_s, static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9));
@@ -225,12 +255,7 @@ void passkey(const EvalOptions& o) {
   const std::string filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
   const std::string question = "What is the pass key? The pass key is";
   std::vector<std::pair<std::string, double>> runs;
-  for (const auto& c : o.caches) {
-    if (c == "full" || c.rfind("quantized", 0) == 0 || c.rfind("kivi", 0) == 0)
-      runs.emplace_back(c, 0.0);
-    else
-      for (double th : o.thetas) runs.emplace_back(c, th);
-  }
+  for (const auto& [c, th] : cache_runs(o.caches, o.thetas)) runs.emplace_back(c, th);
   core::Rng rng(2026);
   struct Trial {
     int64_t ctx;
@@ -258,14 +283,14 @@ void passkey(const EvalOptions& o) {
         trials.push_back({ctx, depth, key, tok.encode(text, true)});
       }
   fmt::print("{}: passkey retrieval, {} trials per (context, depth), greedy answer of 8 tokens\n\n", o.model, o.trials);
-  std::string head = fmt::format("  {:<17} {:>5}", "cache", "theta");
+  std::string head = fmt::format("  {:<21} {:>5}", "cache", "theta");
   for (int64_t ctx : o.ctxs) head += fmt::format(" {:>9}", fmt::format("ctx {}", ctx));
   fmt::print("{}\n", head);
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [cache, theta] : runs) {
     std::map<int64_t, std::pair<int, int>> acc;  // ctx -> (correct, total)
     for (const Trial& t : trials) {
-      model::LlamaModel m(w, factory(cache, theta, o.threads), o.threads);
+      model::LlamaModel m = make_model(w, cache, theta, o.threads);
       std::vector<float> logits = m.forward(t.prompt);
       std::vector<int32_t> answer;
       for (int i = 0; i < 8; ++i) {
@@ -277,7 +302,7 @@ void passkey(const EvalOptions& o) {
       acc[t.ctx].first += ok;
       acc[t.ctx].second += 1;
     }
-    std::string line = fmt::format("  {:<17} {:>5}", cache, theta > 0 ? fmt::format("{}", theta) : "-");
+    std::string line = fmt::format("  {:<21} {:>5}", cache, theta > 0 ? fmt::format("{}", theta) : "-");
     nlohmann::json per_ctx;
     for (int64_t ctx : o.ctxs) {
       const double a = static_cast<double>(acc[ctx].first) / std::max(1, acc[ctx].second);
@@ -320,7 +345,7 @@ void dump_kv(const DumpOptions& o) {
   d.head_dim = static_cast<uint32_t>(c.head_dim);
   d.n_tokens = toks.size();
   d.layers.resize(static_cast<size_t>(c.n_layers));
-  model::LlamaModel m(w, factory("full", 0, o.threads), o.threads);
+  model::LlamaModel m = make_model(w, "full", 0, o.threads);
   const int64_t T = static_cast<int64_t>(toks.size()), hd = c.head_dim;
   // [T, H, hd] token-major -> [H, T, hd]
   auto head_major = [&](const float* x, int64_t H) {
@@ -379,7 +404,7 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--prompt,-p", r->prompt, "prompt text (GGUF models)");
   run_cmd->add_option("--prompt-file", r->prompt_file, "prompt from a file");
   run_cmd->add_option("--tokens", r->tokens, "prompt as token ids")->delimiter(',');
-  run_cmd->add_option("--cache", r->cache, "cache per layer: full, anchorkv, snapkv, h2o, kivi2, ...");
+  run_cmd->add_option("--cache", r->cache, "cache per layer: full, anchorkv, snapkv, h2o, kivi2, ... (NAME:pre = keys stored before RoPE)");
   run_cmd->add_option("--theta", r->theta, "cache byte budget");
   run_cmd->add_option("-n", r->n, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   run_cmd->add_option("--temperature", r->sampler.temperature, "0 = greedy");
@@ -402,7 +427,7 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--depths", e->depths, "passkey depths (0..1)")->delimiter(',');
   ev->add_option("--trials", e->trials, "passkey trials per (context, depth)")->check(CLI::Range(1, 1000));
   ev->add_option("--prefix-frac", e->prefix_frac, "share of the tokens fed as the (compressed) prefill");
-  ev->add_option("--caches", e->caches, "caches to compare")->delimiter(',');
+  ev->add_option("--caches", e->caches, "caches to compare (NAME:pre = keys stored before RoPE)")->delimiter(',');
   ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
   ev->add_option("--json", e->json_path, "write JSON here");
   ev->add_option("--threads", e->threads, "threads (0 = all cores)");
