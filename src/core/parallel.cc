@@ -47,6 +47,18 @@ struct Job {
 
 thread_local bool t_in_worker = false;
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+// Spin this many rounds (tens of microseconds) before sleeping on a futex:
+// decode issues jobs back to back, and waking a sleeping thread costs more
+// than most of them.
+constexpr int kSpin = 1 << 13;
+
 // Persistent workers (decode calls parallel_for several times per token and
 // layer: starting threads each time cost more than the work, and thread-local
 // workspaces died with them). One job runs at a time; a call that finds the
@@ -57,7 +69,7 @@ class Pool {
   ~Pool() {
     {
       std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
+      stop_.store(true);
     }
     wake_.notify_all();
     for (auto& t : threads_) t.join();
@@ -65,26 +77,30 @@ class Pool {
 
   // False when the pool is busy (the caller runs the job itself).
   bool run(Job& job, int helpers) {
+    helpers = std::min(helpers, 0xFFFF);
     std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
     if (!submit.owns_lock()) return false;
-    {
-      std::unique_lock<std::mutex> lock(m_);
-      while (static_cast<int>(threads_.size()) < helpers) {
-        const int index = static_cast<int>(threads_.size());
-        threads_.emplace_back([this, index] { loop(index); });
-      }
-      job_ = &job;
-      active_ = helpers;
-      pending_ = helpers;
-      ++generation_;
+    while (static_cast<int>(threads_.size()) < helpers) {
+      const int index = static_cast<int>(threads_.size());
+      threads_.emplace_back([this, index] { loop(index); });
     }
-    wake_.notify_all();
+    job_.store(&job, std::memory_order_relaxed);
+    pending_.store(helpers, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(m_);  // a worker about to sleep sees the new state
+      generation_ += 1;
+      state_.store((generation_ << 16) | static_cast<uint64_t>(helpers), std::memory_order_release);
+    }
+    if (sleepers_.load() > 0) wake_.notify_all();
     t_in_worker = true;  // nested parallel_for calls inside our own tasks run inline
     job.work();
     t_in_worker = false;
-    std::unique_lock<std::mutex> lock(m_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    job_ = nullptr;
+    for (int i = 0; i < kSpin && pending_.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+    if (pending_.load(std::memory_order_acquire) != 0) {
+      std::unique_lock<std::mutex> lock(m_);
+      done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+    job_.store(nullptr, std::memory_order_relaxed);
     return true;
   }
 
@@ -92,27 +108,42 @@ class Pool {
   void loop(int index) {
     t_in_worker = true;
     uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(m_);
     for (;;) {
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (index >= active_) continue;
-      Job* job = job_;
-      lock.unlock();
-      job->work();
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
+      // state_ = generation << 16 | helpers, one atomic word: a worker learns
+      // both together. Only workers with index < helpers touch job_, and the
+      // caller cannot start the next job before they finish, so job_ stays
+      // valid for them; the others never read it.
+      uint64_t st = state_.load(std::memory_order_acquire);
+      for (int i = 0; i < kSpin && (st >> 16) == seen && !stop_.load(std::memory_order_relaxed); ++i) {
+        cpu_relax();
+        st = state_.load(std::memory_order_acquire);
+      }
+      if ((st >> 16) == seen) {
+        std::unique_lock<std::mutex> lock(m_);
+        sleepers_.fetch_add(1);
+        wake_.wait(lock, [&] { return stop_.load() || (state_.load(std::memory_order_acquire) >> 16) != seen; });
+        sleepers_.fetch_sub(1);
+        st = state_.load(std::memory_order_acquire);
+      }
+      if (stop_.load()) return;
+      seen = st >> 16;
+      if (index >= static_cast<int>(st & 0xFFFF)) continue;
+      job_.load(std::memory_order_relaxed)->work();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(m_);
+        done_.notify_one();
+      }
     }
   }
 
   std::mutex submit_, m_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> threads_;
-  Job* job_ = nullptr;
-  int active_ = 0, pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<Job*> job_{nullptr};
+  std::atomic<int> pending_{0}, sleepers_{0};
+  uint64_t generation_ = 0;  // written by the submitting thread only
+  std::atomic<uint64_t> state_{0};
+  std::atomic<bool> stop_{false};
 };
 
 // The pool is created on first use and never destroyed (workers may be
