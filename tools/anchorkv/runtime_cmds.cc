@@ -18,6 +18,7 @@
 #include "anchorkv/anchorkv.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "eval/compare.h"
 #include "io/gguf.h"
@@ -133,6 +134,88 @@ void run(const RunOptions& o) {
                static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
                o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
                t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0);
+}
+
+// ---------------------------------------------------------------- bench runtime
+
+struct RuntimeBenchOptions {
+  std::string model, text;
+  int64_t ctx = 1024, n = 128;
+  std::vector<std::string> caches = {"full", "anchorkv", "anchorkv_compact", "anchorkv:pre", "snapkv",
+                                     "streamingllm", "kivi2"};
+  double theta = 0.1;
+  int reps = 3, threads = 0;
+  std::string json_path;
+};
+
+// Prefill and greedy-decode speed with each cache, caches interleaved within
+// each repetition (same machine state), medians over repetitions.
+void bench_runtime(const RuntimeBenchOptions& o) {
+  const model::LlamaWeights w = model::load_model(o.model);
+  std::vector<int32_t> prompt;
+  if (!o.text.empty()) {
+    if (!is_gguf(o.model)) core::fail(ErrorCode::kInvalidArgument, "anchorkv bench runtime", "--text needs a GGUF tokenizer");
+    prompt = model::Tokenizer::from_gguf(io::GgufFile::open(o.model)).encode(read_file(o.text), true);
+  }
+  core::Rng rng(7);
+  while (static_cast<int64_t>(prompt.size()) < o.ctx)  // pad (or fill) with seeded random tokens
+    prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(w.config.vocab)));
+  prompt.resize(static_cast<size_t>(o.ctx));
+  for (const auto& c : o.caches) parse_cache_spec(c);
+  struct Sample {
+    std::vector<double> prefill, decode;
+    double ratio = 1;
+    int64_t bytes = 0;
+  };
+  std::map<std::string, Sample> samples;
+  const bool tty = isatty(fileno(stderr));
+  for (int rep = 0; rep < o.reps; ++rep)
+    for (const auto& c : o.caches) {
+      model::LlamaModel m = make_model(w, c, o.theta, o.threads);
+      auto t0 = Clock::now();
+      std::vector<float> logits = m.forward(prompt);
+      const double pre_s = since(t0);
+      const CacheTotals t = totals(m);
+      t0 = Clock::now();
+      for (int64_t i = 0; i < o.n; ++i) {
+        const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        logits = m.forward({next});
+      }
+      const double dec_s = since(t0);
+      Sample& s = samples[c];
+      s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
+      s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
+      s.bytes = t.bytes;
+      s.ratio = t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0;
+      if (tty) std::fprintf(stderr, "[rep %d/%d] %-24s\r", rep + 1, o.reps, c.c_str());
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, median of {}\n\n", o.model, o.ctx,
+             o.n, o.theta, core::resolve_threads(o.threads), o.reps);
+  fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9}\n", "cache", "ratio", "prefill t/s", "vs full", "decode t/s",
+             "vs full");
+  const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
+  const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& c : o.caches) {
+    const Sample& s = samples[c];
+    const double p = median(s.prefill), d = median(s.decode);
+    fmt::print("  {:<21} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9}\n", c, s.ratio, p,
+               full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
+               full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-");
+    rows.push_back({{"cache", c}, {"compression_ratio_after_prefill", s.ratio}, {"bytes_after_prefill", s.bytes},
+                    {"prefill_tok_s", p}, {"decode_tok_s", d}, {"prefill_samples", s.prefill},
+                    {"decode_samples", s.decode}});
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << nlohmann::json{{"model", o.model}, {"prompt_tokens", o.ctx}, {"decode_tokens", o.n}, {"theta", o.theta},
+                        {"threads", core::resolve_threads(o.threads)}, {"reps", o.reps}, {"results", rows}}
+             .dump(2);
+  }
 }
 
 // ---------------------------------------------------------------- eval
@@ -370,6 +453,20 @@ void dump_kv(const DumpOptions& o) {
 }  // namespace
 
 void register_runtime(CLI::App& app) {
+  auto rb = std::make_shared<RuntimeBenchOptions>();
+  CLI::App* bench = app.get_subcommand("bench");
+  CLI::App* rbc = bench->add_subcommand("runtime", "Prefill and decode speed of a real model with each cache");
+  rbc->add_option("--model,-m", rb->model, "model file")->required();
+  rbc->add_option("--text", rb->text, "prompt text (padded with random tokens to --ctx)");
+  rbc->add_option("--ctx", rb->ctx, "prompt tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  rbc->add_option("-n", rb->n, "decode steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  rbc->add_option("--caches", rb->caches, "caches (NAME:pre = keys before RoPE)")->delimiter(',');
+  rbc->add_option("--theta", rb->theta, "byte budget of the budgeted caches");
+  rbc->add_option("--reps", rb->reps, "repetitions (median)")->check(CLI::Range(1, 100));
+  rbc->add_option("--threads", rb->threads, "threads (0 = all cores)");
+  rbc->add_option("--json", rb->json_path, "write JSON here");
+  rbc->callback([rb] { bench_runtime(*rb); });
+
   struct TokenizeOptions {
     std::string model, text, text_file;
     bool bos = false, json = false;
