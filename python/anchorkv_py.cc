@@ -155,7 +155,14 @@ PYBIND11_MODULE(_core, m) {
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);
 
-  py::class_<KVCache>(m, "KVCache");
+  py::class_<KVCache>(m, "KVCache")
+      .def("update", [](KVCache& c, const py::handle& keys, const py::handle& values) {
+        const std::string op = "anchorkv::" + c.name() + "::update";
+        ArrayView k = as_view(keys, "keys", op.c_str());
+        ArrayView v = as_view(values, "values", op.c_str());
+        py::gil_scoped_release release;
+        c.update(k.view, v.view);
+      });
 
   m.def(
       "attend",

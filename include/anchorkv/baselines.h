@@ -22,7 +22,6 @@ class QuantizedKVCache final : public KVCache {
  public:
   explicit QuantizedKVCache(int bits = 4, int64_t group_size = 64);  // bits 2, 4 or 8
   ~QuantizedKVCache() override;
-  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
   KVPair fetch() const override;
   std::string name() const override;
   int64_t offset() const override;
@@ -34,6 +33,9 @@ class QuantizedKVCache final : public KVCache {
   // Bytes one token of one row and side takes: ceil(D*bits/8) + 4 * ceil(D/group).
   static int64_t token_side_bytes(int64_t D, int bits, int64_t group_size);
 
+ protected:
+  void append(const TensorView& keys, const TensorView& values, const char* method) override;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
@@ -43,7 +45,6 @@ class QuantizedKVCache final : public KVCache {
 class EvictionCacheBase : public KVCache {
  public:
   ~EvictionCacheBase() override;
-  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
   KVPair fetch() const override;
   int64_t offset() const override;
   bool is_trimmable() const override { return false; }
@@ -56,6 +57,7 @@ class EvictionCacheBase : public KVCache {
   int64_t budget_tokens(int64_t S) const;
 
  protected:
+  void append(const TensorView& keys, const TensorView& values, const char* method) override;
   EvictionCacheBase(double theta, const char* op);
   // Positions (ascending, within [0, S)) to keep from a [S, D] prefill row.
   virtual std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const = 0;
@@ -105,7 +107,6 @@ class KIVICache final : public KVCache {
  public:
   explicit KIVICache(int bits = 2, int64_t group = 32, int64_t residual = 32);  // bits 2 or 4
   ~KIVICache() override;
-  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
   KVPair fetch() const override;
   std::string name() const override;
   int64_t offset() const override;
@@ -114,6 +115,9 @@ class KIVICache final : public KVCache {
   int64_t full_seq_bytes() const override;
   int64_t tokens_total() const override;
   int64_t tokens_kept() const override { return tokens_total(); }
+
+ protected:
+  void append(const TensorView& keys, const TensorView& values, const char* method) override;
 
  private:
   struct Impl;
@@ -131,7 +135,6 @@ class H2OCache final : public KVCache {
  public:
   explicit H2OCache(double theta = 0.05, double recent_share = 0.5);
   ~H2OCache() override;
-  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
   KVPair fetch() const override;
   std::string name() const override { return "h2o"; }
   int64_t offset() const override;
@@ -140,6 +143,9 @@ class H2OCache final : public KVCache {
   int64_t full_seq_bytes() const override;
   int64_t tokens_total() const override;
   int64_t tokens_kept() const override;
+
+ protected:
+  void append(const TensorView& keys, const TensorView& values, const char* method) override;
 
  private:
   struct Impl;

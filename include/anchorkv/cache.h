@@ -24,7 +24,14 @@ class KVCache {
  public:
   virtual ~KVCache() = default;
 
-  virtual KVPair update_and_fetch(const TensorView& keys, const TensorView& values) = 0;
+  // Adds the tokens and returns the dense fp16 K/V of everything (the seed's contract).
+  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) {
+    append(keys, values, "update_and_fetch");
+    return fetch();
+  }
+  // Adds the tokens without building the dense K/V: what a runtime that attends
+  // with attend() (which reads the stored form) needs. Same checks and errors.
+  void update(const TensorView& keys, const TensorView& values) { append(keys, values, "update"); }
   // The dense fp16 K/V of everything stored, without adding tokens.
   virtual KVPair fetch() const = 0;
 
@@ -42,6 +49,10 @@ class KVCache {
   virtual int64_t tokens_kept() const = 0;
   // full_seq_bytes / nbytes; 1.0 while empty.
   double compression_ratio() const;
+
+ protected:
+  // Validates and stores the tokens; `method` names the public call in errors.
+  virtual void append(const TensorView& keys, const TensorView& values, const char* method) = 0;
 };
 
 namespace internal {
@@ -57,7 +68,6 @@ class FullKVCache final : public KVCache {
   FullKVCache(FullKVCache&&) noexcept;
   FullKVCache& operator=(FullKVCache&&) noexcept;
 
-  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
   KVPair fetch() const override;
   std::string name() const override { return "full"; }
   int64_t offset() const override;
@@ -71,6 +81,9 @@ class FullKVCache final : public KVCache {
 
   // Internal state for the library's own kernels and tests.
   const internal::FullState& state() const;
+
+ protected:
+  void append(const TensorView& keys, const TensorView& values, const char* method) override;
 
  private:
   std::unique_ptr<internal::FullState> impl_;
@@ -97,7 +110,6 @@ class AnchorKVCache final : public KVCache {
   AnchorKVCache(AnchorKVCache&&) noexcept;
   AnchorKVCache& operator=(AnchorKVCache&&) noexcept;
 
-  KVPair update_and_fetch(const TensorView& keys, const TensorView& values) override;
   KVPair fetch() const override;
   std::string name() const override { return "anchorkv"; }
   int64_t offset() const override;
@@ -123,6 +135,9 @@ class AnchorKVCache final : public KVCache {
 
   // Internal state for the library's own kernels and tests.
   const internal::AnchorKVState& state() const;
+
+ protected:
+  void append(const TensorView& keys, const TensorView& values, const char* method) override;
 
  private:
   struct Impl;

@@ -128,6 +128,10 @@ class AnchorKVKVCache:
     def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self._cache.update_and_fetch(keys, values)
 
+    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
+        self._cache.update(keys, values)
+
     def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
         """The dense fp16 K/V of everything stored, without adding tokens."""
         return self._cache.fetch()
@@ -197,6 +201,10 @@ class FullKVCache:
     def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self._cache.update_and_fetch(keys, values)
 
+    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
+        self._cache.update(keys, values)
+
     def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
         return self._cache.fetch()
 
@@ -242,6 +250,10 @@ class _BaselineCache:
 
     def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         return self._cache.update_and_fetch(keys, values)
+
+    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
+        self._cache.update(keys, values)
 
     def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
         return self._cache.fetch()

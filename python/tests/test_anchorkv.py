@@ -273,6 +273,25 @@ def test_attend_matches_dense_attention_on_both_caches():
         anchorkv.attend(q, object())
 
 
+def test_update_stores_like_update_and_fetch_without_the_dense_result():
+    k, v = kv(B=1, H=2, S=300)
+    cfg = anchorkv.KVCacheConfig(anchorkv_theta=0.1)
+    a, b = anchorkv.AnchorKVKVCache(cfg), anchorkv.AnchorKVKVCache(cfg)
+    assert a.update(k, v) is None
+    K, V = b.update_and_fetch(k, v)
+    A, AV = a.fetch()
+    assert np.array_equal(A, K) and np.array_equal(AV, V) and a.anchorkv_bytes == b.anchorkv_bytes
+    step = k[:, :, :1].copy()
+    a.update(step, step)
+    assert a.offset == 301 and a.fetch()[0].shape == (1, 2, 301, 64)
+    for c in (anchorkv.FullKVCache(), anchorkv.SnapKVCache(theta=0.1)):
+        c.update(k, v)
+        assert c.offset == 300
+    with pytest.raises(ValueError, match="update"):
+        a.update(np.ones((1, 2, 1, 32), np.float32), np.ones((1, 2, 1, 32), np.float32))
+    assert a.offset == 301  # unchanged by the failed call
+
+
 def test_baseline_caches():
     k, v = kv(B=1, H=2, S=400)
     q = anchorkv.QuantizedKVCache(bits=4)

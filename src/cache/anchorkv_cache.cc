@@ -39,7 +39,6 @@ AnchorKVCache& AnchorKVCache::operator=(AnchorKVCache&&) noexcept = default;
 
 namespace {
 
-constexpr const char* kUpdateOp = "anchorkv::AnchorKVCache::update_and_fetch";
 
 struct NewSegment {
   std::vector<compress::CompressedRow> rows;
@@ -89,9 +88,9 @@ NewSegment compress_head(const internal::AnchorKVState& st) {
 
 }  // namespace
 
-KVPair AnchorKVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+void AnchorKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   internal::AnchorKVState& st = impl_->st;
-  cache::StagedInput in = cache::stage_input(kUpdateOp, keys, values, st.has_shape, st.B, st.H, st.D);
+  cache::StagedInput in = cache::stage_input(std::string("anchorkv::AnchorKVCache::") + method, keys, values, st.has_shape, st.B, st.H, st.D);
   const int64_t S = in.S();
   const bool first_shape = !st.has_shape;
   if (first_shape) {  // shape facts are needed by compression; roll back on failure
@@ -125,7 +124,6 @@ KVPair AnchorKVCache::update_and_fetch(const TensorView& keys, const TensorView&
   if (S > 1) st.seen_prefill_call = true;
   st.full_seq_bytes += in.B() * in.H() * S * in.D() * 4;
   st.tokens_total += in.B() * in.H() * S;
-  return fetch();
 }
 
 void AnchorKVCache::compress_now() {

@@ -82,10 +82,10 @@ void dequantize_token(const uint8_t* codes, const uint16_t* params, int64_t D, i
 }
 }  // namespace
 
-KVPair QuantizedKVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+void QuantizedKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
   const cache::StagedInput in =
-      cache::stage_input("anchorkv::QuantizedKVCache::update_and_fetch", keys, values, s.has_shape, s.B, s.H, s.D);
+      cache::stage_input(std::string("anchorkv::QuantizedKVCache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
   if (!s.has_shape) {
     s.has_shape = true;
     s.B = in.B();
@@ -110,7 +110,6 @@ KVPair QuantizedKVCache::update_and_fetch(const TensorView& keys, const TensorVi
     }
   }
   s.tokens += S;
-  return fetch();
 }
 
 KVPair QuantizedKVCache::fetch() const {
@@ -163,9 +162,9 @@ int64_t EvictionCacheBase::budget_tokens(int64_t S) const {
   return std::clamp<int64_t>(static_cast<int64_t>(std::floor(impl_->theta * static_cast<double>(S))), 1, S);
 }
 
-KVPair EvictionCacheBase::update_and_fetch(const TensorView& keys, const TensorView& values) {
+void EvictionCacheBase::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
-  const std::string op = std::string(s.op) + "::update_and_fetch";
+  const std::string op = std::string(s.op) + "::" + method;
   const cache::StagedInput in = cache::stage_input(op, keys, values, s.has_shape, s.B, s.H, s.D);
   const int64_t S = in.S(), D = in.D(), R = in.B() * in.H();
   if (!s.selected && S > 1) {
@@ -207,7 +206,6 @@ KVPair EvictionCacheBase::update_and_fetch(const TensorView& keys, const TensorV
     s.D = D;
   }
   s.seen += S;
-  return fetch();
 }
 
 KVPair EvictionCacheBase::fetch() const { return impl_->kept.to_pair(impl_->B, impl_->H, impl_->D); }
@@ -340,10 +338,10 @@ inline float dequant(const uint8_t* codes, int64_t bit, int bits, const uint16_t
 }
 }  // namespace
 
-KVPair KIVICache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+void KIVICache::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
   cache::StagedInput in =
-      cache::stage_input("anchorkv::KIVICache::update_and_fetch", keys, values, s.has_shape, s.B, s.H, s.D);
+      cache::stage_input(std::string("anchorkv::KIVICache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
   const int64_t R = in.B() * in.H(), D = in.D();
   if (!s.has_shape) {
     s.has_shape = true;
@@ -385,7 +383,6 @@ KVPair KIVICache::update_and_fetch(const TensorView& keys, const TensorView& val
     s.window.tokens -= G;
     s.quantized += G;
   }
-  return fetch();
 }
 
 KVPair KIVICache::fetch() const {
@@ -444,10 +441,10 @@ H2OCache::H2OCache(double theta, double recent_share) : impl_(std::make_unique<I
 }
 H2OCache::~H2OCache() = default;
 
-KVPair H2OCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+void H2OCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
   const cache::StagedInput in =
-      cache::stage_input("anchorkv::H2OCache::update_and_fetch", keys, values, s.has_shape, s.B, s.H, s.D);
+      cache::stage_input(std::string("anchorkv::H2OCache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
   const int64_t S = in.S(), D = in.D(), R = in.B() * in.H();
   const float inv = 1.0f / std::sqrt(static_cast<float>(D));
   if (!s.selected && S > 1) {
@@ -539,7 +536,6 @@ KVPair H2OCache::update_and_fetch(const TensorView& keys, const TensorView& valu
     s.D = D;
   }
   s.seen += S;
-  return fetch();
 }
 
 KVPair H2OCache::fetch() const { return impl_->kept.to_pair(impl_->B, impl_->H, impl_->D); }

@@ -19,10 +19,10 @@ FullKVCache::~FullKVCache() = default;
 FullKVCache::FullKVCache(FullKVCache&&) noexcept = default;
 FullKVCache& FullKVCache::operator=(FullKVCache&&) noexcept = default;
 
-KVPair FullKVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+void FullKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   internal::FullState& s = *impl_;
   const cache::StagedInput in =
-      cache::stage_input("anchorkv::FullKVCache::update_and_fetch", keys, values, s.has_shape, s.B, s.H, s.D);
+      cache::stage_input(std::string("anchorkv::FullKVCache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
   s.rows.append(in);
   if (!s.has_shape) {
     s.has_shape = true;
@@ -30,7 +30,6 @@ KVPair FullKVCache::update_and_fetch(const TensorView& keys, const TensorView& v
     s.H = in.H();
     s.D = in.D();
   }
-  return fetch();
 }
 
 KVPair FullKVCache::fetch() const { return impl_->rows.to_pair(impl_->B, impl_->H, impl_->D); }

@@ -34,8 +34,9 @@ std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name, s
 }
 }  // namespace
 
-LlamaWeights load_gguf(const std::string& path) {
-  const io::GgufFile f = io::GgufFile::open(path);
+LlamaWeights load_gguf(const std::string& path) { return load_gguf(io::GgufFile::open(path), path); }
+
+LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
   LlamaWeights w;
   LlamaConfig& c = w.config;
   c.architecture = f.get_string("general.architecture");
@@ -54,6 +55,20 @@ LlamaWeights load_gguf(const std::string& path) {
   c.context = f.has(a + ".context_length") ? static_cast<int64_t>(f.get_uint(a + ".context_length")) : 0;
   c.rope_base = f.has(a + ".rope.freq_base") ? f.get_float(a + ".rope.freq_base") : 10000.0;
   c.rms_eps = f.get_float(a + ".attention.layer_norm_rms_epsilon");
+  if (!(c.rms_eps > 0.0) || !std::isfinite(c.rms_eps))
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': RMS norm epsilon must be finite and > 0");
+  if (!(c.rope_base > 1.0) || !std::isfinite(c.rope_base))
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': RoPE base must be finite and > 1");
+  auto in_range = [&](const char* what, int64_t v, int64_t hi) {
+    if (v <= 0 || v > hi)
+      core::fail(ErrorCode::kCorruptFile, kLoad,
+                 "'" + path + "': " + what + " = " + std::to_string(v) + " is outside 1.." + std::to_string(hi));
+  };
+  in_range("embedding_length", c.dim, int64_t{1} << 24);
+  in_range("block_count", c.n_layers, int64_t{1} << 16);
+  in_range("attention.head_count", c.n_heads, int64_t{1} << 16);
+  in_range("attention.head_count_kv", c.n_kv_heads, int64_t{1} << 16);
+  in_range("feed_forward_length", c.hidden, int64_t{1} << 26);
   const bool explicit_head = f.has(a + ".attention.key_length");
   if (c.dim <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || (!explicit_head && c.dim % c.n_heads != 0) ||
       c.n_heads % c.n_kv_heads != 0)
@@ -253,13 +268,13 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       FullKVCache exact;
       if (cache.offset() > 0) {
         const KVPair past = cache.fetch();
-        exact.update_and_fetch(past.keys.view(), past.values.view());
+        exact.update(past.keys.view(), past.values.view());
       }
-      exact.update_and_fetch(kv_k, kv_v);
+      exact.update(kv_k, kv_v);
       y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), exact, ao);
-      cache.update_and_fetch(kv_k, kv_v);
+      cache.update(kv_k, kv_v);
     } else {
-      cache.update_and_fetch(kv_k, kv_v);
+      cache.update(kv_k, kv_v);
       y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), cache, ao);
     }
     const float* yp = y.data_as<float>();

@@ -25,6 +25,10 @@
 #include "anchorkv/attention.h"
 #include "anchorkv/cache.h"
 
+namespace anchorkv::io {
+class GgufFile;
+}
+
 namespace anchorkv::model {
 
 struct LlamaConfig {
@@ -49,6 +53,8 @@ struct LlamaWeights {
 
 // Throws Error(kCorruptFile / kUnsupported / kIo) naming what is wrong.
 LlamaWeights load_gguf(const std::string& path);
+// From an opened file (`name` for messages): tests and fuzzing load from memory.
+LlamaWeights load_gguf(const io::GgufFile& file, const std::string& name);
 LlamaWeights load_llama2c(const std::string& path);
 // By extension: .gguf -> GGUF, otherwise llama2.c.
 LlamaWeights load_model(const std::string& path);

@@ -182,9 +182,13 @@ TEST(Attention, FullCacheMatchesDenseReference) {
 // Any other KVCache is fetched dense.
 class WrappedCache final : public KVCache {
  public:
-  KVPair update_and_fetch(const TensorView& k, const TensorView& v) override { return inner.update_and_fetch(k, v); }
   KVPair fetch() const override { return inner.fetch(); }
   std::string name() const override { return "wrapped"; }
+
+ protected:
+  void append(const TensorView& k, const TensorView& v, const char*) override { inner.update(k, v); }
+
+ public:
   int64_t offset() const override { return inner.offset(); }
   bool is_trimmable() const override { return false; }
   int64_t nbytes() const override { return inner.nbytes(); }

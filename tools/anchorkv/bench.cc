@@ -105,8 +105,8 @@ void run_attention(const Options& opt) {
     cfg.threads = opt.threads;
     AnchorKVCache compressed(cfg);
     FullKVCache dense;
-    compressed.update_and_fetch(w.keys(), w.values());
-    dense.update_and_fetch(w.keys(), w.values());
+    compressed.update(w.keys(), w.values());
+    dense.update(w.keys(), w.values());
     const double compress_s = compressed.last_compression_stats().total_s;
     // The decode query of each query head: [1, Hq, 1, D] (query head hq of KV head hq / group).
     const TensorView q = TensorView::f32(w.Q.data(), {1, Hq, 1, D});
@@ -200,10 +200,10 @@ void run_rope(const RopeBenchOptions& opt) {
   cfg.threads = opt.threads;
   AnchorKVCache c_post(cfg), c_pre(cfg);
   FullKVCache f_post, f_pre;
-  c_post.update_and_fetch(post.keys(), post.values());
-  c_pre.update_and_fetch(pre.keys(), pre.values());
-  f_post.update_and_fetch(post.keys(), post.values());
-  f_pre.update_and_fetch(pre.keys(), pre.values());
+  c_post.update(post.keys(), post.values());
+  c_pre.update(pre.keys(), pre.values());
+  f_post.update(post.keys(), post.values());
+  f_pre.update(pre.keys(), pre.values());
   AttentionOptions plain, roped;
   plain.threads = roped.threads = opt.threads;
   roped.rope.enabled = true;
