@@ -379,19 +379,23 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
     // (R q) . (scale * level[c]) = scale * ((R q) . level[c])
     codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], z, codes);
     const float sc = core::half_to_float(row.k.scales[slot]);
+    if (cq.rope) {
+      // q . RoPE_t(R^T z): the residual key is rotated back and to its position
+      // once, and shared by every query of the group (one transform per token,
+      // not one per token and query).
+      codec.rotation().inverse(z, z);
+      const int64_t rr = tpos[i] - p_first;
+      rope_rotate(z, D, cq.rope->style, &rc[rr * half], &rs[rr * half]);
+      for (int64_t g = 0; g < nq; ++g) {
+        if (s[g * n + i] == kNegInf) continue;
+        const float* qg = cq.q + g * D;
+        s[g * n + i] += sc * (reference ? core::dot_ref(qg, z, D) : core::dot(qg, z, D));
+      }
+      continue;
+    }
     for (int64_t g = 0; g < nq; ++g) {
       if (s[g * n + i] == kNegInf) continue;
       const float* rqg = cq.rq + g * D;
-      if (cq.rope) {  // q . RoPE_t(R^T z) = (R RoPE_-t(q)) . z
-        thread_local std::vector<float> qt;
-        qt.assign(cq.q + g * D, cq.q + (g + 1) * D);
-        const int64_t r = tpos[i] - p_first;
-        rope_rotate(qt.data(), D, cq.rope->style, &rc[r * half], &rs[r * half], /*inverse=*/true);
-        codec.rotation().forward(qt.data(), qt.data());
-        rqg = qt.data();
-        s[g * n + i] += sc * (reference ? core::dot_ref(rqg, z, D) : core::dot(rqg, z, D));
-        continue;
-      }
       s[g * n + i] += sc * (reference ? core::dot_ref(rqg, z, D) : core::dot(rqg, z, D));
     }
   }
