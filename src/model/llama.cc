@@ -230,52 +230,74 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
     add_bias(v.data(), T, L.bv);
-    std::vector<float> k_pre, q_post, k_post;
-    if (observer_) k_pre = k;
-    // RoPE at the tokens' positions: applied here for post-RoPE keys, inside
-    // attention for pre-RoPE keys (then rotated copies only for the observer).
-    // [T, H, hd] token-major -> [1, H, T, hd] head-major for the cache.
+    // RoPE at the tokens' positions. Post-RoPE keys: q and k are rotated in
+    // place and the cache stores rotated keys. Pre-RoPE keys: the cache stores
+    // k unrotated; decode rotates inside attention, while a prefill chunk's
+    // exact attention (and the observer) use rotated copies.
     const bool pre = keys_ == KeyRope::kPreRope;
-    if (pre && observer_) {
-      q_post = q;
-      k_post = k;
+    const bool rotate = !pre || T > 1 || static_cast<bool>(observer_);
+    std::vector<float> k_pre, q_rot, k_rot;
+    if (observer_) k_pre = k;
+    if (pre && rotate) {
+      q_rot = q;
+      k_rot = k;
     }
-    const bool rotate_here = !pre || observer_;
-    float* qr = pre ? q_post.data() : q.data();
-    float* kr = pre ? k_post.data() : k.data();
-    for (int64_t t = 0; t < T; ++t) {
-      if (rotate_here) {
+    float* qr = pre ? q_rot.data() : q.data();
+    float* kr = pre ? k_rot.data() : k.data();
+    if (rotate)
+      for (int64_t t = 0; t < T; ++t) {
         for (int64_t h = 0; h < Hq; ++h) kernels::rope_rotate_at(&qr[(t * Hq + h) * hd], hd, rope, pos_ + t);
         for (int64_t h = 0; h < Hk; ++h) kernels::rope_rotate_at(&kr[(t * Hk + h) * hd], hd, rope, pos_ + t);
       }
-      for (int64_t h = 0; h < Hq; ++h) std::copy_n(&q[(t * Hq + h) * hd], hd, &qh[(h * T + t) * hd]);
+    if (observer_) observer_(l, T, qr, k_pre.data(), kr, v.data());
+    // [T, H, hd] token-major -> [1, H, T, hd] head-major.
+    const bool rope_in_attention = pre && T == 1;
+    const float* q_att = rope_in_attention ? q.data() : qr;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < Hq; ++h) std::copy_n(&q_att[(t * Hq + h) * hd], hd, &qh[(h * T + t) * hd]);
       for (int64_t h = 0; h < Hk; ++h) {
         std::copy_n(&k[(t * Hk + h) * hd], hd, &kh[(h * T + t) * hd]);
         std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
       }
     }
-    if (observer_) observer_(l, T, pre ? q_post.data() : q.data(), k_pre.data(), pre ? k_post.data() : k.data(), v.data());
     KVCache& cache = *caches_[l];
     const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}), kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
+    const TensorView q_view = TensorView::f32(qh.data(), {1, Hq, T, hd});
     AttentionOptions ao;
     ao.threads = threads_;
-    if (pre) ao.rope = rope;  // cache position 0 is token position 0
     Tensor y;
     if (T > 1) {
       // A prefill chunk attends over exact K/V (what the cache held before it, then the
-      // chunk itself); the cache compresses or evicts afterwards, for the decode steps
-      // (the paper compresses "at the end of prefill"; SnapKV/H2O score then evict).
+      // chunk itself) with rotated keys; the cache compresses or evicts afterwards, for
+      // the decode steps (the paper compresses "at the end of prefill"; SnapKV/H2O score
+      // then evict).
       FullKVCache exact;
       if (cache.offset() > 0) {
         const KVPair past = cache.fetch();
-        exact.update(past.keys.view(), past.values.view());
+        if (pre) {  // stored unrotated: rotate each to its position (cache position = token position)
+          std::vector<float> pk = past.keys.to_f32();
+          const int64_t P = past.keys.shape()[2];
+          for (int64_t h = 0; h < Hk; ++h)
+            for (int64_t p = 0; p < P; ++p) kernels::rope_rotate_at(&pk[(h * P + p) * hd], hd, rope, p);
+          exact.update(TensorView::f32(pk.data(), {1, Hk, P, hd}), past.values.view());
+        } else {
+          exact.update(past.keys.view(), past.values.view());
+        }
       }
-      exact.update(kv_k, kv_v);
-      y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), exact, ao);
+      if (pre) {
+        std::vector<float> kx(k.size());
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t h = 0; h < Hk; ++h) std::copy_n(&kr[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
+        exact.update(TensorView::f32(kx.data(), {1, Hk, T, hd}), kv_v);
+      } else {
+        exact.update(kv_k, kv_v);
+      }
+      y = attend(q_view, exact, ao);
       cache.update(kv_k, kv_v);
     } else {
       cache.update(kv_k, kv_v);
-      y = attend(TensorView::f32(qh.data(), {1, Hq, T, hd}), cache, ao);
+      if (rope_in_attention) ao.rope = rope;  // cache position 0 is token position 0
+      y = attend(q_view, cache, ao);
     }
     const float* yp = y.data_as<float>();
     for (int64_t h = 0; h < Hq; ++h)

@@ -68,7 +68,10 @@ TEST_P(Models, PreRopeKeysGiveTheSameModel) {
           return std::make_unique<AnchorKVCache>(lossless);  // the compressed kernel with RoPE
         },
         0, KeyRope::kPreRope);
-    std::vector<float> got = pre.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P), true);
+    // Two prefill chunks (the second attends over the first, fetched and rotated), then decode.
+    std::vector<float> got = pre.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P / 2), true);
+    const auto second = pre.forward(std::vector<int32_t>(tokens.begin() + P / 2, tokens.begin() + P), true);
+    got.insert(got.end(), second.begin(), second.end());
     for (size_t i = P; i < tokens.size(); ++i) {
       const auto step = pre.forward({tokens[i]});
       got.insert(got.end(), step.begin(), step.end());
