@@ -80,34 +80,7 @@ def rope(x, pos, base):
 
 
 def forward(W, cfg, tokens):
-    D, Hq, Hk, eps, base = cfg["dim"], cfg["heads"], cfg["kv_heads"], cfg["eps"], cfg["base"]
-    hd = D // Hq
-    T = len(tokens)
-    x = W["emb"][tokens]
-
-    def norm(v, g):
-        return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * g
-
-    for L in W["layers"]:
-        xn = norm(x, L["attn_norm"])
-        q = (xn @ L["wq"].T).reshape(T, Hq, hd)
-        k = (xn @ L["wk"].T).reshape(T, Hk, hd)
-        v = (xn @ L["wv"].T).reshape(T, Hk, hd)
-        for t in range(T):
-            q[t] = rope(q[t], t, base)
-            k[t] = rope(k[t], t, base)
-        out = np.zeros((T, Hq, hd))
-        for h in range(Hq):
-            kh = h // (Hq // Hk)
-            s = q[:, h] @ k[:, kh].T / np.sqrt(hd)
-            s = s + np.triu(np.full((T, T), -np.inf), 1)
-            p = np.exp(s - s.max(-1, keepdims=True))
-            out[:, h] = (p / p.sum(-1, keepdims=True)) @ v[:, kh]
-        x = x + out.reshape(T, D) @ L["wo"].T
-        xn = norm(x, L["ffn_norm"])
-        g = xn @ L["w_gate"].T
-        x = x + (g / (1 + np.exp(-g)) * (xn @ L["w_up"].T)) @ L["w_down"].T
-    return norm(x, W["final_norm"]) @ W["out"].T
+    return forward_general(W, cfg, tokens, rope)
 
 
 def gguf_model(path):
@@ -213,7 +186,9 @@ def rope_neox(x, pos, base):
 
 
 def forward_general(W, cfg, tokens, rope_fn):
-    D, Hq, Hk, eps, base, hd = cfg["dim"], cfg["heads"], cfg["kv_heads"], cfg["eps"], cfg["base"], cfg["hd"]
+    """float64 Llama forward: optional Q/K/V biases (bq, bk, bv), tied output when W has no "out"."""
+    D, Hq, Hk, eps, base = cfg["dim"], cfg["heads"], cfg["kv_heads"], cfg["eps"], cfg["base"]
+    hd = cfg.get("hd", D // Hq)
     T = len(tokens)
     x = W["emb"][tokens]
 
@@ -222,9 +197,9 @@ def forward_general(W, cfg, tokens, rope_fn):
 
     for L in W["layers"]:
         xn = norm(x, L["attn_norm"])
-        q = (xn @ L["wq"].T + L["bq"]).reshape(T, Hq, hd)
-        k = (xn @ L["wk"].T + L["bk"]).reshape(T, Hk, hd)
-        v = (xn @ L["wv"].T + L["bv"]).reshape(T, Hk, hd)
+        q = (xn @ L["wq"].T + L.get("bq", 0)).reshape(T, Hq, hd)
+        k = (xn @ L["wk"].T + L.get("bk", 0)).reshape(T, Hk, hd)
+        v = (xn @ L["wv"].T + L.get("bv", 0)).reshape(T, Hk, hd)
         for t in range(T):
             q[t] = rope_fn(q[t], t, base)
             k[t] = rope_fn(k[t], t, base)
@@ -239,7 +214,7 @@ def forward_general(W, cfg, tokens, rope_fn):
         xn = norm(x, L["ffn_norm"])
         g = xn @ L["w_gate"].T
         x = x + (g / (1 + np.exp(-g)) * (xn @ L["w_up"].T)) @ L["w_down"].T
-    return norm(x, W["final_norm"]) @ W["emb"].T
+    return norm(x, W["final_norm"]) @ W.get("out", W["emb"]).T
 
 
 def gpt2_bytes_to_unicode():
