@@ -182,6 +182,10 @@ void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, 
   });
 }
 
+void matmul_ref(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y) {
+  core::dot_matrix_ref(x, T, in, W, out, in, in, y, out);
+}
+
 LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads, KeyRope keys)
     : w_(weights), threads_(threads), keys_(keys) {
   for (int64_t l = 0; l < w_.config.n_layers; ++l) caches_.push_back(make_cache(l));
@@ -216,6 +220,12 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       k(static_cast<size_t>(T * Hk * hd)), v(k.size()), att(q.size()), o(x.size()),
       gate(static_cast<size_t>(T * c.hidden)), up(gate.size());
   for (int64_t t = 0; t < T; ++t) std::copy_n(&w_.embeddings[tokens[t] * D], D, &x[t * D]);
+  auto mm = [&](const float* x_, int64_t T_, int64_t in, const float* W, int64_t out, float* y_) {
+    if (reference_)
+      matmul_ref(x_, T_, in, W, out, y_);
+    else
+      matmul(x_, T_, in, W, out, y_, threads_);
+  };
   RopeOptions rope;
   rope.enabled = true;
   rope.base = c.rope_base;
@@ -224,9 +234,9 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_.layers[l];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
-    matmul(xn.data(), T, D, L.wq.data(), Hq * hd, q.data(), threads_);
-    matmul(xn.data(), T, D, L.wk.data(), Hk * hd, k.data(), threads_);
-    matmul(xn.data(), T, D, L.wv.data(), Hk * hd, v.data(), threads_);
+    mm(xn.data(), T, D, L.wq.data(), Hq * hd, q.data());
+    mm(xn.data(), T, D, L.wk.data(), Hk * hd, k.data());
+    mm(xn.data(), T, D, L.wv.data(), Hk * hd, v.data());
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
     add_bias(v.data(), T, L.bv);
@@ -265,6 +275,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     const TensorView q_view = TensorView::f32(qh.data(), {1, Hq, T, hd});
     AttentionOptions ao;
     ao.threads = threads_;
+    ao.reference = reference_;
     Tensor y;
     if (T > 1) {
       // A prefill chunk attends over exact K/V (what the cache held before it, then the
@@ -302,19 +313,19 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     const float* yp = y.data_as<float>();
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t t = 0; t < T; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);
-    matmul(att.data(), T, Hq * hd, L.wo.data(), D, o.data(), threads_);
+    mm(att.data(), T, Hq * hd, L.wo.data(), D, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
-    matmul(xn.data(), T, D, L.w_gate.data(), c.hidden, gate.data(), threads_);
-    matmul(xn.data(), T, D, L.w_up.data(), c.hidden, up.data(), threads_);
+    mm(xn.data(), T, D, L.w_gate.data(), c.hidden, gate.data());
+    mm(xn.data(), T, D, L.w_up.data(), c.hidden, up.data());
     for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
-    matmul(gate.data(), T, c.hidden, L.w_down.data(), D, o.data(), threads_);
+    mm(gate.data(), T, c.hidden, L.w_down.data(), D, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   const int64_t first = all_logits ? 0 : T - 1, n = T - first;
   for (int64_t t = first; t < T; ++t) rmsnorm(&x[t * D], w_.final_norm.data(), D, c.rms_eps, &xn[(t - first) * D]);
   std::vector<float> logits(static_cast<size_t>(n * c.vocab));
-  matmul(xn.data(), n, D, w_.output.data(), c.vocab, logits.data(), threads_);
+  mm(xn.data(), n, D, w_.output.data(), c.vocab, logits.data());
   pos_ += T;
   return logits;
 }

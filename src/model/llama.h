@@ -84,6 +84,9 @@ class LlamaModel {
   using LayerObserver = std::function<void(int64_t layer, int64_t T, const float* q, const float* k_pre,
                                            const float* k_post, const float* v)>;
   void set_observer(LayerObserver f) { observer_ = std::move(f); }
+  // Scalar reference kernels for every matmul and attention (tests compare the
+  // fast path with it).
+  void set_reference(bool on) { reference_ = on; }
 
  private:
   LayerObserver observer_;
@@ -91,11 +94,14 @@ class LlamaModel {
   std::vector<std::unique_ptr<KVCache>> caches_;
   int threads_;
   KeyRope keys_;
+  bool reference_ = false;
   int64_t pos_ = 0;
 };
 
 // y[t, o] = sum_i W[o, i] x[t, i]; x [T, in], W [out, in], y [T, out]. Threads
 // split the output rows (same bits for any thread count).
 void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y, int threads);
+// The same with scalar double-accumulation loops (reference).
+void matmul_ref(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y);
 
 }  // namespace anchorkv::model
