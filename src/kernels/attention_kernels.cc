@@ -11,6 +11,7 @@
 
 #include "core/bitpack.h"
 #include "core/buffer.h"
+#include "core/convert.h"
 #include "core/half.h"
 #include "core/linalg.h"
 #include "kernels/rope.h"
@@ -316,8 +317,23 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
   // Scores of the anchor approximation: gamma_t * (q . a_K(t)).
   thread_local std::vector<int64_t> tpos;  // token positions (RoPE only)
   if (cq.rope) tpos.resize(static_cast<size_t>(n));
-  // Compact rows derive anchors_before by binary search once, then step it.
-  int64_t before = row.compact ? row.meta_at(e0).anchors_before : 0;
+  // Coefficients of the chunk as floats (compact rows store fp16: one SIMD
+  // conversion here instead of one call per token).
+  thread_local std::vector<float> gk_buf;
+  const float* gk;
+  if (row.compact) {
+    gk_buf.resize(static_cast<size_t>(n));
+    core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(e0)], gk_buf.data(), n);
+    core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(e0)], coef_v, n);
+    gk = gk_buf.data();
+  } else {
+    gk = &row.k.coef[static_cast<size_t>(e0)];
+    std::copy_n(&row.v.coef[static_cast<size_t>(e0)], n, coef_v);
+  }
+  // Token positions are needed for causal masking and RoPE only. Compact rows
+  // derive anchors_before by binary search once, then step it.
+  const bool need_pos = masked || cq.rope != nullptr;
+  int64_t before = row.compact && need_pos ? row.meta_at(e0).anchors_before : 0;
   for (int64_t i = 0; i < n; ++i) {
     compress::Meta m;
     if (row.compact) {
@@ -326,14 +342,15 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       m.res_k = (w >> 15) & 1;
       m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
       m.res_v = (w >> 31) & 1;
-      while (before < row.n_anchor && row.anchor_pos[before] - before <= e0 + i) ++before;
-      m.anchors_before = static_cast<int32_t>(before);
+      if (need_pos) {
+        while (before < row.n_anchor && row.anchor_pos[before] - before <= e0 + i) ++before;
+        m.anchors_before = static_cast<int32_t>(before);
+      }
     } else {
       m = compress::unpack_meta(row.meta[e0 + i]);
     }
     ak[i] = m.anchor_k;
     av[i] = m.anchor_v;
-    coef_v[i] = row.coef_v(e0 + i);
     if (m.res_k) res_k.push_back(static_cast<int32_t>(i));
     if (m.res_v) res_v.push_back(static_cast<int32_t>(i));
     const int64_t pos = seg_pos0 + e0 + i + m.anchors_before;
@@ -341,12 +358,11 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       tpos[i] = pos;
       continue;
     }
-    const float gk = row.coef_k(e0 + i);
     if (!masked) {
-      for (int64_t g = 0; g < nq; ++g) s[g * n + i] = gk * cq.anchor_dot[g * k + ak[i]];
+      for (int64_t g = 0; g < nq; ++g) s[g * n + i] = gk[i] * cq.anchor_dot[g * k + ak[i]];
     } else {
       for (int64_t g = 0; g < nq; ++g)
-        s[g * n + i] = pos <= cq.qpos[g] ? gk * cq.anchor_dot[g * k + ak[i]] : kNegInf;
+        s[g * n + i] = pos <= cq.qpos[g] ? gk[i] * cq.anchor_dot[g * k + ak[i]] : kNegInf;
     }
   }
   // Pre-RoPE keys: q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
@@ -364,11 +380,10 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       const int64_t r = tpos[i] - p_first;
       std::copy_n(&rc[r * half], half, cs_row.data());
       std::copy_n(&rs[r * half], half, cs_row.data() + half);
-      const float gk = row.coef_k(e0 + i);
       for (int64_t g = 0; g < nq; ++g) {
         const float* csg = cq.cs + (g * k + ak[i]) * D;
         s[g * n + i] = (!masked || tpos[i] <= cq.qpos[g])
-                           ? gk * (reference ? core::dot_ref(csg, cs_row.data(), D) : core::dot(csg, cs_row.data(), D))
+                           ? gk[i] * (reference ? core::dot_ref(csg, cs_row.data(), D) : core::dot(csg, cs_row.data(), D))
                            : kNegInf;
       }
     }
