@@ -1,5 +1,6 @@
 #include "model/tokenizer.h"
 
+#include <cctype>
 #include <cstdio>
 #include <queue>
 
@@ -35,8 +36,16 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
   for (auto& b : byte_token_) b = -1;
   for (size_t i = 0; i < n; ++i) {
     if (types_[i] == kByte) {
-      unsigned v = 0;
-      if (pieces_[i].size() == 6 && std::sscanf(pieces_[i].c_str(), "<0x%2X>", &v) == 1) byte_token_[v] = static_cast<int32_t>(i);
+      // Exactly "<0xHH>" with two hex digits (anything else is not a byte token).
+      const std::string& p = pieces_[i];
+      auto hex = [](char ch) {
+        return std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
+               : (ch >= 'A' && ch <= 'F')                    ? ch - 'A' + 10
+               : (ch >= 'a' && ch <= 'f')                    ? ch - 'a' + 10
+                                                             : -1;
+      };
+      if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>' && hex(p[3]) >= 0 && hex(p[4]) >= 0)
+        byte_token_[hex(p[3]) * 16 + hex(p[4])] = static_cast<int32_t>(i);
       continue;
     }
     if (types_[i] == kNormal || types_[i] == kUserDefined || types_[i] == kUnused) index_.emplace(pieces_[i], static_cast<int32_t>(i));

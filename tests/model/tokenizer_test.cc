@@ -73,6 +73,16 @@ TEST(Tokenizer, SharedTinyModelIsByteLevel) {
   EXPECT_EQ(b.encode("ab", true), (std::vector<int32_t>{1, 3 + 'a', 3 + 'b'}));
 }
 
+TEST(Tokenizer, MalformedByteTokensAreIgnored) {
+  // Type BYTE but not "<0xHH>": never a byte token (the fuzzer found "<0x-2>" indexing out of bounds).
+  const std::vector<std::string> p = {"<unk>", "<0x-2>", "<0x4G>", "<0x41>", "<0x4a>"};
+  const std::vector<int32_t> t = {Tokenizer::kUnknown, Tokenizer::kByte, Tokenizer::kByte, Tokenizer::kByte,
+                                  Tokenizer::kByte};
+  const Tokenizer tok(p, std::vector<float>(p.size(), 0.0f), t, -1, -1, 0, false);
+  EXPECT_EQ(tok.encode("AJB", false), (std::vector<int32_t>{3, 4, 0}));  // 'B' has no byte token: <unk>
+  EXPECT_EQ(tok.decode({3, 4}), "AJ");
+}
+
 // ---------------------------------------------------------------- byte-level BPE
 
 using Chunks = std::vector<std::string>;
