@@ -19,6 +19,7 @@
 
 namespace anchorkv {
 namespace {
+constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
 
 constexpr const char* kOp = "anchorkv::attend";
 constexpr int64_t kTile = 512;        // tokens per kernel call (bounds scratch)
@@ -143,7 +144,13 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     if (rope->style != RopeStyle::kNormal && rope->style != RopeStyle::kNeox)
       core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
     if (rope->position_offset < 0) core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
+    if (rope->position_offset > kMaxRopePosition - plan.n_total)
+      core::fail(ErrorCode::kInvalidArgument, kOp,
+                 "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
   }
+  // cos/sin rows for every key position, shared across calls (kernels/rope.h).
+  std::shared_ptr<const kernels::RopeTable> rtab;
+  if (rope) rtab = kernels::shared_rope_table(rope->base, plan.D, plan.n_total + rope->position_offset);
 
   const int64_t B = plan.B, H = plan.H, D = plan.D, Hq = qs[1], Sq = qs[2], G = Hq / H, nq = G * Sq;
   const int64_t R = B * H;
@@ -236,8 +243,10 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
       const float* ak_scores = p.ak.data();
       if (rope) {  // anchors rotated to their positions score like any key
         ak_rot = p.ak;
-        for (int64_t j = 0; j < k; ++j)
-          kernels::rope_rotate_at(&ak_rot[j * D], D, *rope, plan.seg_pos0 + p.anchor_pos[j] + rope->position_offset);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t pos = plan.seg_pos0 + p.anchor_pos[j] + rope->position_offset;
+          kernels::rope_rotate(&ak_rot[j * D], D, rope->style, rtab->c(pos), rtab->s(pos));
+        }
         ak_scores = ak_rot.data();
         const int64_t half = D / 2;
         p.cs.resize(static_cast<size_t>(nq * k * D));
@@ -305,7 +314,7 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     if (c.kind == Chunk::kAnchors) {
       const compress::CompressedRow& row = st->segment[r];
       const RowPrep& p = prep[r];
-      kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data()};
+      kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data(), rtab.get()};
       // Anchor weights land directly in this chunk's w ([nq, k] with stride k_max).
       tw.resize(static_cast<size_t>(nq * row.n_anchor));
       kernels::PartialView v{out_view.m, out_view.l, out_view.acc, tw.data(), out_view.rot};
@@ -330,7 +339,7 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
         kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
         if (rope)
           kernels::dense_chunk_rope(q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, *rope,
-                                    t, scratch.data(), opt.reference);
+                                    *rtab, t, scratch.data(), opt.reference);
         else
           (opt.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(
               q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, t, scratch.data());
@@ -347,7 +356,7 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     const int64_t e_end = std::min(c.b, row.n_other());
     if (c.a >= e_end) return;
     const int64_t k = row.n_anchor;
-    kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data()};
+    kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data(), rtab.get()};
     int64_t entry_chunk = 0;
     for (int64_t i = 0; i < ci; ++i) entry_chunk += chunks[static_cast<size_t>(i)].kind == Chunk::kEntries;
     int64_t sk = p.slot_k[entry_chunk], sv = p.slot_v[entry_chunk];

@@ -258,26 +258,28 @@ void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint
 }
 
 void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
-                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, PartialView out, float* scratch,
-                      bool reference) {
-  const int64_t half = D / 2;
-  float* s = scratch;             // [nq, n]
-  float* row = scratch + nq * n;  // [D]
-  thread_local std::vector<float> c, sn;
-  c.resize(static_cast<size_t>(n * half));
-  sn.resize(c.size());
-  rope_table(pos0 + rope.position_offset, n, D, rope.base, c.data(), sn.data());
+                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, const RopeTable& table,
+                      PartialView out, float* scratch, bool reference) {
+  float* s = scratch;              // [nq, n]
+  float* keys = scratch + nq * n;  // [n, D] keys rotated to their positions, then one value row
   for (int64_t i = 0; i < n; ++i) {
-    core::half_to_float_n(K16 + i * D, row, D);
-    rope_rotate(row, D, rope.style, &c[i * half], &sn[i * half]);
-    for (int64_t g = 0; g < nq; ++g)
-      s[g * n + i] = pos0 + i <= qpos[g] ? (reference ? core::dot_ref(q + g * D, row, D) : core::dot(q + g * D, row, D))
-                                         : kNegInf;
+    float* row = keys + i * D;
+    core::f16_to_f32_n(K16 + i * D, row, D);
+    const int64_t p = pos0 + i + rope.position_offset;
+    rope_rotate(row, D, rope.style, table.c(p), table.s(p));
   }
+  if (reference)
+    core::dot_matrix_ref(q, nq, D, keys, n, D, D, s, n);
+  else
+    core::dot_matrix(q, nq, D, keys, n, D, D, s, n);
+  for (int64_t g = 0; g < nq; ++g)
+    for (int64_t i = 0; i < n; ++i)
+      if (pos0 + i > qpos[g]) s[g * n + i] = kNegInf;
   softmax_stats(s, nq, n, out.m, out.l, reference);
   std::fill_n(out.acc, nq * D, 0.0f);
+  float* row = keys;
   for (int64_t i = 0; i < n; ++i) {
-    core::half_to_float_n(V16 + i * D, row, D);
+    core::f16_to_f32_n(V16 + i * D, row, D);
     for (int64_t g = 0; g < nq; ++g) {
       if (reference)
         core::axpy_ref(s[g * n + i], row, out.acc + g * D, D);
@@ -366,20 +368,14 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
     }
   }
   // Pre-RoPE keys: q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
-  thread_local std::vector<float> rc, rs, cs_row;
   const int64_t half = D / 2;
-  int64_t p_first = 0;
   if (cq.rope) {
-    p_first = tpos[0];
-    const int64_t span = tpos[n - 1] - p_first + 1;
-    rc.resize(static_cast<size_t>(span * half));
-    rs.resize(rc.size());
-    rope_table(p_first + cq.rope->position_offset, span, D, cq.rope->base, rc.data(), rs.data());
+    thread_local std::vector<float> cs_row;
     cs_row.resize(static_cast<size_t>(D));
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t r = tpos[i] - p_first;
-      std::copy_n(&rc[r * half], half, cs_row.data());
-      std::copy_n(&rs[r * half], half, cs_row.data() + half);
+      const int64_t p = tpos[i] + cq.rope->position_offset;
+      std::copy_n(cq.table->c(p), half, cs_row.data());
+      std::copy_n(cq.table->s(p), half, cs_row.data() + half);
       for (int64_t g = 0; g < nq; ++g) {
         const float* csg = cq.cs + (g * k + ak[i]) * D;
         s[g * n + i] = (!masked || tpos[i] <= cq.qpos[g])
@@ -399,8 +395,8 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       // once, and shared by every query of the group (one transform per token,
       // not one per token and query).
       codec.rotation().inverse(z, z);
-      const int64_t rr = tpos[i] - p_first;
-      rope_rotate(z, D, cq.rope->style, &rc[rr * half], &rs[rr * half]);
+      const int64_t p = tpos[i] + cq.rope->position_offset;
+      rope_rotate(z, D, cq.rope->style, cq.table->c(p), cq.table->s(p));
       for (int64_t g = 0; g < nq; ++g) {
         if (s[g * n + i] == kNegInf) continue;
         const float* qg = cq.q + g * D;

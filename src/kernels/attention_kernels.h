@@ -13,6 +13,7 @@
 #include "anchorkv/attention.h"
 #include "compress/codec.h"
 #include "compress/segment.h"
+#include "kernels/rope.h"
 
 namespace anchorkv::kernels {
 
@@ -48,13 +49,15 @@ struct CompressedQueries {
   // so that q . RoPE_t(a) = sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
   const RopeOptions* rope = nullptr;
   const float* cs = nullptr;
+  const RopeTable* table = nullptr;  // covers every key position + rope->position_offset
 };
 
 // Dense fp16 tokens whose keys are pre-RoPE: each key is rotated to its
-// position (pos + rope.position_offset) before the dot. scratch: n * nq + D floats.
+// position (pos + rope.position_offset, rows of `table`) before the dot.
+// scratch: n * nq + n * D floats.
 void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
-                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, PartialView out, float* scratch,
-                      bool reference);
+                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, const RopeTable& table,
+                      PartialView out, float* scratch, bool reference);
 
 // The anchors of a compressed row as tokens (gamma = 1, own value): scores
 // anchor_dot, values accumulate into w[j]. anchor_pos: positions (only read

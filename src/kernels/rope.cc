@@ -1,6 +1,8 @@
 #include "kernels/rope.h"
 
+#include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 namespace anchorkv::kernels {
@@ -19,6 +21,37 @@ void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out,
       c = nc;
     }
   }
+}
+
+std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n) {
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<const RopeTable>> tables;  // one per (base, D)
+  std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<const RopeTable>* slot = nullptr;
+  for (auto& t : tables)
+    if (t->base == base && t->D == D) slot = &t;
+  if (slot && (*slot)->n >= n) return *slot;
+  auto t = std::make_shared<RopeTable>();
+  t->base = base;
+  t->D = D;
+  const int64_t have = slot ? (*slot)->n : 0;
+  t->n = std::max<int64_t>((n + kRopeBlock - 1) / kRopeBlock, 2 * have / kRopeBlock) * kRopeBlock;
+  const int64_t half = D / 2;
+  t->cos.resize(static_cast<size_t>(t->n * half));
+  t->sin.resize(t->cos.size());
+  if (slot) {
+    std::copy((*slot)->cos.begin(), (*slot)->cos.end(), t->cos.begin());
+    std::copy((*slot)->sin.begin(), (*slot)->sin.end(), t->sin.begin());
+  }
+  for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock)
+    rope_table(p0, kRopeBlock, D, base, &t->cos[static_cast<size_t>(p0 * half)], &t->sin[static_cast<size_t>(p0 * half)]);
+  if (slot) {
+    *slot = t;
+  } else {
+    if (tables.size() >= 8) tables.erase(tables.begin());  // a few (base, D) pairs per process
+    tables.push_back(t);
+  }
+  return t;
 }
 
 void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse) {

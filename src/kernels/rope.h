@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "anchorkv/attention.h"
 
@@ -17,6 +19,22 @@ inline int64_t rope_y(RopeStyle style, int64_t i, int64_t D) {
 // cos/sin of p * theta_i for p = pos0 .. pos0 + n - 1, i < D/2: [n, D/2] each.
 // Exact sincos at pos0, then the angle-addition recurrence in double.
 void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out);
+
+// cos/sin of p * theta_i for positions p in [0, n), rows of D/2, shared by
+// every attend() call with the same (base, D): built once, extended in blocks
+// of kRopeBlock positions (each block starts from exact sincos, so an entry
+// never depends on how the table grew), and immutable once published. Costs
+// 4 * D bytes per position (a 32k context at D = 128: 16 MiB in all).
+struct RopeTable {
+  double base = 0;
+  int64_t D = 0, n = 0;
+  std::vector<float> cos, sin;  // [n, D/2]
+  const float* c(int64_t p) const { return &cos[static_cast<size_t>(p * (D / 2))]; }
+  const float* s(int64_t p) const { return &sin[static_cast<size_t>(p * (D / 2))]; }
+};
+inline constexpr int64_t kRopeBlock = 1024;
+// A table covering at least [0, n). Thread-safe.
+std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n);
 
 // Rotate x [D] in place by the angles of one table row (inverse: by minus them).
 void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse = false);
