@@ -1,0 +1,50 @@
+#include "kernels/rope.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+namespace anchorkv::kernels {
+namespace {
+
+TEST(RopeTable, MatchesExactAnglesAndDoesNotDependOnHowItGrew) {
+  const int64_t D = 64, half = D / 2;
+  const double base = 12345.0;  // a base no other test uses: this test sees the table grow
+  const auto small = shared_rope_table(base, D, 10);
+  ASSERT_GE(small->n, 10);
+  EXPECT_EQ(small->n % kRopeBlock, 0);
+  const auto big = shared_rope_table(base, D, 3 * kRopeBlock + 5);
+  ASSERT_GE(big->n, 3 * kRopeBlock + 5);
+  EXPECT_GE(small->n, 10);  // the old snapshot stays valid for its holders
+  EXPECT_EQ(shared_rope_table(base, D, 7).get(), big.get());  // covered: no rebuild
+  // Every entry is a function of (base, D, p) alone: the same as a table built in one go
+  // (rope_table from each block's exact start), and within 1e-6 of exact sincos.
+  for (int64_t p : {int64_t{0}, int64_t{1}, kRopeBlock - 1, kRopeBlock, 2 * kRopeBlock + 17, 3 * kRopeBlock + 4}) {
+    std::vector<float> c(half), s(half);
+    const int64_t block = p / kRopeBlock * kRopeBlock;
+    std::vector<float> bc(static_cast<size_t>(kRopeBlock * half)), bs(bc.size());
+    rope_table(block, kRopeBlock, D, base, bc.data(), bs.data());
+    for (int64_t i = 0; i < half; ++i) {
+      EXPECT_EQ(big->c(p)[i], bc[(p - block) * half + i]) << p << "," << i;
+      EXPECT_EQ(big->s(p)[i], bs[(p - block) * half + i]) << p << "," << i;
+      const double ang = static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / D);
+      EXPECT_NEAR(big->c(p)[i], std::cos(ang), 1e-6);
+      EXPECT_NEAR(big->s(p)[i], std::sin(ang), 1e-6);
+    }
+  }
+}
+
+TEST(RopeTable, ConcurrentRequestsAgree) {
+  std::vector<std::shared_ptr<const RopeTable>> got(4);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] { got[t] = shared_rope_table(777.0, 32, (t + 1) * 1500); });
+  for (auto& t : ts) t.join();
+  for (const auto& g : got)
+    for (int64_t p = 0; p < 1500; ++p) ASSERT_EQ(g->c(p)[3], got[3]->c(p)[3]);
+}
+
+}  // namespace
+}  // namespace anchorkv::kernels
