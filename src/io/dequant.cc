@@ -13,11 +13,14 @@
 //   Q4_K  256    144    d, dmin, scales[12], qs[128]         8 groups of 32, 6-bit scale + 6-bit min
 //   Q5_K  256    176    d, dmin, scales[12], qh[32], qs[128] as Q4_K plus a fifth bit
 //   Q6_K  256    210    ql[128], qh[64], scales[16] (int8), d  16 groups of 16
+#include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "core/convert.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "io/dequant_simd.h"
 #include "io/gguf.h"
 
 namespace anchorkv::io {
@@ -178,21 +181,43 @@ bool can_dequantize(GgmlType type) {
   }
 }
 
-void dequantize_row(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
+namespace {
+void check_row(GgmlType type, int64_t n, int64_t* be, int64_t* bb) {
   constexpr const char* kOp = "anchorkv::dequantize_row";
-  int64_t be = 0, bb = 0;
-  if (!can_dequantize(type) || !ggml_block(type, &be, &bb))
+  if (!can_dequantize(type) || !ggml_block(type, be, bb))
     core::fail(ErrorCode::kUnsupported, kOp, std::string("tensor type ") + ggml_type_name(type) + " is not supported");
-  if (n < 0 || n % be != 0)
+  if (n < 0 || n % *be != 0)
     core::fail(ErrorCode::kInvalidArgument, kOp,
                std::to_string(n) + " elements is not a multiple of the " + ggml_type_name(type) + " block of " +
-                   std::to_string(be));
+                   std::to_string(*be));
+}
+}  // namespace
+
+void dequantize_row(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
+  int64_t be = 0, bb = 0;
+  check_row(type, n, &be, &bb);
+  const int simd = type == GgmlType::kQ8_0   ? kSimdQ8_0
+                   : type == GgmlType::kQ4_0 ? kSimdQ4_0
+                   : type == GgmlType::kQ4_K ? kSimdQ4_K
+                   : type == GgmlType::kQ6_K ? kSimdQ6_K
+                                             : 0;
+  if (simd != 0 && dequant_blocks_simd(simd, src, n / be, dst)) return;
+  dequantize_row_ref(type, src, n, dst);
+}
+
+void dequantize_row_ref(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
+  int64_t be = 0, bb = 0;
+  check_row(type, n, &be, &bb);
   switch (type) {
     case GgmlType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
       return;
     case GgmlType::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_at(src + 2 * i);
+      if (reinterpret_cast<uintptr_t>(src) % alignof(uint16_t) == 0) {
+        core::f16_to_f32_n(reinterpret_cast<const uint16_t*>(src), dst, n);  // SIMD
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = f16_at(src + 2 * i);
+      }
       return;
     case GgmlType::kBF16:
       for (int64_t i = 0; i < n; ++i) {

@@ -93,6 +93,8 @@ class GgufFile {
 bool can_dequantize(GgmlType type);
 // Dequantize n elements (a multiple of the block size) of a row to f32.
 // Throws Error(kUnsupported) for other types, kInvalidArgument for a bad n.
+// Q8_0, Q4_0, Q4_K and Q6_K run SIMD kernels, bit-identical to the scalar reference.
 void dequantize_row(GgmlType type, const uint8_t* src, int64_t n, float* dst);
+void dequantize_row_ref(GgmlType type, const uint8_t* src, int64_t n, float* dst);
 
 }  // namespace anchorkv::io

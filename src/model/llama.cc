@@ -17,7 +17,7 @@ namespace anchorkv::model {
 namespace {
 constexpr const char* kLoad = "anchorkv::load_model";
 
-std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name, std::vector<int64_t> expect_dims) {
+const io::GgufTensor& checked(const io::GgufFile& f, const std::string& name, const std::vector<int64_t>& expect_dims) {
   const io::GgufTensor& t = f.tensor(name);
   if (t.dims != expect_dims) {
     std::string got, want;
@@ -25,12 +25,37 @@ std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name, s
     for (auto d : expect_dims) want += std::to_string(d) + " ";
     core::fail(ErrorCode::kCorruptFile, kLoad, "tensor '" + name + "' has dims [ " + got + "], expected [ " + want + "]");
   }
+  if (!io::can_dequantize(t.type))
+    core::fail(ErrorCode::kUnsupported, kLoad,
+               "tensor '" + name + "' has type " + io::ggml_type_name(t.type) + ", which this runtime cannot read");
+  return t;
+}
+
+// A vector (norm weights, biases) as f32.
+std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name, std::vector<int64_t> expect_dims) {
+  const io::GgufTensor& t = checked(f, name, expect_dims);
   std::vector<float> out(static_cast<size_t>(t.n_elements));
   int64_t be = 0, bb = 0;
   io::ggml_block(t.type, &be, &bb);
   const int64_t row = t.dims[0], rows = t.n_elements / row, row_bytes = row / be * bb;
   for (int64_t r = 0; r < rows; ++r) io::dequantize_row(t.type, t.data + r * row_bytes, row, &out[r * row]);
   return out;
+}
+
+// A matrix GGUF stores with dims [cols, rows], kept in its type.
+Weight read_weight(const io::GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+  const io::GgufTensor& t = checked(f, name, {cols, rows});
+  Weight w;
+  w.type = t.type;
+  w.rows = rows;
+  w.cols = cols;
+  if (t.type == io::GgmlType::kF32) {
+    w.f32.resize(static_cast<size_t>(t.n_elements));
+    std::memcpy(w.f32.data(), t.data, static_cast<size_t>(t.n_bytes));
+  } else {
+    w.blocks.assign(t.data, t.data + t.n_bytes);
+  }
+  return w;
 }
 }  // namespace
 
@@ -86,26 +111,26 @@ LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
   const auto& emb = f.tensor("token_embd.weight");
   c.vocab = emb.dims.size() == 2 ? emb.dims[1] : 0;
   const int64_t D = c.dim, hd = c.head_dim, kv = c.n_kv_heads * hd;
-  w.embeddings = read_tensor(f, "token_embd.weight", {D, c.vocab});
+  w.embeddings = read_weight(f, "token_embd.weight", D, c.vocab);
   w.final_norm = read_tensor(f, "output_norm.weight", {D});
-  w.output = f.find_tensor("output.weight") ? read_tensor(f, "output.weight", {D, c.vocab}) : w.embeddings;
+  if (f.find_tensor("output.weight")) w.output_weight = read_weight(f, "output.weight", D, c.vocab);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     LlamaLayer L;
     L.attn_norm = read_tensor(f, p + "attn_norm.weight", {D});
-    L.wq = read_tensor(f, p + "attn_q.weight", {D, c.n_heads * hd});
-    L.wk = read_tensor(f, p + "attn_k.weight", {D, kv});
-    L.wv = read_tensor(f, p + "attn_v.weight", {D, kv});
+    L.wq = read_weight(f, p + "attn_q.weight", D, c.n_heads * hd);
+    L.wk = read_weight(f, p + "attn_k.weight", D, kv);
+    L.wv = read_weight(f, p + "attn_v.weight", D, kv);
     if (qkv_bias) {
       L.bq = read_tensor(f, p + "attn_q.bias", {c.n_heads * hd});
       L.bk = read_tensor(f, p + "attn_k.bias", {kv});
       L.bv = read_tensor(f, p + "attn_v.bias", {kv});
     }
-    L.wo = read_tensor(f, p + "attn_output.weight", {c.n_heads * hd, D});
+    L.wo = read_weight(f, p + "attn_output.weight", c.n_heads * hd, D);
     L.ffn_norm = read_tensor(f, p + "ffn_norm.weight", {D});
-    L.w_gate = read_tensor(f, p + "ffn_gate.weight", {D, c.hidden});
-    L.w_up = read_tensor(f, p + "ffn_up.weight", {D, c.hidden});
-    L.w_down = read_tensor(f, p + "ffn_down.weight", {c.hidden, D});
+    L.w_gate = read_weight(f, p + "ffn_gate.weight", D, c.hidden);
+    L.w_up = read_weight(f, p + "ffn_up.weight", D, c.hidden);
+    L.w_down = read_weight(f, p + "ffn_down.weight", c.hidden, D);
     w.layers.push_back(std::move(L));
   }
   return w;
@@ -157,14 +182,25 @@ LlamaWeights load_llama2c(const std::string& path) {
     for (int64_t l = 0; l < L; ++l) out[l].assign(all.begin() + l * per, all.begin() + (l + 1) * per);
     return out;
   };
-  w.embeddings = take(c.vocab * D);
+  w.embeddings = Weight::from_f32(take(c.vocab * D), c.vocab, D);
   auto att_norm = split(D), wq = split(D * D), wk = split(kv * D), wv = split(kv * D), wo = split(D * D),
        ffn_norm = split(D), w1 = split(Hd * D), w2 = split(D * Hd), w3 = split(Hd * D);
   w.final_norm = take(D);
   take(c.context * c.head_dim);  // freq_cis_real and freq_cis_imag (RoPE is computed instead)
-  w.output = shared ? w.embeddings : take(c.vocab * D);
-  for (int64_t l = 0; l < L; ++l)
-    w.layers.push_back({att_norm[l], wq[l], wk[l], wv[l], wo[l], ffn_norm[l], w1[l], w3[l], w2[l]});
+  if (!shared) w.output_weight = Weight::from_f32(take(c.vocab * D), c.vocab, D);
+  for (int64_t l = 0; l < L; ++l) {
+    LlamaLayer layer;
+    layer.attn_norm = std::move(att_norm[l]);
+    layer.ffn_norm = std::move(ffn_norm[l]);
+    layer.wq = Weight::from_f32(std::move(wq[l]), D, D);
+    layer.wk = Weight::from_f32(std::move(wk[l]), kv, D);
+    layer.wv = Weight::from_f32(std::move(wv[l]), kv, D);
+    layer.wo = Weight::from_f32(std::move(wo[l]), D, D);
+    layer.w_gate = Weight::from_f32(std::move(w1[l]), Hd, D);
+    layer.w_up = Weight::from_f32(std::move(w3[l]), Hd, D);
+    layer.w_down = Weight::from_f32(std::move(w2[l]), D, Hd);
+    w.layers.push_back(std::move(layer));
+  }
   return w;
 }
 
@@ -173,17 +209,64 @@ LlamaWeights load_model(const std::string& path) {
   return gguf ? load_gguf(path) : load_llama2c(path);
 }
 
-void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y, int threads) {
-  constexpr int64_t kRows = 64;
-  const int64_t tasks = (out + kRows - 1) / kRows;
-  core::parallel_for(tasks, threads, [&](int64_t t) {
-    const int64_t o0 = t * kRows, n = std::min(kRows, out - o0);
-    core::dot_matrix(x, T, in, W + o0 * in, n, in, in, y + o0, out);
+Weight Weight::from_f32(std::vector<float> data, int64_t rows, int64_t cols) {
+  Weight w;
+  w.rows = rows;
+  w.cols = cols;
+  w.f32 = std::move(data);
+  return w;
+}
+
+int64_t Weight::row_bytes() const {
+  int64_t be = 1, bb = 4;
+  io::ggml_block(type, &be, &bb);
+  return cols / be * bb;
+}
+
+void Weight::row(int64_t r, float* out) const {
+  if (type == io::GgmlType::kF32)
+    std::copy_n(&f32[static_cast<size_t>(r * cols)], cols, out);
+  else
+    io::dequantize_row(type, &blocks[static_cast<size_t>(r * row_bytes())], cols, out);
+}
+
+int64_t LlamaWeights::bytes() const {
+  int64_t b = embeddings.bytes() + output_weight.bytes() + static_cast<int64_t>(final_norm.size()) * 4;
+  for (const auto& L : layers) {
+    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
+    b += static_cast<int64_t>(L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size()) * 4;
+  }
+  return b;
+}
+
+void matmul(const float* x, int64_t T, const Weight& W, float* y, int threads) {
+  const int64_t in = W.cols, out = W.rows;
+  if (W.type == io::GgmlType::kF32) {
+    constexpr int64_t kRows = 64;
+    core::parallel_for((out + kRows - 1) / kRows, threads, [&](int64_t t) {
+      const int64_t o0 = t * kRows, n = std::min(kRows, out - o0);
+      core::dot_matrix(x, T, in, W.f32.data() + o0 * in, n, in, in, y + o0, out);
+    });
+    return;
+  }
+  // Quantized rows: dequantize a tile of rows into a per-thread buffer (L2-sized),
+  // then the same SIMD kernel as for f32 weights.
+  const int64_t rows_per_tile = std::clamp<int64_t>((int64_t{64} << 10) / std::max<int64_t>(in, 1), 1, 64);
+  core::parallel_for((out + rows_per_tile - 1) / rows_per_tile, threads, [&](int64_t t) {
+    thread_local std::vector<float> tile;
+    const int64_t o0 = t * rows_per_tile, n = std::min(rows_per_tile, out - o0);
+    tile.resize(static_cast<size_t>(n * in));
+    for (int64_t r = 0; r < n; ++r) W.row(o0 + r, &tile[static_cast<size_t>(r * in)]);
+    core::dot_matrix(x, T, in, tile.data(), n, in, in, y + o0, out);
   });
 }
 
-void matmul_ref(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y) {
-  core::dot_matrix_ref(x, T, in, W, out, in, in, y, out);
+void matmul_ref(const float* x, int64_t T, const Weight& W, float* y) {
+  std::vector<float> row(static_cast<size_t>(W.cols));
+  for (int64_t o = 0; o < W.rows; ++o) {
+    W.row(o, row.data());
+    core::dot_matrix_ref(x, T, W.cols, row.data(), 1, W.cols, W.cols, y + o, W.rows);
+  }
 }
 
 LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads, KeyRope keys)
@@ -219,12 +302,12 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   std::vector<float> x(static_cast<size_t>(T * D)), xn(x.size()), q(static_cast<size_t>(T * Hq * hd)),
       k(static_cast<size_t>(T * Hk * hd)), v(k.size()), att(q.size()), o(x.size()),
       gate(static_cast<size_t>(T * c.hidden)), up(gate.size());
-  for (int64_t t = 0; t < T; ++t) std::copy_n(&w_.embeddings[tokens[t] * D], D, &x[t * D]);
-  auto mm = [&](const float* x_, int64_t T_, int64_t in, const float* W, int64_t out, float* y_) {
+  for (int64_t t = 0; t < T; ++t) w_.embeddings.row(tokens[t], &x[t * D]);
+  auto mm = [&](const float* x_, int64_t T_, const Weight& W, float* y_) {
     if (reference_)
-      matmul_ref(x_, T_, in, W, out, y_);
+      matmul_ref(x_, T_, W, y_);
     else
-      matmul(x_, T_, in, W, out, y_, threads_);
+      matmul(x_, T_, W, y_, threads_);
   };
   RopeOptions rope;
   rope.enabled = true;
@@ -234,9 +317,9 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_.layers[l];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
-    mm(xn.data(), T, D, L.wq.data(), Hq * hd, q.data());
-    mm(xn.data(), T, D, L.wk.data(), Hk * hd, k.data());
-    mm(xn.data(), T, D, L.wv.data(), Hk * hd, v.data());
+    mm(xn.data(), T, L.wq, q.data());
+    mm(xn.data(), T, L.wk, k.data());
+    mm(xn.data(), T, L.wv, v.data());
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
     add_bias(v.data(), T, L.bv);
@@ -313,19 +396,19 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     const float* yp = y.data_as<float>();
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t t = 0; t < T; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);
-    mm(att.data(), T, Hq * hd, L.wo.data(), D, o.data());
+    mm(att.data(), T, L.wo, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
-    mm(xn.data(), T, D, L.w_gate.data(), c.hidden, gate.data());
-    mm(xn.data(), T, D, L.w_up.data(), c.hidden, up.data());
+    mm(xn.data(), T, L.w_gate, gate.data());
+    mm(xn.data(), T, L.w_up, up.data());
     for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
-    mm(gate.data(), T, c.hidden, L.w_down.data(), D, o.data());
+    mm(gate.data(), T, L.w_down, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   const int64_t first = all_logits ? 0 : T - 1, n = T - first;
   for (int64_t t = first; t < T; ++t) rmsnorm(&x[t * D], w_.final_norm.data(), D, c.rms_eps, &xn[(t - first) * D]);
   std::vector<float> logits(static_cast<size_t>(n * c.vocab));
-  mm(xn.data(), n, D, w_.output.data(), c.vocab, logits.data());
+  mm(xn.data(), n, w_.output(), logits.data());
   pos_ += T;
   return logits;
 }

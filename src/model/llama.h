@@ -8,8 +8,10 @@
 //
 // Architectures: `llama` and `mistral` (RoPE on adjacent pairs, as GGUF stores
 // them), `qwen2` (Q/K/V biases, NeoX pairing: i with i + hd/2), llama2.c
-// checkpoints. Weights of any type dequantize_row reads are expanded to f32 at
-// load (4 bytes per weight in memory).
+// checkpoints. Weight matrices stay in their file type (F16, Q8_0, Q4_K, ...:
+// any type dequantize_row reads) and are dequantized tile by tile inside the
+// matmul, so memory and decode bandwidth are those of the file; norms and
+// biases are f32.
 //
 // Shapes (row-major): embeddings [vocab, dim]; wq [n_heads*hd, dim];
 // wk, wv [n_kv*hd, dim]; wo [dim, n_heads*hd]; w_gate, w_up [hidden, dim];
@@ -24,6 +26,7 @@
 
 #include "anchorkv/attention.h"
 #include "anchorkv/cache.h"
+#include "io/gguf.h"
 
 namespace anchorkv::io {
 class GgufFile;
@@ -40,15 +43,33 @@ struct LlamaConfig {
   std::string architecture;
 };
 
+// A weight matrix [rows, cols] (row-major: a row's cols are contiguous) in its
+// file type: F32 as floats, any other GGML type as its blocks.
+struct Weight {
+  io::GgmlType type = io::GgmlType::kF32;
+  int64_t rows = 0, cols = 0;
+  std::vector<float> f32;       // type F32: rows * cols
+  std::vector<uint8_t> blocks;  // other types: rows * row_bytes()
+  static Weight from_f32(std::vector<float> data, int64_t rows, int64_t cols);
+  int64_t row_bytes() const;
+  void row(int64_t r, float* out) const;  // row r as floats [cols]
+  int64_t bytes() const { return static_cast<int64_t>(f32.size() * 4 + blocks.size()); }
+};
+
 struct LlamaLayer {
-  std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+  std::vector<float> attn_norm, ffn_norm;
+  Weight wq, wk, wv, wo, w_gate, w_up, w_down;
   std::vector<float> bq, bk, bv;  // empty when the architecture has no attention biases
 };
 
 struct LlamaWeights {
   LlamaConfig config;
-  std::vector<float> embeddings, final_norm, output;
+  Weight embeddings;             // [vocab, dim]
+  std::vector<float> final_norm;
+  Weight output_weight;          // [vocab, dim]; empty when tied to the embeddings
   std::vector<LlamaLayer> layers;
+  const Weight& output() const { return output_weight.rows > 0 ? output_weight : embeddings; }
+  int64_t bytes() const;         // every weight as held in memory
 };
 
 // Throws Error(kCorruptFile / kUnsupported / kIo) naming what is wrong.
@@ -99,9 +120,10 @@ class LlamaModel {
 };
 
 // y[t, o] = sum_i W[o, i] x[t, i]; x [T, in], W [out, in], y [T, out]. Threads
-// split the output rows (same bits for any thread count).
-void matmul(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y, int threads);
-// The same with scalar double-accumulation loops (reference).
-void matmul_ref(const float* x, int64_t T, int64_t in, const float* W, int64_t out, float* y);
+// split the output rows (same bits for any thread count); quantized rows are
+// dequantized per tile of rows, once for all T inputs.
+void matmul(const float* x, int64_t T, const Weight& W, float* y, int threads);
+// The same with scalar loops (reference).
+void matmul_ref(const float* x, int64_t T, const Weight& W, float* y);
 
 }  // namespace anchorkv::model

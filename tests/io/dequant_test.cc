@@ -176,8 +176,11 @@ TEST_P(Dequant, EveryElementDecodesToTheFormatsValue) {
     row.insert(row.end(), b.bytes.begin(), b.bytes.end());
     expect.insert(expect.end(), b.expect.begin(), b.expect.end());
   }
-  std::vector<float> got(expect.size(), -999.0f);
+  std::vector<float> got(expect.size(), -999.0f), ref(expect.size(), -999.0f);
   dequantize_row(t, row.data(), static_cast<int64_t>(got.size()), got.data());
+  dequantize_row_ref(t, row.data(), static_cast<int64_t>(ref.size()), ref.data());
+  // The SIMD kernels (Q8_0, Q4_0, Q4_K, Q6_K) equal the scalar reference bit for bit.
+  ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * sizeof(float))) << ggml_type_name(t);
   for (size_t i = 0; i < got.size(); ++i) {
     // The decoder multiplies in a different order (d * sc first): a few ulps.
     ASSERT_NEAR(got[i], expect[i], 1e-5f * (1.0f + std::abs(expect[i]))) << ggml_type_name(t) << " element " << i;

@@ -129,11 +129,13 @@ void run(const RunOptions& o) {
   const CacheTotals t = totals(m);
   std::fprintf(stderr,
                "\n\n[%s cache] prompt %zu tokens: prefill %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
-               "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n",
+               "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n"
+               "[weights] %.1f MiB in memory\n",
                o.cache.c_str(), prompt.size(), static_cast<double>(prompt.size()) / prefill_s,
                static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
                o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
-               t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0);
+               t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0,
+               static_cast<double>(w.bytes()) / (1024.0 * 1024.0));
 }
 
 // ---------------------------------------------------------------- bench runtime
