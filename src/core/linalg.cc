@@ -152,6 +152,42 @@ void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D
 
 float DotVec(const float* x, const float* y, int64_t D) { return Dot1(DF(), x, y, D); }
 
+// out[g, :] += sum_r W[g, r] * Z[r, :]; a block of up to 8 vectors of out stays
+// in registers across all r.
+void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_RESTRICT Z, int64_t n, int64_t nq,
+                    int64_t D, float* HWY_RESTRICT out, int64_t ldo) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t g = 0; g < nq; ++g) {
+    const float* w = W + g * ldw;
+    float* o = out + g * ldo;
+    int64_t i = 0;
+    for (; i + 4 * N <= D; i += 4 * N) {
+      auto a0 = hn::LoadU(d, o + i), a1 = hn::LoadU(d, o + i + N), a2 = hn::LoadU(d, o + i + 2 * N),
+           a3 = hn::LoadU(d, o + i + 3 * N);
+      for (int64_t r = 0; r < n; ++r) {
+        const auto wr = hn::Set(d, w[r]);
+        const float* z = Z + r * D + i;
+        a0 = hn::MulAdd(wr, hn::LoadU(d, z), a0);
+        a1 = hn::MulAdd(wr, hn::LoadU(d, z + N), a1);
+        a2 = hn::MulAdd(wr, hn::LoadU(d, z + 2 * N), a2);
+        a3 = hn::MulAdd(wr, hn::LoadU(d, z + 3 * N), a3);
+      }
+      hn::StoreU(a0, d, o + i);
+      hn::StoreU(a1, d, o + i + N);
+      hn::StoreU(a2, d, o + i + 2 * N);
+      hn::StoreU(a3, d, o + i + 3 * N);
+    }
+    for (; i + N <= D; i += N) {
+      auto a = hn::LoadU(d, o + i);
+      for (int64_t r = 0; r < n; ++r) a = hn::MulAdd(hn::Set(d, w[r]), hn::LoadU(d, Z + r * D + i), a);
+      hn::StoreU(a, d, o + i);
+    }
+    for (; i < D; ++i)
+      for (int64_t r = 0; r < n; ++r) o[i] += w[r] * Z[r * D + i];
+  }
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -166,6 +202,7 @@ HWY_EXPORT(Axpy);
 HWY_EXPORT(AbsCosineArgmax);
 HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
+HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(TargetName);
 
 void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
@@ -215,6 +252,17 @@ int64_t abs_cosine_argmax_ref(const float* dots, int64_t k, float token_norm, co
 }
 
 void axpy(float a, const float* x, float* y, int64_t D) { HWY_DYNAMIC_DISPATCH(Axpy)(a, x, y, D); }
+
+void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
+                     int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(AccumulateRows)(W, ldw, Z, n, nq, D, out, ldo);
+}
+
+void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
+                         int64_t ldo) {
+  for (int64_t g = 0; g < nq; ++g)
+    for (int64_t r = 0; r < n; ++r) axpy_ref(W[g * ldw + r], Z + r * D, out + g * ldo, D);
+}
 
 void axpy_ref(float a, const float* x, float* y, int64_t D) {
   for (int64_t i = 0; i < D; ++i) y[i] += a * x[i];

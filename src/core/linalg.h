@@ -34,6 +34,13 @@ void axpy_ref(float a, const float* x, float* y, int64_t D);
 
 // sum_d x[d] * y[d]
 float dot(const float* x, const float* y, int64_t D);
+
+// out[g * ldo + :D] += sum_{r < n} W[g * ldw + r] * Z[r * D + :D] for g < nq
+// (the value side of attention over n rows at once).
+void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
+                     int64_t ldo);
+void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
+                         int64_t ldo);
 float dot_ref(const float* x, const float* y, int64_t D);
 
 // Name of the SIMD target the dispatcher picks on this CPU (e.g. "AVX3").

@@ -416,8 +416,12 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
       std::copy(acc.begin(), acc.end(), y.begin());
       if (has_c) {
         const RowPrep& p = prep[r];
-        for (int64_t j = 0; j < k; ++j)
-          if (w[j] != 0.0f) core::axpy_ref(w[j], &p.av[j * D], y.data(), D);
+        if (opt.reference) {
+          for (int64_t j = 0; j < k; ++j)
+            if (w[j] != 0.0f) core::axpy_ref(w[j], &p.av[j * D], y.data(), D);
+        } else {
+          core::accumulate_rows(w.data(), k, p.av.data(), k, 1, D, y.data(), D);
+        }
         st->codec->rotation().inverse(rot.data(), rot.data());
         for (int64_t d = 0; d < D; ++d) y[d] += rot[d];
       }

@@ -385,12 +385,22 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
     }
   }
   // Key residuals add (R q) . (scale * level[code]).
+  thread_local std::vector<float> zk, zscale, zdot;
+  if (!cq.rope) {
+    zk.resize(res_k.size() * static_cast<size_t>(D));
+    zscale.resize(res_k.size());
+  }
   for (size_t r = 0; r < res_k.size(); ++r) {
     const int64_t i = res_k[r], slot = slot_k0 + static_cast<int64_t>(r);
     // (R q) . (scale * level[c]) = scale * ((R q) . level[c])
-    codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], z, codes);
     const float sc = core::half_to_float(row.k.scales[slot]);
-    if (cq.rope) {
+    if (!cq.rope) {  // batched below: one dot_matrix for every residual of the chunk
+      codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], &zk[r * D], codes);
+      zscale[r] = sc;
+      continue;
+    }
+    codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], z, codes);
+    {
       // q . RoPE_t(R^T z): the residual key is rotated back and to its position
       // once, and shared by every query of the group (one transform per token,
       // not one per token and query).
@@ -402,12 +412,21 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
         const float* qg = cq.q + g * D;
         s[g * n + i] += sc * (reference ? core::dot_ref(qg, z, D) : core::dot(qg, z, D));
       }
-      continue;
     }
-    for (int64_t g = 0; g < nq; ++g) {
-      if (s[g * n + i] == kNegInf) continue;
-      const float* rqg = cq.rq + g * D;
-      s[g * n + i] += sc * (reference ? core::dot_ref(rqg, z, D) : core::dot(rqg, z, D));
+  }
+  if (!cq.rope && !res_k.empty()) {
+    const int64_t nr = static_cast<int64_t>(res_k.size());
+    zdot.resize(static_cast<size_t>(nq * nr));
+    if (reference) {
+      for (int64_t g = 0; g < nq; ++g)
+        for (int64_t r = 0; r < nr; ++r) zdot[g * nr + r] = core::dot_ref(cq.rq + g * D, &zk[r * D], D);
+    } else {
+      core::dot_matrix(cq.rq, nq, D, zk.data(), nr, D, D, zdot.data(), nr);
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t i = res_k[r];
+      for (int64_t g = 0; g < nq; ++g)
+        if (s[g * n + i] != kNegInf) s[g * n + i] += zscale[r] * zdot[g * nr + r];
     }
   }
   softmax_stats(s, nq, n, out.m, out.l, reference);
@@ -435,18 +454,18 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       w4[j] = w4[k + j] = w4[2 * k + j] = w4[3 * k + j] = 0.0f;
     }
   }
-  for (size_t r = 0; r < res_v.size(); ++r) {
-    const int64_t i = res_v[r], slot = slot_v0 + static_cast<int64_t>(r);
-    codec.decode_levels(&row.v.codes[static_cast<size_t>(slot * cb)], z, codes);
-    const float sc = core::half_to_float(row.v.scales[slot]);
-    for (int64_t g = 0; g < nq; ++g) {
-      const float p = s[g * n + i] * sc;
-      if (p == 0.0f) continue;
-      if (reference)
-        core::axpy_ref(p, z, out.rot + g * D, D);
-      else
-        core::axpy(p, z, out.rot + g * D, D);
+  // Value residuals: rot[g] += sum_r p[g, i_r] * scale_r * level[codes_r], all rows at once.
+  if (!res_v.empty()) {
+    const int64_t nr = static_cast<int64_t>(res_v.size());
+    zk.resize(static_cast<size_t>(nr * D));
+    zdot.resize(static_cast<size_t>(nq * nr));
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t slot = slot_v0 + r;
+      codec.decode_levels(&row.v.codes[static_cast<size_t>(slot * cb)], &zk[r * D], codes);
+      const float sc = core::half_to_float(row.v.scales[slot]);
+      for (int64_t g = 0; g < nq; ++g) zdot[g * nr + r] = s[g * n + res_v[r]] * sc;
     }
+    (reference ? core::accumulate_rows_ref : core::accumulate_rows)(zdot.data(), nr, zk.data(), nr, nq, D, out.rot, D);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -89,6 +90,25 @@ TEST(Linalg, AxpyAndDotMatchReference) {
 
 namespace anchorkv::core {
 namespace {
+
+TEST(Linalg, AccumulateRowsMatchesReference) {
+  Rng rng(5);
+  for (int64_t D : {1, 15, 64, 80, 128, 200}) {
+    for (int64_t n : {0, 1, 3, 40}) {
+      const int64_t nq = 3, ldw = n + 2, ldo = D + 5;
+      auto W = random_vec(rng, static_cast<size_t>(nq * ldw));
+      auto Z = random_vec(rng, static_cast<size_t>(std::max<int64_t>(n, 1) * D));
+      auto out = random_vec(rng, static_cast<size_t>(nq * ldo));
+      auto ref = out;
+      accumulate_rows(W.data(), ldw, Z.data(), n, nq, D, out.data(), ldo);
+      accumulate_rows_ref(W.data(), ldw, Z.data(), n, nq, D, ref.data(), ldo);
+      for (int64_t g = 0; g < nq; ++g)
+        for (int64_t d = 0; d < ldo; ++d)  // the padding after D stays untouched
+          ASSERT_NEAR(out[g * ldo + d], ref[g * ldo + d], kSimdRelTol * (1.0 + static_cast<double>(n)))
+              << "D=" << D << " n=" << n << " g=" << g << " d=" << d;
+    }
+  }
+}
 
 TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
   Rng rng(12);
