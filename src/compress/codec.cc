@@ -6,6 +6,7 @@
 #include "core/bitpack.h"
 #include "core/codebook.h"
 #include "core/half.h"
+#include "core/linalg.h"
 
 namespace anchorkv::compress {
 
@@ -66,6 +67,10 @@ void lookup_bytes(const uint8_t* codes, const float* lut, int64_t n_bytes, float
 }  // namespace
 
 void ResidualCodec::decode_levels(const uint8_t* codes, float* out, uint8_t* scratch) const {
+  if (bits_ == 2) {  // the default: SIMD lane permutation of the 4 levels
+    core::decode_codes_2bit(codes, levels_.data(), dim_, out);
+    return;
+  }
   if (!byte_lut_.empty()) {
     const int per = 8 / bits_;
     const int64_t full = dim_ / per;

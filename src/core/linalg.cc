@@ -2,6 +2,8 @@
 // HWY_DYNAMIC_DISPATCH (the gemma.cpp pattern).
 #include "core/linalg.h"
 
+#include <cstring>
+
 #include <cmath>
 
 #undef HWY_TARGET_INCLUDE
@@ -152,6 +154,32 @@ void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D
 
 float DotVec(const float* x, const float* y, int64_t D) { return Dot1(DF(), x, y, D); }
 
+// out[i] = levels[code i] for 2-bit codes packed 4 per byte, element i in bits
+// 2 (i % 4) of byte i / 4: N codes become indices by one broadcast, per-lane
+// shift and mask, then a lane permutation of the 4 levels.
+void Decode2Bit(const uint8_t* HWY_RESTRICT codes, const float* HWY_RESTRICT levels, int64_t D,
+                float* HWY_RESTRICT out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  if (N >= 4 && N <= 16) {
+    float table[16] = {levels[0], levels[1], levels[2], levels[3]};
+    const auto lv = hn::LoadU(df, table);
+    const auto shifts = hn::ShiftLeft<1>(hn::Iota(du, 0));
+    const auto three = hn::Set(du, 3u);
+    const size_t bytes = static_cast<size_t>(N / 4);
+    for (; i + N <= D; i += N) {
+      uint32_t w = 0;
+      std::memcpy(&w, codes + i / 4, bytes);
+      const auto idx = hn::BitCast(di, hn::And(hn::Shr(hn::Set(du, w), shifts), three));
+      hn::StoreU(hn::TableLookupLanes(lv, hn::IndicesFromVec(df, idx)), df, out + i);
+    }
+  }
+  for (; i < D; ++i) out[i] = levels[(codes[i / 4] >> ((i % 4) * 2)) & 3];
+}
+
 // out[g, :] += sum_r W[g, r] * Z[r, :]; a block of up to 8 vectors of out stays
 // in registers across all r.
 void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_RESTRICT Z, int64_t n, int64_t nq,
@@ -203,6 +231,7 @@ HWY_EXPORT(AbsCosineArgmax);
 HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
 HWY_EXPORT(AccumulateRows);
+HWY_EXPORT(Decode2Bit);
 HWY_EXPORT(TargetName);
 
 void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
@@ -256,6 +285,14 @@ void axpy(float a, const float* x, float* y, int64_t D) { HWY_DYNAMIC_DISPATCH(A
 void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
                      int64_t ldo) {
   HWY_DYNAMIC_DISPATCH(AccumulateRows)(W, ldw, Z, n, nq, D, out, ldo);
+}
+
+void decode_codes_2bit(const uint8_t* codes, const float* levels, int64_t D, float* out) {
+  HWY_DYNAMIC_DISPATCH(Decode2Bit)(codes, levels, D, out);
+}
+
+void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D, float* out) {
+  for (int64_t i = 0; i < D; ++i) out[i] = levels[(codes[i / 4] >> ((i % 4) * 2)) & 3];
 }
 
 void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,

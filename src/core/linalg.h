@@ -35,6 +35,10 @@ void axpy_ref(float a, const float* x, float* y, int64_t D);
 // sum_d x[d] * y[d]
 float dot(const float* x, const float* y, int64_t D);
 
+// out[i] = levels[c_i] for D 2-bit codes, 4 per byte, c_i in bits 2 (i % 4) of byte i / 4.
+void decode_codes_2bit(const uint8_t* codes, const float* levels, int64_t D, float* out);
+void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D, float* out);
+
 // out[g * ldo + :D] += sum_{r < n} W[g * ldw + r] * Z[r * D + :D] for g < nq
 // (the value side of attention over n rows at once).
 void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,

@@ -110,6 +110,21 @@ TEST(Linalg, AccumulateRowsMatchesReference) {
   }
 }
 
+TEST(Linalg, Decode2BitMatchesReference) {
+  Rng rng(9);
+  const float levels[4] = {-1.5f, -0.25f, 0.5f, 2.0f};
+  for (int64_t D : {1, 3, 4, 16, 63, 64, 80, 128, 200}) {
+    std::vector<uint8_t> codes(static_cast<size_t>((D + 3) / 4));
+    for (auto& c : codes) c = static_cast<uint8_t>(rng.next() & 0xFF);
+    std::vector<float> got(static_cast<size_t>(D)), ref(got.size());
+    decode_codes_2bit(codes.data(), levels, D, got.data());
+    decode_codes_2bit_ref(codes.data(), levels, D, ref.data());
+    ASSERT_EQ(got, ref) << "D=" << D;
+    // and the layout itself: element i from bits 2 (i % 4) of byte i / 4
+    for (int64_t i = 0; i < D; ++i) ASSERT_EQ(ref[i], levels[(codes[i / 4] >> (2 * (i % 4))) & 3]);
+  }
+}
+
 TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
   Rng rng(12);
   for (int64_t k : {1, 2, 15, 16, 17, 64, 257}) {
