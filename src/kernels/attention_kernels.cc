@@ -83,6 +83,18 @@ float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+// out[i] = scale[i] * table[idx[i]]: the anchor scores of n tokens (vector gathers).
+void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT idx, const float* HWY_RESTRICT scale,
+                  int64_t n, float* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Mul(hn::LoadU(df, scale + i), hn::GatherIndex(df, table, hn::LoadU(di, idx + i))), df, out + i);
+  for (; i < n; ++i) out[i] = scale[i] * table[idx[i]];
+}
+
 float MaxOf(const float* HWY_RESTRICT x, int64_t n) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -194,6 +206,7 @@ namespace anchorkv::kernels {
 HWY_EXPORT(DenseChunk);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(MaxOf);
+HWY_EXPORT(GatherScaled);
 
 namespace {
 
@@ -360,13 +373,19 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
       tpos[i] = pos;
       continue;
     }
-    if (!masked) {
-      for (int64_t g = 0; g < nq; ++g) s[g * n + i] = gk[i] * cq.anchor_dot[g * k + ak[i]];
-    } else {
+    if (masked)
       for (int64_t g = 0; g < nq; ++g)
         s[g * n + i] = pos <= cq.qpos[g] ? gk[i] * cq.anchor_dot[g * k + ak[i]] : kNegInf;
-    }
   }
+  // Unmasked scores gamma_t * (q . a_K(t)) for the whole chunk, one gather pass per query.
+  if (!masked && !cq.rope)
+    for (int64_t g = 0; g < nq; ++g) {
+      if (reference) {
+        for (int64_t i = 0; i < n; ++i) s[g * n + i] = gk[i] * cq.anchor_dot[g * k + ak[i]];
+      } else {
+        HWY_DYNAMIC_DISPATCH(GatherScaled)(cq.anchor_dot + g * k, ak, gk, n, s + g * n);
+      }
+    }
   // Pre-RoPE keys: q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
   const int64_t half = D / 2;
   if (cq.rope) {
