@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const model::LlamaWeights w = model::load_gguf(*f, "fuzz.gguf");
     const auto& c = w.config;
     if (c.dim <= 64 && c.n_layers <= 2 && c.vocab <= 512 && c.hidden <= 256 && c.head_dim <= 64) {
-      model::LlamaModel m(w, [](int64_t) { return std::make_unique<FullKVCache>(); }, 1);
+      model::LlamaModel m(
+          w, [](int64_t) { return std::make_unique<FullKVCache>(); }, 1);
       m.forward({0, static_cast<int32_t>(c.vocab - 1)});
       m.forward({0});
     }

@@ -41,7 +41,8 @@ ArrayView as_view(const py::handle& obj, const char* name, const char* op) {
   } else if (dt.kind() == 'f' && dt.itemsize() == 2) {
     dtype = DType::kF16;
   } else {
-    throw py::type_error(std::string("[") + op + "] " + name + " must be a float array (float16, float32 or float64), got " +
+    throw py::type_error(std::string("[") + op + "] " + name +
+                         " must be a float array (float16, float32 or float64), got " +
                          std::string(py::str(static_cast<const py::object&>(dt))));
   }
   if (a.ndim() != 4)
@@ -71,8 +72,8 @@ py::array to_numpy(Tensor&& t) {
   const py::ssize_t item = static_cast<py::ssize_t>(dtype_size(owned->dtype()));
   std::vector<py::ssize_t> shape(s.begin(), s.end());
   std::vector<py::ssize_t> strides = {s[1] * s[2] * s[3] * item, s[2] * s[3] * item, s[3] * item, item};
-  return py::array(py::dtype(owned->dtype() == DType::kF32 ? "float32" : "float16"), shape, strides, owned->data(),
-                   base);
+  return py::array(py::dtype(owned->dtype() == DType::kF32 ? "float32" : "float16"), shape, strides,
+                   owned->data(), base);
 }
 
 py::tuple update(KVCache& cache, const py::handle& keys, const py::handle& values, const char* op) {
@@ -127,7 +128,9 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  py::enum_<ResidualScale>(m, "ResidualScale").value("absmax", ResidualScale::kAbsMax).value("rms", ResidualScale::kRms);
+  py::enum_<ResidualScale>(m, "ResidualScale")
+      .value("absmax", ResidualScale::kAbsMax)
+      .value("rms", ResidualScale::kRms);
   py::enum_<ResidualAllocation>(m, "ResidualAllocation")
       .value("pooled", ResidualAllocation::kPooledAcrossHeads)
       .value("per_head", ResidualAllocation::kPerHead);
@@ -179,7 +182,8 @@ PYBIND11_MODULE(_core, m) {
         }
         return to_numpy(std::move(out));
       },
-      py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false, py::arg("threads") = 0);
+      py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false,
+      py::arg("threads") = 0);
 
   py::class_<AnchorKVCache, KVCache>(m, "AnchorKVCache")
       .def(py::init<const AnchorKVConfig&>())
@@ -225,10 +229,12 @@ PYBIND11_MODULE(_core, m) {
   sl.def(py::init<double, int64_t>(), py::arg("theta") = 0.05, py::arg("sinks") = 4);
   bind_common(sl, "anchorkv::StreamingLLMCache::update_and_fetch");
   py::class_<SnapKVCache, KVCache> sn(m, "SnapKVCache");
-  sn.def(py::init<double, int64_t, int64_t>(), py::arg("theta") = 0.05, py::arg("window") = 32, py::arg("kernel") = 7);
+  sn.def(py::init<double, int64_t, int64_t>(), py::arg("theta") = 0.05, py::arg("window") = 32,
+         py::arg("kernel") = 7);
   bind_common(sn, "anchorkv::SnapKVCache::update_and_fetch");
   py::class_<KIVICache, KVCache> kv(m, "KIVICache");
-  kv.def(py::init<int, int64_t, int64_t>(), py::arg("bits") = 2, py::arg("group") = 32, py::arg("residual") = 32);
+  kv.def(py::init<int, int64_t, int64_t>(), py::arg("bits") = 2, py::arg("group") = 32,
+         py::arg("residual") = 32);
   bind_common(kv, "anchorkv::KIVICache::update_and_fetch");
   py::class_<H2OCache, KVCache> h2o(m, "H2OCache");
   h2o.def(py::init<double, double>(), py::arg("theta") = 0.05, py::arg("recent_share") = 0.5);

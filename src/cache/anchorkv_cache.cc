@@ -8,9 +8,9 @@
 #include "cache/input.h"
 #include "compress/budget.h"
 #include "compress/compressor.h"
-#include "core/error.h"
 #include "core/buffer.h"
 #include "core/convert.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "core/parallel.h"
 
@@ -39,7 +39,6 @@ AnchorKVCache& AnchorKVCache::operator=(AnchorKVCache&&) noexcept = default;
 
 namespace {
 
-
 struct NewSegment {
   std::vector<compress::CompressedRow> rows;
   std::shared_ptr<const compress::ResidualCodec> codec;
@@ -53,8 +52,9 @@ NewSegment compress_segment(const internal::AnchorKVState& st, int64_t S, const 
   const int64_t D = st.D;
   compress::SegmentInput in{st.B, st.H, S, D, K, V};
   NewSegment seg;
-  seg.codec = st.codec ? st.codec
-                       : std::make_shared<const compress::ResidualCodec>(D, cfg.residual_bits, cfg.scale, cfg.seed);
+  seg.codec =
+      st.codec ? st.codec
+               : std::make_shared<const compress::ResidualCodec>(D, cfg.residual_bits, cfg.scale, cfg.seed);
   seg.rows = compress::compress(in, cfg, *seg.codec, &seg.stats);
   seg.tokens = S;
   const int64_t b_res = compress::residual_bytes(D, cfg.residual_bits);
@@ -90,7 +90,8 @@ NewSegment compress_head(const internal::AnchorKVState& st) {
 
 void AnchorKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   internal::AnchorKVState& st = impl_->st;
-  cache::StagedInput in = cache::stage_input(std::string("anchorkv::AnchorKVCache::") + method, keys, values, st.has_shape, st.B, st.H, st.D);
+  cache::StagedInput in = cache::stage_input(std::string("anchorkv::AnchorKVCache::") + method, keys, values,
+                                             st.has_shape, st.B, st.H, st.D);
   const int64_t S = in.S();
   const bool first_shape = !st.has_shape;
   if (first_shape) {  // shape facts are needed by compression; roll back on failure
@@ -129,7 +130,8 @@ void AnchorKVCache::append(const TensorView& keys, const TensorView& values, con
 void AnchorKVCache::compress_now() {
   internal::AnchorKVState& st = impl_->st;
   constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
-  if (st.compressed()) core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
+  if (st.compressed())
+    core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
   if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
   NewSegment seg = compress_head(st);
   commit_segment(st, std::move(seg), impl_->stats);

@@ -35,7 +35,8 @@ int64_t QuantizedKVCache::token_side_bytes(int64_t D, int bits, int64_t group_si
 
 QuantizedKVCache::QuantizedKVCache(int bits, int64_t group_size) : impl_(std::make_unique<Impl>()) {
   if (bits != 2 && bits != 4 && bits != 8)
-    core::fail(ErrorCode::kInvalidConfig, "anchorkv::QuantizedKVCache", "invalid bits: must be 2, 4 or 8, got " + std::to_string(bits));
+    core::fail(ErrorCode::kInvalidConfig, "anchorkv::QuantizedKVCache",
+               "invalid bits: must be 2, 4 or 8, got " + std::to_string(bits));
   if (group_size < 1)
     core::fail(ErrorCode::kInvalidConfig, "anchorkv::QuantizedKVCache", "invalid group_size: must be >= 1");
   impl_->bits = bits;
@@ -71,7 +72,8 @@ void quantize_token(const float* x, int64_t D, int bits, int64_t group, uint8_t*
   }
 }
 
-void dequantize_token(const uint8_t* codes, const uint16_t* params, int64_t D, int bits, int64_t group, uint16_t* out) {
+void dequantize_token(const uint8_t* codes, const uint16_t* params, int64_t D, int bits, int64_t group,
+                      uint16_t* out) {
   const int mask = (1 << bits) - 1;
   for (int64_t d = 0; d < D; ++d) {
     const int64_t gi = d / group, bit = d * bits;
@@ -84,8 +86,8 @@ void dequantize_token(const uint8_t* codes, const uint16_t* params, int64_t D, i
 
 void QuantizedKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
-  const cache::StagedInput in =
-      cache::stage_input(std::string("anchorkv::QuantizedKVCache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
+  const cache::StagedInput in = cache::stage_input(std::string("anchorkv::QuantizedKVCache::") + method, keys,
+                                                   values, s.has_shape, s.B, s.H, s.D);
   if (!s.has_shape) {
     s.has_shape = true;
     s.B = in.B();
@@ -134,7 +136,9 @@ int64_t QuantizedKVCache::nbytes() const {
                               2 * (impl_->params_k[r].size() + impl_->params_v[r].size()));
   return n;
 }
-int64_t QuantizedKVCache::full_seq_bytes() const { return impl_->tokens * impl_->B * impl_->H * impl_->D * 4; }
+int64_t QuantizedKVCache::full_seq_bytes() const {
+  return impl_->tokens * impl_->B * impl_->H * impl_->D * 4;
+}
 int64_t QuantizedKVCache::tokens_total() const { return impl_->tokens * impl_->B * impl_->H; }
 
 // ============================================================== eviction base
@@ -151,7 +155,8 @@ struct EvictionCacheBase::Impl {
 
 EvictionCacheBase::EvictionCacheBase(double theta, const char* op) : impl_(std::make_unique<Impl>()) {
   if (!std::isfinite(theta) || theta < 0.0 || theta > 1.0)
-    core::fail(ErrorCode::kInvalidConfig, op, "invalid theta: must be in [0, 1], got " + std::to_string(theta));
+    core::fail(ErrorCode::kInvalidConfig, op,
+               "invalid theta: must be in [0, 1], got " + std::to_string(theta));
   impl_->theta = theta;
   impl_->op = op;
 }
@@ -220,7 +225,8 @@ int64_t EvictionCacheBase::tokens_kept() const { return impl_->kept.tokens * imp
 
 StreamingLLMCache::StreamingLLMCache(double theta, int64_t sinks)
     : EvictionCacheBase(theta, "anchorkv::StreamingLLMCache"), sinks_(sinks) {
-  if (sinks < 0) core::fail(ErrorCode::kInvalidConfig, "anchorkv::StreamingLLMCache", "invalid sinks: must be >= 0");
+  if (sinks < 0)
+    core::fail(ErrorCode::kInvalidConfig, "anchorkv::StreamingLLMCache", "invalid sinks: must be >= 0");
 }
 
 std::vector<int32_t> StreamingLLMCache::select(const float*, int64_t S, int64_t, int64_t budget) const {
@@ -235,7 +241,8 @@ std::vector<int32_t> StreamingLLMCache::select(const float*, int64_t S, int64_t,
 
 SnapKVCache::SnapKVCache(double theta, int64_t window, int64_t kernel)
     : EvictionCacheBase(theta, "anchorkv::SnapKVCache"), window_(window), kernel_(kernel) {
-  if (window < 1) core::fail(ErrorCode::kInvalidConfig, "anchorkv::SnapKVCache", "invalid window: must be >= 1");
+  if (window < 1)
+    core::fail(ErrorCode::kInvalidConfig, "anchorkv::SnapKVCache", "invalid window: must be >= 1");
   if (kernel < 1 || kernel % 2 == 0)
     core::fail(ErrorCode::kInvalidConfig, "anchorkv::SnapKVCache", "invalid kernel: must be odd and >= 1");
 }
@@ -302,7 +309,8 @@ struct KIVICache::Impl {
 
 KIVICache::KIVICache(int bits, int64_t group, int64_t residual) : impl_(std::make_unique<Impl>()) {
   constexpr const char* op = "anchorkv::KIVICache";
-  if (bits != 2 && bits != 4) core::fail(ErrorCode::kInvalidConfig, op, "invalid bits: must be 2 or 4, got " + std::to_string(bits));
+  if (bits != 2 && bits != 4)
+    core::fail(ErrorCode::kInvalidConfig, op, "invalid bits: must be 2 or 4, got " + std::to_string(bits));
   if (group < 1) core::fail(ErrorCode::kInvalidConfig, op, "invalid group: must be >= 1");
   if (residual < 0) core::fail(ErrorCode::kInvalidConfig, op, "invalid residual: must be >= 0");
   impl_->bits = bits;
@@ -340,8 +348,8 @@ inline float dequant(const uint8_t* codes, int64_t bit, int bits, const uint16_t
 
 void KIVICache::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
-  cache::StagedInput in =
-      cache::stage_input(std::string("anchorkv::KIVICache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
+  cache::StagedInput in = cache::stage_input(std::string("anchorkv::KIVICache::") + method, keys, values,
+                                             s.has_shape, s.B, s.H, s.D);
   const int64_t R = in.B() * in.H(), D = in.D();
   if (!s.has_shape) {
     s.has_shape = true;
@@ -387,8 +395,8 @@ void KIVICache::append(const TensorView& keys, const TensorView& values, const c
 
 KVPair KIVICache::fetch() const {
   const Impl& s = *impl_;
-  const int64_t n = s.tokens, D = s.D, G = s.group, kcb = s.k_group_code_bytes(), vcb = s.v_token_code_bytes(),
-                vg = s.v_groups();
+  const int64_t n = s.tokens, D = s.D, G = s.group, kcb = s.k_group_code_bytes(),
+                vcb = s.v_token_code_bytes(), vg = s.v_groups();
   KVPair out{Tensor(DType::kF16, {s.B, s.H, n, D}), Tensor(DType::kF16, {s.B, s.H, n, D})};
   for (int64_t r = 0; r < s.B * s.H; ++r) {
     uint16_t* ok = out.keys.data_as<uint16_t>() + r * n * D;
@@ -433,7 +441,8 @@ struct H2OCache::Impl {
 H2OCache::H2OCache(double theta, double recent_share) : impl_(std::make_unique<Impl>()) {
   constexpr const char* op = "anchorkv::H2OCache";
   if (!std::isfinite(theta) || theta < 0.0 || theta > 1.0)
-    core::fail(ErrorCode::kInvalidConfig, op, "invalid theta: must be in [0, 1], got " + std::to_string(theta));
+    core::fail(ErrorCode::kInvalidConfig, op,
+               "invalid theta: must be in [0, 1], got " + std::to_string(theta));
   if (!std::isfinite(recent_share) || recent_share < 0.0 || recent_share > 1.0)
     core::fail(ErrorCode::kInvalidConfig, op, "invalid recent_share: must be in [0, 1]");
   impl_->theta = theta;
@@ -443,8 +452,8 @@ H2OCache::~H2OCache() = default;
 
 void H2OCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   Impl& s = *impl_;
-  const cache::StagedInput in =
-      cache::stage_input(std::string("anchorkv::H2OCache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
+  const cache::StagedInput in = cache::stage_input(std::string("anchorkv::H2OCache::") + method, keys, values,
+                                                   s.has_shape, s.B, s.H, s.D);
   const int64_t S = in.S(), D = in.D(), R = in.B() * in.H();
   const float inv = 1.0f / std::sqrt(static_cast<float>(D));
   if (!s.selected && S > 1) {
@@ -511,7 +520,8 @@ void H2OCache::append(const TensorView& keys, const TensorView& values, const ch
       }
     }
     if (s.selected) {
-      const int64_t n_recent = std::min<int64_t>(s.capacity, static_cast<int64_t>(std::llround(s.recent_share * s.capacity)));
+      const int64_t n_recent =
+          std::min<int64_t>(s.capacity, static_cast<int64_t>(std::llround(s.recent_share * s.capacity)));
       while (rows.tokens > s.capacity) {
         const int64_t limit = rows.tokens - n_recent;  // candidates [0, limit)
         for (int64_t r = 0; r < R; ++r) {

@@ -21,8 +21,8 @@ FullKVCache& FullKVCache::operator=(FullKVCache&&) noexcept = default;
 
 void FullKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
   internal::FullState& s = *impl_;
-  const cache::StagedInput in =
-      cache::stage_input(std::string("anchorkv::FullKVCache::") + method, keys, values, s.has_shape, s.B, s.H, s.D);
+  const cache::StagedInput in = cache::stage_input(std::string("anchorkv::FullKVCache::") + method, keys,
+                                                   values, s.has_shape, s.B, s.H, s.D);
   s.rows.append(in);
   if (!s.has_shape) {
     s.has_shape = true;

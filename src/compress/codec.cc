@@ -75,9 +75,15 @@ void ResidualCodec::decode_levels(const uint8_t* codes, float* out, uint8_t* scr
     const int per = 8 / bits_;
     const int64_t full = dim_ / per;
     switch (per) {
-      case 8: lookup_bytes<8>(codes, byte_lut_.data(), full, out); break;
-      case 4: lookup_bytes<4>(codes, byte_lut_.data(), full, out); break;
-      default: lookup_bytes<2>(codes, byte_lut_.data(), full, out); break;
+      case 8:
+        lookup_bytes<8>(codes, byte_lut_.data(), full, out);
+        break;
+      case 4:
+        lookup_bytes<4>(codes, byte_lut_.data(), full, out);
+        break;
+      default:
+        lookup_bytes<2>(codes, byte_lut_.data(), full, out);
+        break;
     }
     for (int64_t i = full * per; i < dim_; ++i)
       out[i] = levels_[(codes[i / per] >> ((i % per) * bits_)) & ((1 << bits_) - 1)];

@@ -11,14 +11,14 @@ namespace anchorkv::core {
 
 // out[i * ldo + j] = sum_d X[i * ldx + d] * Y[j * ldy + d]   (i < n, j < k)
 // X: [n, D] rows with stride ldx; Y: [k, D] rows with stride ldy.
-void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
-                int64_t D, float* out, int64_t ldo);
-void dot_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
-                    int64_t D, float* out, int64_t ldo);
+void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy, int64_t D,
+                float* out, int64_t ldo);
+void dot_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy, int64_t D,
+                    float* out, int64_t ldo);
 
 // out[i * ldo + j] = sum_d (X[i * ldx + d] - Y[j * ldy + d])^2
-void sq_dist_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
-                    int64_t D, float* out, int64_t ldo);
+void sq_dist_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy, int64_t D,
+                    float* out, int64_t ldo);
 void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
                         int64_t D, float* out, int64_t ldo);
 
@@ -41,10 +41,10 @@ void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D,
 
 // out[g * ldo + :D] += sum_{r < n} W[g * ldw + r] * Z[r * D + :D] for g < nq
 // (the value side of attention over n rows at once).
-void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
-                     int64_t ldo);
-void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,
-                         int64_t ldo);
+void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D,
+                     float* out, int64_t ldo);
+void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D,
+                         float* out, int64_t ldo);
 float dot_ref(const float* x, const float* y, int64_t D);
 
 // Name of the SIMD target the dispatcher picks on this CPU (e.g. "AVX3").

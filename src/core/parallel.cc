@@ -121,7 +121,8 @@ class Pool {
       if ((st >> 16) == seen) {
         std::unique_lock<std::mutex> lock(m_);
         sleepers_.fetch_add(1);
-        wake_.wait(lock, [&] { return stop_.load() || (state_.load(std::memory_order_acquire) >> 16) != seen; });
+        wake_.wait(lock,
+                   [&] { return stop_.load() || (state_.load(std::memory_order_acquire) >> 16) != seen; });
         sleepers_.fetch_sub(1);
         st = state_.load(std::memory_order_acquire);
       }

@@ -172,9 +172,19 @@ void q6_k(const uint8_t* b, float* y) {
 
 bool can_dequantize(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ4_0: case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ8_0: case GgmlType::kQ2_K: case GgmlType::kQ3_K:
-    case GgmlType::kQ4_K: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
       return true;
     default:
       return false;
@@ -185,11 +195,12 @@ namespace {
 void check_row(GgmlType type, int64_t n, int64_t* be, int64_t* bb) {
   constexpr const char* kOp = "anchorkv::dequantize_row";
   if (!can_dequantize(type) || !ggml_block(type, be, bb))
-    core::fail(ErrorCode::kUnsupported, kOp, std::string("tensor type ") + ggml_type_name(type) + " is not supported");
+    core::fail(ErrorCode::kUnsupported, kOp,
+               std::string("tensor type ") + ggml_type_name(type) + " is not supported");
   if (n < 0 || n % *be != 0)
     core::fail(ErrorCode::kInvalidArgument, kOp,
-               std::to_string(n) + " elements is not a multiple of the " + ggml_type_name(type) + " block of " +
-                   std::to_string(*be));
+               std::to_string(n) + " elements is not a multiple of the " + ggml_type_name(type) +
+                   " block of " + std::to_string(*be));
 }
 }  // namespace
 
@@ -233,17 +244,38 @@ void dequantize_row_ref(GgmlType type, const uint8_t* src, int64_t n, float* dst
     const uint8_t* b = src + blk * bb;
     float* y = dst + blk * be;
     switch (type) {
-      case GgmlType::kQ4_0: q4_0(b, y); break;
-      case GgmlType::kQ4_1: q4_1(b, y); break;
-      case GgmlType::kQ5_0: q5(b, y, false); break;
-      case GgmlType::kQ5_1: q5(b, y, true); break;
-      case GgmlType::kQ8_0: q8_0(b, y); break;
-      case GgmlType::kQ2_K: q2_k(b, y); break;
-      case GgmlType::kQ3_K: q3_k(b, y); break;
-      case GgmlType::kQ4_K: q45_k(b, y, false); break;
-      case GgmlType::kQ5_K: q45_k(b, y, true); break;
-      case GgmlType::kQ6_K: q6_k(b, y); break;
-      default: break;
+      case GgmlType::kQ4_0:
+        q4_0(b, y);
+        break;
+      case GgmlType::kQ4_1:
+        q4_1(b, y);
+        break;
+      case GgmlType::kQ5_0:
+        q5(b, y, false);
+        break;
+      case GgmlType::kQ5_1:
+        q5(b, y, true);
+        break;
+      case GgmlType::kQ8_0:
+        q8_0(b, y);
+        break;
+      case GgmlType::kQ2_K:
+        q2_k(b, y);
+        break;
+      case GgmlType::kQ3_K:
+        q3_k(b, y);
+        break;
+      case GgmlType::kQ4_K:
+        q45_k(b, y, false);
+        break;
+      case GgmlType::kQ5_K:
+        q45_k(b, y, true);
+        break;
+      case GgmlType::kQ6_K:
+        q6_k(b, y);
+        break;
+      default:
+        break;
     }
   }
 }

@@ -20,21 +20,36 @@ constexpr uint64_t kMaxDims = 4;
 
 const char* ggml_type_name(GgmlType t) {
   switch (t) {
-    case GgmlType::kF32: return "F32";
-    case GgmlType::kF16: return "F16";
-    case GgmlType::kQ4_0: return "Q4_0";
-    case GgmlType::kQ4_1: return "Q4_1";
-    case GgmlType::kQ5_0: return "Q5_0";
-    case GgmlType::kQ5_1: return "Q5_1";
-    case GgmlType::kQ8_0: return "Q8_0";
-    case GgmlType::kQ8_1: return "Q8_1";
-    case GgmlType::kQ2_K: return "Q2_K";
-    case GgmlType::kQ3_K: return "Q3_K";
-    case GgmlType::kQ4_K: return "Q4_K";
-    case GgmlType::kQ5_K: return "Q5_K";
-    case GgmlType::kQ6_K: return "Q6_K";
-    case GgmlType::kQ8_K: return "Q8_K";
-    case GgmlType::kBF16: return "BF16";
+    case GgmlType::kF32:
+      return "F32";
+    case GgmlType::kF16:
+      return "F16";
+    case GgmlType::kQ4_0:
+      return "Q4_0";
+    case GgmlType::kQ4_1:
+      return "Q4_1";
+    case GgmlType::kQ5_0:
+      return "Q5_0";
+    case GgmlType::kQ5_1:
+      return "Q5_1";
+    case GgmlType::kQ8_0:
+      return "Q8_0";
+    case GgmlType::kQ8_1:
+      return "Q8_1";
+    case GgmlType::kQ2_K:
+      return "Q2_K";
+    case GgmlType::kQ3_K:
+      return "Q3_K";
+    case GgmlType::kQ4_K:
+      return "Q4_K";
+    case GgmlType::kQ5_K:
+      return "Q5_K";
+    case GgmlType::kQ6_K:
+      return "Q6_K";
+    case GgmlType::kQ8_K:
+      return "Q8_K";
+    case GgmlType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -44,11 +59,12 @@ bool ggml_block(GgmlType t, int64_t* elems, int64_t* bytes) {
     GgmlType t;
     int64_t e, b;
   };
-  static const B table[] = {{GgmlType::kF32, 1, 4},     {GgmlType::kF16, 1, 2},     {GgmlType::kBF16, 1, 2},
-                            {GgmlType::kQ4_0, 32, 18},  {GgmlType::kQ4_1, 32, 20},  {GgmlType::kQ5_0, 32, 22},
-                            {GgmlType::kQ5_1, 32, 24},  {GgmlType::kQ8_0, 32, 34},  {GgmlType::kQ8_1, 32, 36},
-                            {GgmlType::kQ2_K, 256, 84}, {GgmlType::kQ3_K, 256, 110}, {GgmlType::kQ4_K, 256, 144},
-                            {GgmlType::kQ5_K, 256, 176}, {GgmlType::kQ6_K, 256, 210}, {GgmlType::kQ8_K, 256, 292}};
+  static const B table[] = {
+      {GgmlType::kF32, 1, 4},      {GgmlType::kF16, 1, 2},      {GgmlType::kBF16, 1, 2},
+      {GgmlType::kQ4_0, 32, 18},   {GgmlType::kQ4_1, 32, 20},   {GgmlType::kQ5_0, 32, 22},
+      {GgmlType::kQ5_1, 32, 24},   {GgmlType::kQ8_0, 32, 34},   {GgmlType::kQ8_1, 32, 36},
+      {GgmlType::kQ2_K, 256, 84},  {GgmlType::kQ3_K, 256, 110}, {GgmlType::kQ4_K, 256, 144},
+      {GgmlType::kQ5_K, 256, 176}, {GgmlType::kQ6_K, 256, 210}, {GgmlType::kQ8_K, 256, 292}};
   for (const B& b : table)
     if (b.t == t) {
       *elems = b.e;
@@ -156,12 +172,25 @@ class Cursor {
 // Smallest encoding of one value of a type (bounds array counts before allocating).
 uint64_t min_size(GgufValueType t) {
   switch (t) {
-    case GgufValueType::kU8: case GgufValueType::kI8: case GgufValueType::kBool: return 1;
-    case GgufValueType::kU16: case GgufValueType::kI16: return 2;
-    case GgufValueType::kU32: case GgufValueType::kI32: case GgufValueType::kF32: return 4;
-    case GgufValueType::kU64: case GgufValueType::kI64: case GgufValueType::kF64: return 8;
-    case GgufValueType::kString: return 8;
-    case GgufValueType::kArray: return 12;
+    case GgufValueType::kU8:
+    case GgufValueType::kI8:
+    case GgufValueType::kBool:
+      return 1;
+    case GgufValueType::kU16:
+    case GgufValueType::kI16:
+      return 2;
+    case GgufValueType::kU32:
+    case GgufValueType::kI32:
+    case GgufValueType::kF32:
+      return 4;
+    case GgufValueType::kU64:
+    case GgufValueType::kI64:
+    case GgufValueType::kF64:
+      return 8;
+    case GgufValueType::kString:
+      return 8;
+    case GgufValueType::kArray:
+      return 12;
   }
   return 1;
 }
@@ -170,22 +199,33 @@ bool valid_type(uint32_t t) { return t <= 12; }
 
 GgufValue read_value(Cursor& c, GgufValueType t, int depth) {
   switch (t) {
-    case GgufValueType::kU8: return static_cast<uint64_t>(c.read<uint8_t>("u8"));
-    case GgufValueType::kI8: return static_cast<int64_t>(c.read<int8_t>("i8"));
-    case GgufValueType::kU16: return static_cast<uint64_t>(c.read<uint16_t>("u16"));
-    case GgufValueType::kI16: return static_cast<int64_t>(c.read<int16_t>("i16"));
-    case GgufValueType::kU32: return static_cast<uint64_t>(c.read<uint32_t>("u32"));
-    case GgufValueType::kI32: return static_cast<int64_t>(c.read<int32_t>("i32"));
-    case GgufValueType::kF32: return static_cast<double>(c.read<float>("f32"));
-    case GgufValueType::kU64: return c.read<uint64_t>("u64");
-    case GgufValueType::kI64: return c.read<int64_t>("i64");
-    case GgufValueType::kF64: return c.read<double>("f64");
+    case GgufValueType::kU8:
+      return static_cast<uint64_t>(c.read<uint8_t>("u8"));
+    case GgufValueType::kI8:
+      return static_cast<int64_t>(c.read<int8_t>("i8"));
+    case GgufValueType::kU16:
+      return static_cast<uint64_t>(c.read<uint16_t>("u16"));
+    case GgufValueType::kI16:
+      return static_cast<int64_t>(c.read<int16_t>("i16"));
+    case GgufValueType::kU32:
+      return static_cast<uint64_t>(c.read<uint32_t>("u32"));
+    case GgufValueType::kI32:
+      return static_cast<int64_t>(c.read<int32_t>("i32"));
+    case GgufValueType::kF32:
+      return static_cast<double>(c.read<float>("f32"));
+    case GgufValueType::kU64:
+      return c.read<uint64_t>("u64");
+    case GgufValueType::kI64:
+      return c.read<int64_t>("i64");
+    case GgufValueType::kF64:
+      return c.read<double>("f64");
     case GgufValueType::kBool: {
       const uint8_t b = c.read<uint8_t>("bool");
       if (b > 1) c.corrupt("bool value " + std::to_string(b) + " is neither 0 nor 1");
       return b == 1;
     }
-    case GgufValueType::kString: return c.string("string value");
+    case GgufValueType::kString:
+      return c.string("string value");
     case GgufValueType::kArray: {
       if (depth > 0) c.corrupt("nested arrays are not supported");
       const uint32_t et = c.read<uint32_t>("array type");
@@ -193,8 +233,8 @@ GgufValue read_value(Cursor& c, GgufValueType t, int depth) {
       const uint64_t n = c.read<uint64_t>("array count");
       const auto elem = static_cast<GgufValueType>(et);
       if (n > c.remaining() / min_size(elem))
-        c.corrupt("array of " + std::to_string(n) + " elements cannot fit in the " + std::to_string(c.remaining()) +
-                  " bytes left");
+        c.corrupt("array of " + std::to_string(n) + " elements cannot fit in the " +
+                  std::to_string(c.remaining()) + " bytes left");
       auto arr = std::make_shared<GgufArray>();
       arr->elem_type = elem;
       arr->items.reserve(static_cast<size_t>(n));
@@ -212,12 +252,15 @@ void GgufFile::parse() {
   const uint32_t magic = c.read<uint32_t>("magic");
   if (magic != 0x46554747u) c.corrupt("bad magic (not a GGUF file)");
   version_ = c.read<uint32_t>("version");
-  if (version_ != 2 && version_ != 3) c.corrupt("unsupported GGUF version " + std::to_string(version_) + " (2 and 3 are)");
+  if (version_ != 2 && version_ != 3)
+    c.corrupt("unsupported GGUF version " + std::to_string(version_) + " (2 and 3 are)");
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
   // Every kv takes at least 8 + 4 + 1 bytes, every tensor info 8 + 4 + 8 + 4 + 8.
-  if (n_kv > c.remaining() / 13) c.corrupt("metadata count " + std::to_string(n_kv) + " cannot fit in the file");
-  if (n_tensors > c.remaining() / 32) c.corrupt("tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
+  if (n_kv > c.remaining() / 13)
+    c.corrupt("metadata count " + std::to_string(n_kv) + " cannot fit in the file");
+  if (n_tensors > c.remaining() / 32)
+    c.corrupt("tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.string("metadata key");
@@ -228,7 +271,8 @@ void GgufFile::parse() {
   }
   if (auto it = metadata_.find("general.alignment"); it != metadata_.end()) {
     const auto* a = std::get_if<uint64_t>(&it->second);
-    if (!a || *a == 0 || (*a & (*a - 1)) != 0) c.corrupt("general.alignment must be a power-of-two unsigned integer");
+    if (!a || *a == 0 || (*a & (*a - 1)) != 0)
+      c.corrupt("general.alignment must be a power-of-two unsigned integer");
     alignment_ = *a;
   }
 
@@ -244,7 +288,8 @@ void GgufFile::parse() {
     int64_t n = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim = c.read<uint64_t>("tensor dim");
-      if (dim == 0 || dim > (uint64_t{1} << 40)) c.corrupt("tensor '" + t.name + "' has dim " + std::to_string(dim));
+      if (dim == 0 || dim > (uint64_t{1} << 40))
+        c.corrupt("tensor '" + t.name + "' has dim " + std::to_string(dim));
       if (__builtin_mul_overflow(n, static_cast<int64_t>(dim), &n))
         c.corrupt("tensor '" + t.name + "' element count overflows");
       t.dims.push_back(static_cast<int64_t>(dim));
@@ -252,16 +297,18 @@ void GgufFile::parse() {
     const uint32_t type = c.read<uint32_t>("tensor type");
     t.type = static_cast<GgmlType>(type);
     int64_t be = 0, bb = 0;
-    if (!ggml_block(t.type, &be, &bb)) c.corrupt("tensor '" + t.name + "' has unknown ggml type " + std::to_string(type));
+    if (!ggml_block(t.type, &be, &bb))
+      c.corrupt("tensor '" + t.name + "' has unknown ggml type " + std::to_string(type));
     if (t.dims[0] % be != 0)
       c.corrupt("tensor '" + t.name + "' row of " + std::to_string(t.dims[0]) + " is not a multiple of the " +
                 ggml_type_name(t.type) + " block (" + std::to_string(be) + ")");
     t.n_elements = n;
-    if (__builtin_mul_overflow(n / be, bb, &t.n_bytes)) c.corrupt("tensor '" + t.name + "' byte size overflows");
+    if (__builtin_mul_overflow(n / be, bb, &t.n_bytes))
+      c.corrupt("tensor '" + t.name + "' byte size overflows");
     t.offset = c.read<uint64_t>("tensor offset");
     if (t.offset % alignment_ != 0)
-      c.corrupt("tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                std::to_string(alignment_));
+      c.corrupt("tensor '" + t.name + "' offset " + std::to_string(t.offset) +
+                " is not a multiple of the alignment " + std::to_string(alignment_));
     tensors_.push_back(std::move(t));
   }
   // Tensor data starts at the next multiple of the alignment.
@@ -282,7 +329,8 @@ void GgufFile::parse() {
 
 namespace {
 [[noreturn]] void missing(const std::string& file, const std::string& key, const char* want) {
-  core::fail(ErrorCode::kCorruptFile, kOp, "'" + file + "': metadata '" + key + "' is missing or not " + want);
+  core::fail(ErrorCode::kCorruptFile, kOp,
+             "'" + file + "': metadata '" + key + "' is missing or not " + want);
 }
 }  // namespace
 

@@ -21,13 +21,37 @@
 namespace anchorkv::io {
 
 enum class GgufValueType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 enum class GgmlType : uint32_t {
-  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
-  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15, kBF16 = 30,
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kBF16 = 30,
 };
 const char* ggml_type_name(GgmlType t);
 // Elements per block and bytes per block; false for types this reader does not know.
@@ -74,7 +98,7 @@ class GgufFile {
   double get_float(const std::string& key) const;   // any float or integer
   const GgufArray& get_array(const std::string& key) const;
   const GgufTensor* find_tensor(const std::string& name) const;  // nullptr if absent
-  const GgufTensor& tensor(const std::string& name) const;      // throws if absent
+  const GgufTensor& tensor(const std::string& name) const;       // throws if absent
 
  private:
   GgufFile() = default;

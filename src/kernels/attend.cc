@@ -22,9 +22,9 @@ namespace {
 constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
 
 constexpr const char* kOp = "anchorkv::attend";
-constexpr int64_t kTile = 512;        // tokens per kernel call (bounds scratch)
-constexpr int64_t kMaxChunks = 16;    // chunks per region: bounds the partials
-constexpr int64_t kMinChunk = 8192;   // tokens (or entries) per chunk at least
+constexpr int64_t kTile = 512;       // tokens per kernel call (bounds scratch)
+constexpr int64_t kMaxChunks = 16;   // chunks per region: bounds the partials
+constexpr int64_t kMinChunk = 8192;  // tokens (or entries) per chunk at least
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One exact fp16 region of a row: [n, D] K/V at positions pos0..pos0+n-1.
@@ -35,25 +35,24 @@ struct DenseRegion {
 
 struct Plan {
   int64_t B = 0, H = 0, D = 0, n_total = 0;
-  std::vector<DenseRegion> dense;  // in position order around the segment
-  int dense_before_segment = 0;    // how many of `dense` precede the segment
+  std::vector<DenseRegion> dense;                   // in position order around the segment
+  int dense_before_segment = 0;                     // how many of `dense` precede the segment
   const internal::AnchorKVState* anchor = nullptr;  // compressed segment, if any
   int64_t seg_pos0 = 0;
 };
 
-int64_t chunk_size(int64_t n) {
-  return std::max<int64_t>(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
-}
+int64_t chunk_size(int64_t n) { return std::max<int64_t>(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks); }
 
 struct Chunk {
   enum Kind { kDense, kAnchors, kEntries } kind;
-  int region = 0;  // dense region index
+  int region = 0;        // dense region index
   int64_t a = 0, b = 0;  // token / entry range
 };
 
 }  // namespace
 
-Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt, AttentionStats* stats) {
+Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt,
+              AttentionStats* stats) {
   // ---------------------------------------------------------------- the cache's layout
   Plan plan;
   KVPair fetched;  // only for caches without a kernel of their own
@@ -122,31 +121,35 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
                    ", D=" + std::to_string(plan.D));
   if (qs[1] < 1 || qs[1] % plan.H != 0)
     core::fail(ErrorCode::kShapeMismatch, kOp,
-               "query heads Hq=" + std::to_string(qs[1]) + " must be a positive multiple of the cache's H=" +
-                   std::to_string(plan.H));
+               "query heads Hq=" + std::to_string(qs[1]) +
+                   " must be a positive multiple of the cache's H=" + std::to_string(plan.H));
   if (qs[2] > plan.n_total)
     core::fail(ErrorCode::kShapeMismatch, kOp,
-               "Sq=" + std::to_string(qs[2]) + " queries but the cache holds only " + std::to_string(plan.n_total) +
-                   " positions (append the queries' K/V first)");
-  if (query.numel() > 0 && query.data == nullptr) core::fail(ErrorCode::kInvalidArgument, kOp, "query has null data");
+               "Sq=" + std::to_string(qs[2]) + " queries but the cache holds only " +
+                   std::to_string(plan.n_total) + " positions (append the queries' K/V first)");
+  if (query.numel() > 0 && query.data == nullptr)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "query has null data");
   if (opt.out_dtype != DType::kF32 && opt.out_dtype != DType::kF16)
     core::fail(ErrorCode::kInvalidArgument, kOp, "out_dtype must be f32 or f16");
   if (!(opt.scale >= 0.0f) || !std::isfinite(opt.scale))
     core::fail(ErrorCode::kInvalidArgument, kOp, "scale must be finite and >= 0");
   const RopeOptions* rope = opt.rope.enabled ? &opt.rope : nullptr;
   if (rope && cache.tokens_kept() < cache.tokens_total())
-    core::fail(ErrorCode::kUnsupported, kOp,
-               "RoPE inside attention needs every token's position; cache '" + cache.name() + "' evicts tokens");
+    core::fail(
+        ErrorCode::kUnsupported, kOp,
+        "RoPE inside attention needs every token's position; cache '" + cache.name() + "' evicts tokens");
   if (rope) {
     if (plan.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
     if (!(rope->base > 1.0) || !std::isfinite(rope->base))
       core::fail(ErrorCode::kInvalidArgument, kOp, "rope.base must be finite and > 1");
     if (rope->style != RopeStyle::kNormal && rope->style != RopeStyle::kNeox)
       core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
-    if (rope->position_offset < 0) core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
+    if (rope->position_offset < 0)
+      core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
     if (rope->position_offset > kMaxRopePosition - plan.n_total)
-      core::fail(ErrorCode::kInvalidArgument, kOp,
-                 "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
+      core::fail(
+          ErrorCode::kInvalidArgument, kOp,
+          "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
   }
   // cos/sin rows for every key position, shared across calls (kernels/rope.h).
   std::shared_ptr<const kernels::RopeTable> rtab;
@@ -186,8 +189,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
           const float x = query.at(b, hq, i, d);
           if (!std::isfinite(x))
             core::fail(ErrorCode::kNonFinite, kOp,
-                       "query holds a non-finite value at [" + std::to_string(b) + ", " + std::to_string(hq) + ", " +
-                           std::to_string(i) + ", " + std::to_string(d) + "]");
+                       "query holds a non-finite value at [" + std::to_string(b) + ", " + std::to_string(hq) +
+                           ", " + std::to_string(i) + ", " + std::to_string(d) + "]");
           dst[d] = x * scale;
         }
         if (rope) kernels::rope_rotate_at(dst, D, *rope, qpos[g] + rope->position_offset);
@@ -210,7 +213,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     int64_t n_other_max = 0;
     for (const auto& row : st->segment) n_other_max = std::max(n_other_max, row.n_other());
     const int64_t c = chunk_size(n_other_max);
-    for (int64_t a = 0; a < n_other_max; a += c) chunks.push_back({Chunk::kEntries, 0, a, std::min(n_other_max, a + c)});
+    for (int64_t a = 0; a < n_other_max; a += c)
+      chunks.push_back({Chunk::kEntries, 0, a, std::min(n_other_max, a + c)});
   }
   for (int r = plan.dense_before_segment; r < static_cast<int>(plan.dense.size()); ++r) add_dense(r);
   const int64_t C = static_cast<int64_t>(chunks.size());
@@ -219,12 +223,12 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
   const bool masked_segment = st && (plan.n_total - Sq) < plan.seg_pos0 + st->segment_tokens - 1;
   const bool need_anchor_pos = masked_segment || rope != nullptr;
   struct RowPrep {
-    std::vector<float> ak, av;           // [k, D] anchors f32
-    std::vector<float> anchor_dot;       // [nq, k]
-    std::vector<float> rq;               // [nq, D]
-    std::vector<int32_t> anchor_pos;     // [k] when masked or with RoPE
-    std::vector<float> cs;               // [nq, k, D] with RoPE (see CompressedQueries)
-    std::vector<int64_t> slot_k, slot_v; // residual slots before each entry chunk
+    std::vector<float> ak, av;            // [k, D] anchors f32
+    std::vector<float> anchor_dot;        // [nq, k]
+    std::vector<float> rq;                // [nq, D]
+    std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
+    std::vector<float> cs;                // [nq, k, D] with RoPE (see CompressedQueries)
+    std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
   };
   std::vector<RowPrep> prep(static_cast<size_t>(st ? R : 0));
   if (st) {
@@ -314,7 +318,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     if (c.kind == Chunk::kAnchors) {
       const compress::CompressedRow& row = st->segment[r];
       const RowPrep& p = prep[r];
-      kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data(), rtab.get()};
+      kernels::CompressedQueries cq{q,           qpos.data(), nq,          p.anchor_dot.data(),
+                                    p.rq.data(), rope,        p.cs.data(), rtab.get()};
       // Anchor weights land directly in this chunk's w ([nq, k] with stride k_max).
       tw.resize(static_cast<size_t>(nq * row.n_anchor));
       kernels::PartialView v{out_view.m, out_view.l, out_view.acc, tw.data(), out_view.rot};
@@ -325,7 +330,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
         for (auto& x : abs_pos) x += static_cast<int32_t>(plan.seg_pos0);
       }
       kernels::anchors_chunk(cq, row.n_anchor, abs_pos.data(), masked_segment, v);
-      for (int64_t g = 0; g < nq; ++g) std::copy_n(&tw[g * row.n_anchor], row.n_anchor, out_view.w + g * k_max);
+      for (int64_t g = 0; g < nq; ++g)
+        std::copy_n(&tw[g * row.n_anchor], row.n_anchor, out_view.w + g * k_max);
       return;
     }
     tm.resize(static_cast<size_t>(nq));
@@ -338,15 +344,15 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
         const int64_t n = std::min(c.b, a + kTile) - a;
         kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
         if (rope)
-          kernels::dense_chunk_rope(q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, *rope,
-                                    *rtab, t, scratch.data(), opt.reference);
+          kernels::dense_chunk_rope(q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a,
+                                    D, *rope, *rtab, t, scratch.data(), opt.reference);
         else
           (opt.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(
               q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, t, scratch.data());
         for (int64_t g = 0; g < nq; ++g)
-          kernels::merge_partial(out_view.m[g], out_view.l[g], out_view.acc + g * D,
-                                 has_c ? out_view.w + g * k_max : nullptr, has_c ? out_view.rot + g * D : nullptr,
-                                 tm[g], tl[g], &tacc[g * D], nullptr, nullptr, D, k_max);
+          kernels::merge_partial(
+              out_view.m[g], out_view.l[g], out_view.acc + g * D, has_c ? out_view.w + g * k_max : nullptr,
+              has_c ? out_view.rot + g * D : nullptr, tm[g], tl[g], &tacc[g * D], nullptr, nullptr, D, k_max);
       }
       return;
     }
@@ -356,7 +362,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     const int64_t e_end = std::min(c.b, row.n_other());
     if (c.a >= e_end) return;
     const int64_t k = row.n_anchor;
-    kernels::CompressedQueries cq{q, qpos.data(), nq, p.anchor_dot.data(), p.rq.data(), rope, p.cs.data(), rtab.get()};
+    kernels::CompressedQueries cq{q,           qpos.data(), nq,          p.anchor_dot.data(),
+                                  p.rq.data(), rope,        p.cs.data(), rtab.get()};
     int64_t entry_chunk = 0;
     for (int64_t i = 0; i < ci; ++i) entry_chunk += chunks[static_cast<size_t>(i)].kind == Chunk::kEntries;
     int64_t sk = p.slot_k[entry_chunk], sv = p.slot_v[entry_chunk];
@@ -366,8 +373,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
     for (int64_t a = c.a; a < e_end; a += kTile) {
       const int64_t b = std::min(e_end, a + kTile);
       kernels::PartialView t{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
-      kernels::entries_chunk(cq, row, *st->codec, a, b, sk, sv, plan.seg_pos0, masked_segment, t, scratch.data(),
-                             opt.reference);
+      kernels::entries_chunk(cq, row, *st->codec, a, b, sk, sv, plan.seg_pos0, masked_segment, t,
+                             scratch.data(), opt.reference);
       for (int64_t e = a; e < b; ++e) {
         sk += row.res_k(e);
         sv += row.res_v(e);
@@ -375,21 +382,25 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
       for (int64_t g = 0; g < nq; ++g) {
         // w in the tile is [nq, k]; the chunk's is strided by k_max (same k per row).
         kernels::merge_partial(out_view.m[g], out_view.l[g], out_view.acc + g * D, out_view.w + g * k_max,
-                               out_view.rot + g * D, tm[g], tl[g], &tacc[g * D], &tw[g * k], &trot[g * D], D, k);
+                               out_view.rot + g * D, tm[g], tl[g], &tacc[g * D], &tw[g * k], &trot[g * D], D,
+                               k);
       }
     }
   });
 
   if (stats) {
-    int64_t bytes = static_cast<int64_t>(Q.size() * 4 + qpos.size() * 8 + (pm.size() + pl.size() + pacc.size()) * 4 +
-                                         (pw.size() + prot.size()) * 4);
+    int64_t bytes =
+        static_cast<int64_t>(Q.size() * 4 + qpos.size() * 8 + (pm.size() + pl.size() + pacc.size()) * 4 +
+                             (pw.size() + prot.size()) * 4);
     for (const RowPrep& p : prep)
-      bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size() + p.cs.size()) * 4 +
-                                    p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
+      bytes += static_cast<int64_t>(
+          (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size() + p.cs.size()) * 4 +
+          p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
     const int64_t threads = std::min<int64_t>(core::resolve_threads(opt.threads), R * C);
     // Per-thread scratch (largest use) + tile partials + finish buffers.
     bytes += threads * 4 * (kTile * (nq + 3) + 3 * D + nq * (2 + 2 * D + k_max) + 3 * D + k_max);
-    if (fetched.keys.numel() > 0) bytes += static_cast<int64_t>(fetched.keys.nbytes() + fetched.values.nbytes());
+    if (fetched.keys.numel() > 0)
+      bytes += static_cast<int64_t>(fetched.keys.nbytes() + fetched.values.nbytes());
     stats->workspace_bytes = bytes;
     stats->chunks_per_row = C;
     stats->compressed = st != nullptr;
@@ -408,8 +419,8 @@ Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOpti
       std::fill(rot.begin(), rot.end(), 0.0f);
       for (int64_t c = 0; c < C; ++c) {
         const kernels::PartialView v = view(r, c);
-        kernels::merge_partial(m, l, acc.data(), has_c ? w.data() : nullptr, has_c ? rot.data() : nullptr, v.m[g],
-                               v.l[g], v.acc + g * D, has_c ? v.w + g * k_max : nullptr,
+        kernels::merge_partial(m, l, acc.data(), has_c ? w.data() : nullptr, has_c ? rot.data() : nullptr,
+                               v.m[g], v.l[g], v.acc + g * D, has_c ? v.w + g * k_max : nullptr,
                                has_c ? v.rot + g * D : nullptr, D, k);
       }
       // y = (acc + sum_j w_j a^V_j + R^T rot) / l

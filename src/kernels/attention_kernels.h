@@ -33,16 +33,17 @@ struct PartialView {
 // scratch: n * nq floats + 2 * D floats.
 void dense_chunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
                  int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch);
-void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
-                     int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch);
+void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                     const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, PartialView out,
+                     float* scratch);
 
 // Per-query state of a compressed row, computed once per call.
 struct CompressedQueries {
-  const float* q;            // [nq, D] scaled queries
-  const int64_t* qpos;       // [nq]
+  const float* q;       // [nq, D] scaled queries
+  const int64_t* qpos;  // [nq]
   int64_t nq = 0;
-  const float* anchor_dot;   // [nq, k]  q . a^K_j
-  const float* rq;           // [nq, D]  R q (rotated queries), or nullptr if no K residuals
+  const float* anchor_dot;  // [nq, k]  q . a^K_j
+  const float* rq;          // [nq, D]  R q (rotated queries), or nullptr if no K residuals
   // Pre-RoPE keys (rope != nullptr): q is already rotated to its position,
   // anchor_dot uses the anchors rotated to theirs, and
   //   cs [nq, k, D] = per pair i: C_i = q_x a_x + q_y a_y (first D/2), S_i = q_y a_x - q_x a_y (last D/2)
@@ -55,9 +56,9 @@ struct CompressedQueries {
 // Dense fp16 tokens whose keys are pre-RoPE: each key is rotated to its
 // position (pos + rope.position_offset, rows of `table`) before the dot.
 // scratch: n * nq + n * D floats.
-void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
-                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, const RopeTable& table,
-                      PartialView out, float* scratch, bool reference);
+void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                      const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
+                      const RopeTable& table, PartialView out, float* scratch, bool reference);
 
 // The anchors of a compressed row as tokens (gamma = 1, own value): scores
 // anchor_dot, values accumulate into w[j]. anchor_pos: positions (only read
@@ -70,7 +71,8 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 // token. scratch: (e1 - e0) * (nq + 3) floats + 2 * D floats + D bytes.
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, int64_t e0, int64_t e1, int64_t slot_k0,
-                   int64_t slot_v0, int64_t seg_pos0, bool masked, PartialView out, float* scratch, bool reference);
+                   int64_t slot_v0, int64_t seg_pos0, bool masked, PartialView out, float* scratch,
+                   bool reference);
 
 // Merge partial `b` into `a` (same layout); k may be 0 and w/rot null.
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

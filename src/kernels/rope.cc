@@ -44,7 +44,8 @@ std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64
     std::copy((*slot)->sin.begin(), (*slot)->sin.end(), t->sin.begin());
   }
   for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock)
-    rope_table(p0, kRopeBlock, D, base, &t->cos[static_cast<size_t>(p0 * half)], &t->sin[static_cast<size_t>(p0 * half)]);
+    rope_table(p0, kRopeBlock, D, base, &t->cos[static_cast<size_t>(p0 * half)],
+               &t->sin[static_cast<size_t>(p0 * half)]);
   if (slot) {
     *slot = t;
   } else {

@@ -11,7 +11,9 @@
 
 namespace anchorkv::kernels {
 
-inline int64_t rope_x(RopeStyle style, int64_t i, int64_t /*D*/) { return style == RopeStyle::kNormal ? 2 * i : i; }
+inline int64_t rope_x(RopeStyle style, int64_t i, int64_t /*D*/) {
+  return style == RopeStyle::kNormal ? 2 * i : i;
+}
 inline int64_t rope_y(RopeStyle style, int64_t i, int64_t D) {
   return style == RopeStyle::kNormal ? 2 * i + 1 : i + D / 2;
 }

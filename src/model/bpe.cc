@@ -80,7 +80,8 @@ std::vector<std::string> PreTokenizer::split(const std::string& text) const {
     UErrorCode st = U_ZERO_ERROR;
     const icu::UnicodeString u = icu::UnicodeString::fromUTF8(valid);
     std::unique_ptr<icu::RegexMatcher> m(impl_->pattern->matcher(u, st));
-    if (U_FAILURE(st)) core::fail(ErrorCode::kUnsupported, kOp, std::string("ICU matcher: ") + u_errorName(st));
+    if (U_FAILURE(st))
+      core::fail(ErrorCode::kUnsupported, kOp, std::string("ICU matcher: ") + u_errorName(st));
     int32_t done = 0;
     auto emit = [&](int32_t a, int32_t b) {
       if (b <= a) return;

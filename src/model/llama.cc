@@ -17,22 +17,26 @@ namespace anchorkv::model {
 namespace {
 constexpr const char* kLoad = "anchorkv::load_model";
 
-const io::GgufTensor& checked(const io::GgufFile& f, const std::string& name, const std::vector<int64_t>& expect_dims) {
+const io::GgufTensor& checked(const io::GgufFile& f, const std::string& name,
+                              const std::vector<int64_t>& expect_dims) {
   const io::GgufTensor& t = f.tensor(name);
   if (t.dims != expect_dims) {
     std::string got, want;
     for (auto d : t.dims) got += std::to_string(d) + " ";
     for (auto d : expect_dims) want += std::to_string(d) + " ";
-    core::fail(ErrorCode::kCorruptFile, kLoad, "tensor '" + name + "' has dims [ " + got + "], expected [ " + want + "]");
+    core::fail(ErrorCode::kCorruptFile, kLoad,
+               "tensor '" + name + "' has dims [ " + got + "], expected [ " + want + "]");
   }
   if (!io::can_dequantize(t.type))
-    core::fail(ErrorCode::kUnsupported, kLoad,
-               "tensor '" + name + "' has type " + io::ggml_type_name(t.type) + ", which this runtime cannot read");
+    core::fail(
+        ErrorCode::kUnsupported, kLoad,
+        "tensor '" + name + "' has type " + io::ggml_type_name(t.type) + ", which this runtime cannot read");
   return t;
 }
 
 // A vector (norm weights, biases) as f32.
-std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name, std::vector<int64_t> expect_dims) {
+std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name,
+                               std::vector<int64_t> expect_dims) {
   const io::GgufTensor& t = checked(f, name, expect_dims);
   std::vector<float> out(static_cast<size_t>(t.n_elements));
   int64_t be = 0, bb = 0;
@@ -74,8 +78,9 @@ LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
   c.dim = static_cast<int64_t>(f.get_uint(a + ".embedding_length"));
   c.n_layers = static_cast<int64_t>(f.get_uint(a + ".block_count"));
   c.n_heads = static_cast<int64_t>(f.get_uint(a + ".attention.head_count"));
-  c.n_kv_heads = f.has(a + ".attention.head_count_kv") ? static_cast<int64_t>(f.get_uint(a + ".attention.head_count_kv"))
-                                                       : c.n_heads;
+  c.n_kv_heads = f.has(a + ".attention.head_count_kv")
+                     ? static_cast<int64_t>(f.get_uint(a + ".attention.head_count_kv"))
+                     : c.n_heads;
   c.hidden = static_cast<int64_t>(f.get_uint(a + ".feed_forward_length"));
   c.context = f.has(a + ".context_length") ? static_cast<int64_t>(f.get_uint(a + ".context_length")) : 0;
   c.rope_base = f.has(a + ".rope.freq_base") ? f.get_float(a + ".rope.freq_base") : 10000.0;
@@ -86,8 +91,9 @@ LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
     core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': RoPE base must be finite and > 1");
   auto in_range = [&](const char* what, int64_t v, int64_t hi) {
     if (v <= 0 || v > hi)
-      core::fail(ErrorCode::kCorruptFile, kLoad,
-                 "'" + path + "': " + what + " = " + std::to_string(v) + " is outside 1.." + std::to_string(hi));
+      core::fail(
+          ErrorCode::kCorruptFile, kLoad,
+          "'" + path + "': " + what + " = " + std::to_string(v) + " is outside 1.." + std::to_string(hi));
   };
   in_range("embedding_length", c.dim, int64_t{1} << 24);
   in_range("block_count", c.n_layers, int64_t{1} << 16);
@@ -97,17 +103,20 @@ LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
   const bool explicit_head = f.has(a + ".attention.key_length");
   if (c.dim <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || (!explicit_head && c.dim % c.n_heads != 0) ||
       c.n_heads % c.n_kv_heads != 0)
-    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts or embedding length");
+    core::fail(ErrorCode::kCorruptFile, kLoad,
+               "'" + path + "': inconsistent head counts or embedding length");
   c.head_dim = c.dim / c.n_heads;
   if (explicit_head) c.head_dim = static_cast<int64_t>(f.get_uint(a + ".attention.key_length"));
   if (f.has(a + ".attention.value_length") &&
       static_cast<int64_t>(f.get_uint(a + ".attention.value_length")) != c.head_dim)
     core::fail(ErrorCode::kUnsupported, kLoad, "'" + path + "': key and value head sizes differ");
   if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > 4096)
-    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': head size " + std::to_string(c.head_dim) + " is invalid");
+    core::fail(ErrorCode::kCorruptFile, kLoad,
+               "'" + path + "': head size " + std::to_string(c.head_dim) + " is invalid");
   if (f.has(a + ".rope.dimension_count") &&
       static_cast<int64_t>(f.get_uint(a + ".rope.dimension_count")) != c.head_dim)
-    core::fail(ErrorCode::kUnsupported, kLoad, "'" + path + "': partial RoPE (rope.dimension_count != head size)");
+    core::fail(ErrorCode::kUnsupported, kLoad,
+               "'" + path + "': partial RoPE (rope.dimension_count != head size)");
   const auto& emb = f.tensor("token_embd.weight");
   c.vocab = emb.dims.size() == 2 ? emb.dims[1] : 0;
   const int64_t D = c.dim, hd = c.head_dim, kv = c.n_kv_heads * hd;
@@ -158,19 +167,21 @@ LlamaWeights load_llama2c(const std::string& path) {
   c.context = h[6];
   for (int i = 0; i < 7; ++i)
     if (h[i] == 0 || (i != 5 && h[i] < 0) || std::abs(static_cast<int64_t>(h[i])) > (int64_t{1} << 24))
-      core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': header field " + std::to_string(i) + " = " +
-                                                     std::to_string(h[i]) + " is out of range");
+      core::fail(ErrorCode::kCorruptFile, kLoad,
+                 "'" + path + "': header field " + std::to_string(i) + " = " + std::to_string(h[i]) +
+                     " is out of range");
   if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
     core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts");
   c.head_dim = c.dim / c.n_heads;
   c.rms_eps = 1e-5;
   c.rope_base = 10000.0;
   const int64_t D = c.dim, L = c.n_layers, kv = c.n_kv_heads * c.head_dim, Hd = c.hidden;
-  const int64_t floats = c.vocab * D + L * D + L * D * D + 2 * L * kv * D + L * D * D + L * D + 3 * L * Hd * D + D +
-                         c.context * c.head_dim + (shared ? 0 : c.vocab * D);
+  const int64_t floats = c.vocab * D + L * D + L * D * D + 2 * L * kv * D + L * D * D + L * D +
+                         3 * L * Hd * D + D + c.context * c.head_dim + (shared ? 0 : c.vocab * D);
   if (size < 28 + floats * 4)
     core::fail(ErrorCode::kCorruptFile, kLoad,
-               "'" + path + "': " + std::to_string(size) + " bytes, the header implies " + std::to_string(28 + floats * 4));
+               "'" + path + "': " + std::to_string(size) + " bytes, the header implies " +
+                   std::to_string(28 + floats * 4));
   auto take = [&](int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
     in.read(reinterpret_cast<char*>(v.data()), n * 4);
@@ -233,8 +244,11 @@ void Weight::row(int64_t r, float* out) const {
 int64_t LlamaWeights::bytes() const {
   int64_t b = embeddings.bytes() + output_weight.bytes() + static_cast<int64_t>(final_norm.size()) * 4;
   for (const auto& L : layers) {
-    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() + L.w_down.bytes();
-    b += static_cast<int64_t>(L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() + L.bv.size()) * 4;
+    b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() +
+         L.w_down.bytes();
+    b += static_cast<int64_t>(L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() +
+                              L.bv.size()) *
+         4;
   }
   return b;
 }
@@ -297,8 +311,9 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   if (T == 0) core::fail(ErrorCode::kInvalidArgument, "anchorkv::LlamaModel::forward", "no tokens");
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab)
-      core::fail(ErrorCode::kInvalidArgument, "anchorkv::LlamaModel::forward",
-                 "token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(c.vocab));
+      core::fail(
+          ErrorCode::kInvalidArgument, "anchorkv::LlamaModel::forward",
+          "token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(c.vocab));
   std::vector<float> x(static_cast<size_t>(T * D)), xn(x.size()), q(static_cast<size_t>(T * Hq * hd)),
       k(static_cast<size_t>(T * Hk * hd)), v(k.size()), att(q.size()), o(x.size()),
       gate(static_cast<size_t>(T * c.hidden)), up(gate.size());
@@ -354,7 +369,8 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       }
     }
     KVCache& cache = *caches_[l];
-    const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}), kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
+    const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}),
+                     kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
     const TensorView q_view = TensorView::f32(qh.data(), {1, Hq, T, hd});
     AttentionOptions ao;
     ao.threads = threads_;
@@ -401,12 +417,14 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
     mm(xn.data(), T, L.w_gate, gate.data());
     mm(xn.data(), T, L.w_up, up.data());
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
+    for (size_t i = 0; i < gate.size(); ++i)
+      gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
     mm(gate.data(), T, L.w_down, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   const int64_t first = all_logits ? 0 : T - 1, n = T - first;
-  for (int64_t t = first; t < T; ++t) rmsnorm(&x[t * D], w_.final_norm.data(), D, c.rms_eps, &xn[(t - first) * D]);
+  for (int64_t t = first; t < T; ++t)
+    rmsnorm(&x[t * D], w_.final_norm.data(), D, c.rms_eps, &xn[(t - first) * D]);
   std::vector<float> logits(static_cast<size_t>(n * c.vocab));
   mm(xn.data(), n, w_.output(), logits.data());
   pos_ += T;

@@ -64,12 +64,12 @@ struct LlamaLayer {
 
 struct LlamaWeights {
   LlamaConfig config;
-  Weight embeddings;             // [vocab, dim]
+  Weight embeddings;  // [vocab, dim]
   std::vector<float> final_norm;
-  Weight output_weight;          // [vocab, dim]; empty when tied to the embeddings
+  Weight output_weight;  // [vocab, dim]; empty when tied to the embeddings
   std::vector<LlamaLayer> layers;
   const Weight& output() const { return output_weight.rows > 0 ? output_weight : embeddings; }
-  int64_t bytes() const;         // every weight as held in memory
+  int64_t bytes() const;  // every weight as held in memory
 };
 
 // Throws Error(kCorruptFile / kUnsupported / kIo) naming what is wrong.

@@ -25,14 +25,20 @@ size_t utf8_len(unsigned char c) {
 
 Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types,
                      int32_t bos, int32_t eos, int32_t unk, bool escape_spaces)
-    : pieces_(std::move(pieces)), scores_(std::move(scores)), types_(std::move(types)), bos_(bos), eos_(eos), unk_(unk),
+    : pieces_(std::move(pieces)),
+      scores_(std::move(scores)),
+      types_(std::move(types)),
+      bos_(bos),
+      eos_(eos),
+      unk_(unk),
       escape_spaces_(escape_spaces) {
   const size_t n = pieces_.size();
   if (scores_.size() != n || types_.size() != n)
     core::fail(ErrorCode::kCorruptFile, kOp, "tokens, scores and token types differ in length");
   for (int32_t id : {bos_, eos_, unk_})
     if (id < -1 || id >= static_cast<int32_t>(n))
-      core::fail(ErrorCode::kCorruptFile, kOp, "special token id " + std::to_string(id) + " is outside the vocabulary");
+      core::fail(ErrorCode::kCorruptFile, kOp,
+                 "special token id " + std::to_string(id) + " is outside the vocabulary");
   for (auto& b : byte_token_) b = -1;
   for (size_t i = 0; i < n; ++i) {
     if (types_[i] == kByte) {
@@ -40,22 +46,24 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
       const std::string& p = pieces_[i];
       auto hex = [](char ch) {
         return std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
-               : (ch >= 'A' && ch <= 'F')                    ? ch - 'A' + 10
-               : (ch >= 'a' && ch <= 'f')                    ? ch - 'a' + 10
-                                                             : -1;
+               : (ch >= 'A' && ch <= 'F')                   ? ch - 'A' + 10
+               : (ch >= 'a' && ch <= 'f')                   ? ch - 'a' + 10
+                                                            : -1;
       };
       if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>' && hex(p[3]) >= 0 && hex(p[4]) >= 0)
         byte_token_[hex(p[3]) * 16 + hex(p[4])] = static_cast<int32_t>(i);
       continue;
     }
-    if (types_[i] == kNormal || types_[i] == kUserDefined || types_[i] == kUnused) index_.emplace(pieces_[i], static_cast<int32_t>(i));
+    if (types_[i] == kNormal || types_[i] == kUserDefined || types_[i] == kUnused)
+      index_.emplace(pieces_[i], static_cast<int32_t>(i));
   }
 }
 
 Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
   if (model != "llama" && model != "gpt2")
-    core::fail(ErrorCode::kUnsupported, kOp, "tokenizer model '" + model + "' is not supported (llama, gpt2 are)");
+    core::fail(ErrorCode::kUnsupported, kOp,
+               "tokenizer model '" + model + "' is not supported (llama, gpt2 are)");
   const auto& toks = f.get_array("tokenizer.ggml.tokens");
   std::vector<std::string> pieces;
   for (const auto& v : toks.items) {
@@ -66,14 +74,16 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
   std::vector<float> scores(pieces.size(), 0.0f);
   if (f.has("tokenizer.ggml.scores")) {
     const auto& a = f.get_array("tokenizer.ggml.scores");
-    if (a.items.size() != pieces.size()) core::fail(ErrorCode::kCorruptFile, kOp, "scores and tokens differ in length");
+    if (a.items.size() != pieces.size())
+      core::fail(ErrorCode::kCorruptFile, kOp, "scores and tokens differ in length");
     for (size_t i = 0; i < pieces.size(); ++i)
       if (const auto* d = std::get_if<double>(&a.items[i])) scores[i] = static_cast<float>(*d);
   }
   std::vector<int32_t> types(pieces.size(), kNormal);
   if (f.has("tokenizer.ggml.token_type")) {
     const auto& a = f.get_array("tokenizer.ggml.token_type");
-    if (a.items.size() != pieces.size()) core::fail(ErrorCode::kCorruptFile, kOp, "token types and tokens differ in length");
+    if (a.items.size() != pieces.size())
+      core::fail(ErrorCode::kCorruptFile, kOp, "token types and tokens differ in length");
     for (size_t i = 0; i < pieces.size(); ++i) {
       if (const auto* x = std::get_if<int64_t>(&a.items[i])) types[i] = static_cast<int32_t>(*x);
       if (const auto* x = std::get_if<uint64_t>(&a.items[i])) types[i] = static_cast<int32_t>(*x);
@@ -106,7 +116,8 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
   bool escape = false;
   for (const auto& p : pieces) escape |= p.find(kSpace) != std::string::npos;
   if (f.has("tokenizer.ggml.add_space_prefix")) {
-    if (const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_space_prefix"))) escape = escape || *b;
+    if (const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_space_prefix")))
+      escape = escape || *b;
   }
   Tokenizer t(std::move(pieces), std::move(scores), std::move(types), id("tokenizer.ggml.bos_token_id", 1),
               id("tokenizer.ggml.eos_token_id", 2), id("tokenizer.ggml.unknown_token_id", 0), escape);
@@ -115,8 +126,8 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
 }
 
 Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector<int32_t> types,
-                                    const std::vector<std::string>& merges, const std::string& pre, int32_t bos,
-                                    int32_t eos, int32_t unk) {
+                                    const std::vector<std::string>& merges, const std::string& pre,
+                                    int32_t bos, int32_t eos, int32_t unk) {
   std::vector<float> scores(pieces.size(), 0.0f);
   Tokenizer t(std::move(pieces), std::move(scores), std::move(types), bos, eos, unk, false);
   t.pre_ = std::make_shared<const bpe::PreTokenizer>(pre);
@@ -125,14 +136,16 @@ Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector
     const std::string& m = merges[r];
     const size_t sp = m.find(' ');
     if (sp == std::string::npos || sp == 0 || sp + 1 >= m.size() || m.find(' ', sp + 1) != std::string::npos)
-      core::fail(ErrorCode::kCorruptFile, kOp, "merge " + std::to_string(r) + " ('" + m + "') is not 'left right'");
+      core::fail(ErrorCode::kCorruptFile, kOp,
+                 "merge " + std::to_string(r) + " ('" + m + "') is not 'left right'");
     t.merge_rank_.emplace(m, static_cast<int32_t>(r));  // first occurrence wins
   }
   // Every byte must be reachable: its character is a token.
   for (int b = 0; b < 256; ++b)
     if (!t.index_.count(bpe::byte_to_char(static_cast<unsigned char>(b))) && t.unk_ < 0)
       core::fail(ErrorCode::kCorruptFile, kOp,
-                 "byte-level vocabulary lacks the token for byte " + std::to_string(b) + " and has no unknown token");
+                 "byte-level vocabulary lacks the token for byte " + std::to_string(b) +
+                     " and has no unknown token");
   return t;
 }
 

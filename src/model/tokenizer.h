@@ -38,10 +38,17 @@ class PreTokenizer;
 
 class Tokenizer {
  public:
-  enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+  enum TokenType : int32_t {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
 
-  Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types, int32_t bos,
-            int32_t eos, int32_t unk, bool escape_spaces);
+  Tokenizer(std::vector<std::string> pieces, std::vector<float> scores, std::vector<int32_t> types,
+            int32_t bos, int32_t eos, int32_t unk, bool escape_spaces);
   // Byte-level BPE: pieces, merges ("left right", rank order), pre-tokenizer name.
   static Tokenizer byte_level_bpe(std::vector<std::string> pieces, std::vector<int32_t> types,
                                   const std::vector<std::string>& merges, const std::string& pre, int32_t bos,

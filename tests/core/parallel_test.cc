@@ -38,7 +38,10 @@ TEST(ParallelFor, UsesMoreThanOneThreadWhenAsked) {
 }
 
 TEST(ParallelFor, RethrowsTheFirstErrorAndStaysUsable) {
-  EXPECT_THROW(parallel_for(100, 4, [](int64_t i) { if (i == 17) throw std::runtime_error("task 17"); }),
+  EXPECT_THROW(parallel_for(100, 4,
+                            [](int64_t i) {
+                              if (i == 17) throw std::runtime_error("task 17");
+                            }),
                std::runtime_error);
   std::atomic<int64_t> sum{0};
   parallel_for(100, 4, [&](int64_t i) { sum += i; });

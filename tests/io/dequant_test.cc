@@ -41,7 +41,8 @@ Block encode(GgmlType t, std::mt19937& g) {
   EXPECT_TRUE(ggml_block(t, &be, &bb));
   Block b{std::vector<uint8_t>(bb, 0), std::vector<float>(be, 0.0f)};
   switch (t) {
-    case GgmlType::kQ4_0: case GgmlType::kQ4_1: {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: {
       const bool min = t == GgmlType::kQ4_1;
       const float d = hscale(g, -1, 1), m = min ? hscale(g, -2, 2) : 0.0f;
       b.half(0, d);
@@ -53,7 +54,8 @@ Block encode(GgmlType t, std::mt19937& g) {
       }
       break;
     }
-    case GgmlType::kQ5_0: case GgmlType::kQ5_1: {
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1: {
       const bool min = t == GgmlType::kQ5_1;
       const float d = hscale(g, -1, 1), m = min ? hscale(g, -2, 2) : 0.0f;
       b.half(0, d);
@@ -77,7 +79,8 @@ Block encode(GgmlType t, std::mt19937& g) {
       }
       break;
     }
-    case GgmlType::kQ2_K: case GgmlType::kQ3_K: {
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K: {
       // 16 groups of 16: element e -> half e/128, shift slot j, part, lane l.
       const bool three = t == GgmlType::kQ3_K;
       const float d = hscale(g, -1, 1), dmin = three ? 0.0f : hscale(g, -1, 1);
@@ -99,7 +102,8 @@ Block encode(GgmlType t, std::mt19937& g) {
         b.half(82, dmin);
       }
       for (int e = 0; e < 256; ++e) {
-        const int half = e / 128, r = e % 128, j = r / 32, part = (r % 32) / 16, l = r % 16, idx = l + 16 * part;
+        const int half = e / 128, r = e % 128, j = r / 32, part = (r % 32) / 16, l = r % 16,
+                  idx = l + 16 * part;
         const int s = half * 8 + j * 2 + part, q = rnd(g, 0, 3);
         b.bits((three ? 32 : 16) + half * 32 + idx, 2 * j, 2, q);
         if (three) {
@@ -107,12 +111,14 @@ Block encode(GgmlType t, std::mt19937& g) {
           b.bits(idx, half * 4 + j, 1, hbit);
           b.expect[e] = d * static_cast<float>(sc[s] - 32) * static_cast<float>(q - (hbit ? 0 : 4));
         } else {
-          b.expect[e] = d * static_cast<float>(sc[s]) * static_cast<float>(q) - dmin * static_cast<float>(mn[s]);
+          b.expect[e] =
+              d * static_cast<float>(sc[s]) * static_cast<float>(q) - dmin * static_cast<float>(mn[s]);
         }
       }
       break;
     }
-    case GgmlType::kQ4_K: case GgmlType::kQ5_K: {
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: {
       const bool five = t == GgmlType::kQ5_K;
       const float d = hscale(g, 0, 1), dmin = hscale(g, 0, 1);
       b.half(0, d);
@@ -135,7 +141,8 @@ Block encode(GgmlType t, std::mt19937& g) {
         const int gr = e / 32, l = e % 32, q = rnd(g, 0, five ? 31 : 15);
         b.bits((five ? 48 : 16) + (gr / 2) * 32 + l, gr % 2 ? 4 : 0, 4, q & 15);
         if (five) b.bits(16 + l, gr, 1, q >> 4);
-        b.expect[e] = d * static_cast<float>(sc[gr]) * static_cast<float>(q) - dmin * static_cast<float>(mn[gr]);
+        b.expect[e] =
+            d * static_cast<float>(sc[gr]) * static_cast<float>(q) - dmin * static_cast<float>(mn[gr]);
       }
       break;
     }
@@ -183,7 +190,8 @@ TEST_P(Dequant, EveryElementDecodesToTheFormatsValue) {
   ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * sizeof(float))) << ggml_type_name(t);
   for (size_t i = 0; i < got.size(); ++i) {
     // The decoder multiplies in a different order (d * sc first): a few ulps.
-    ASSERT_NEAR(got[i], expect[i], 1e-5f * (1.0f + std::abs(expect[i]))) << ggml_type_name(t) << " element " << i;
+    ASSERT_NEAR(got[i], expect[i], 1e-5f * (1.0f + std::abs(expect[i])))
+        << ggml_type_name(t) << " element " << i;
   }
 }
 

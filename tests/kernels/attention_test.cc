@@ -21,8 +21,8 @@ constexpr double kSimdVsReferenceNmse = 1e-10;
 
 // Dense causal attention in double over [n, D] rows; query i at position n - Sq + i.
 std::vector<double> dense_reference(const std::vector<float>& q /*[B,Hq,Sq,D]*/, const std::vector<float>& K,
-                                    const std::vector<float>& V /*[B,H,n,D]*/, int64_t B, int64_t H, int64_t Hq,
-                                    int64_t Sq, int64_t n, int64_t D) {
+                                    const std::vector<float>& V /*[B,H,n,D]*/, int64_t B, int64_t H,
+                                    int64_t Hq, int64_t Sq, int64_t n, int64_t D) {
   std::vector<double> y(static_cast<size_t>(B * Hq * Sq * D), 0.0);
   const int64_t G = Hq / H;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -91,11 +91,13 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed) {
   cfg.metadata = layout;
   AnchorKVCache cache(cfg);
   const auto K = random_kv(c.B, H, c.S, c.D, 11), V = random_kv(c.B, H, c.S, c.D, 12);
-  cache.update_and_fetch(TensorView::f32(K.data(), {c.B, H, c.S, c.D}), TensorView::f32(V.data(), {c.B, H, c.S, c.D}));
+  cache.update_and_fetch(TensorView::f32(K.data(), {c.B, H, c.S, c.D}),
+                         TensorView::f32(V.data(), {c.B, H, c.S, c.D}));
   if (c.tail) {
     const int64_t T = std::max<int64_t>(c.Sq, 3);
     const auto Kt = random_kv(c.B, H, T, c.D, 13), Vt = random_kv(c.B, H, T, c.D, 14);
-    cache.update_and_fetch(TensorView::f32(Kt.data(), {c.B, H, T, c.D}), TensorView::f32(Vt.data(), {c.B, H, T, c.D}));
+    cache.update_and_fetch(TensorView::f32(Kt.data(), {c.B, H, T, c.D}),
+                           TensorView::f32(Vt.data(), {c.B, H, T, c.D}));
   }
   if (cache.offset() < c.Sq) return;
   if (c.S >= 1000) {  // the sweep must exercise key and value residuals
@@ -155,8 +157,8 @@ TEST(Attention, EveryGroupBatchQueryAndTailCombinationAtSmallSize) {
 }
 
 TEST(Attention, CompactMetadataLayout) {
-  for (const Case& c : {Case{1000, 64, 4, 2, 7, true}, Case{1000, 80, 1, 1, 1, false}, Case{4097, 128, 8, 1, 7, false},
-                        Case{300, 64, 4, 3, 1, true}})
+  for (const Case& c : {Case{1000, 64, 4, 2, 7, true}, Case{1000, 80, 1, 1, 1, false},
+                        Case{4097, 128, 8, 1, 7, false}, Case{300, 64, 4, 3, 1, true}})
     run_case(c, MetadataLayout::kCompact);
 }
 
@@ -232,8 +234,8 @@ TEST(Attention, WorkspaceStaysFarBelowTheDenseCache) {
   const int64_t dense_f32 = B * H * S * D * 4 * 2;  // what reconstructing K and V would take
   const int64_t k = S / 128, nq = Hq / H, R = B * H;
   // O(anchors * D + Sq * D + threads * tile), with the constants of this implementation.
-  const int64_t bound = 4 * (R * (2 * k * D + nq * k + nq * D) +                  // per-row prep
-                             R * stats.chunks_per_row * nq * (2 + 2 * D + k) +   // chunk partials
+  const int64_t bound = 4 * (R * (2 * k * D + nq * k + nq * D) +                // per-row prep
+                             R * stats.chunks_per_row * nq * (2 + 2 * D + k) +  // chunk partials
                              R * nq * D + 2 * (512 * (nq + 3) + 6 * D + nq * (2 + 2 * D + k) + k)) +
                         64 * R;
   EXPECT_LE(stats.workspace_bytes, bound * 5 / 4);
@@ -276,7 +278,8 @@ namespace anchorkv {
 namespace {
 
 // Rotate rows in double: x[t] at position pos0 + t.
-void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_t pos0, const RopeOptions& r) {
+void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_t pos0,
+               const RopeOptions& r) {
   for (int64_t row = 0; row < rows; ++row)
     for (int64_t t = 0; t < n; ++t) {
       float* x = &X[(row * n + t) * D];
@@ -292,8 +295,8 @@ void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_
 }
 
 void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail) {
-  SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
-                                    << " Sq=" << Sq << " head=" << head << " tail=" << tail);
+  SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset
+                                    << " S=" << S << " Sq=" << Sq << " head=" << head << " tail=" << tail);
   const int64_t B = 1, H = 2, G = 4, Hq = H * G, D = 64;
   AnchorKVConfig cfg;
   cfg.theta = 0.15;
@@ -366,7 +369,8 @@ TEST(Attention, MaskedQueriesAfterAnExactHead) {
   AnchorKVCache cache(cfg);
   const auto K1 = random_kv(B, H, 1, D, 1), K2 = random_kv(B, H, 400, D, 2), V2 = random_kv(B, H, 400, D, 3);
   cache.update_and_fetch(TensorView::f32(K1.data(), {B, H, 1, D}), TensorView::f32(K1.data(), {B, H, 1, D}));
-  cache.update_and_fetch(TensorView::f32(K2.data(), {B, H, 400, D}), TensorView::f32(V2.data(), {B, H, 400, D}));
+  cache.update_and_fetch(TensorView::f32(K2.data(), {B, H, 400, D}),
+                         TensorView::f32(V2.data(), {B, H, 400, D}));
   const auto q = random_kv(B, Hq, 9, D, 4);
   std::vector<float> Kr, Vr;
   reconstruct_f32(cache, Kr, Vr);

@@ -17,11 +17,12 @@ TEST(RopeTable, MatchesExactAnglesAndDoesNotDependOnHowItGrew) {
   EXPECT_EQ(small->n % kRopeBlock, 0);
   const auto big = shared_rope_table(base, D, 3 * kRopeBlock + 5);
   ASSERT_GE(big->n, 3 * kRopeBlock + 5);
-  EXPECT_GE(small->n, 10);  // the old snapshot stays valid for its holders
+  EXPECT_GE(small->n, 10);                                    // the old snapshot stays valid for its holders
   EXPECT_EQ(shared_rope_table(base, D, 7).get(), big.get());  // covered: no rebuild
   // Every entry is a function of (base, D, p) alone: the same as a table built in one go
   // (rope_table from each block's exact start), and within 1e-6 of exact sincos.
-  for (int64_t p : {int64_t{0}, int64_t{1}, kRopeBlock - 1, kRopeBlock, 2 * kRopeBlock + 17, 3 * kRopeBlock + 4}) {
+  for (int64_t p :
+       {int64_t{0}, int64_t{1}, kRopeBlock - 1, kRopeBlock, 2 * kRopeBlock + 17, 3 * kRopeBlock + 4}) {
     std::vector<float> c(half), s(half);
     const int64_t block = p / kRopeBlock * kRopeBlock;
     std::vector<float> bc(static_cast<size_t>(kRopeBlock * half)), bs(bc.size());

@@ -38,7 +38,8 @@ TEST_P(Models, IncrementalDecodeEqualsPrefillAndLosslessAnchorKVEqualsFull) {
   LlamaModel c(w, [&](int64_t) { return std::make_unique<AnchorKVCache>(cfg); });
   const auto lossless = c.forward(tokens, true);
   // (the compressed kernel sums in another order: equal to float rounding through every layer, relative 5e-4)
-  for (size_t i = 0; i < lossless.size(); ++i) ASSERT_NEAR(lossless[i], prefill[i], 5e-4 * std::max(1.0f, std::fabs(prefill[i])));
+  for (size_t i = 0; i < lossless.size(); ++i)
+    ASSERT_NEAR(lossless[i], prefill[i], 5e-4 * std::max(1.0f, std::fabs(prefill[i])));
   // The scalar reference kernels (matmuls and attention, incl. the compressed kernel) agree.
   for (int cache_kind = 0; cache_kind < 2; ++cache_kind) {
     CacheFactory make = [&](int64_t) -> std::unique_ptr<KVCache> {
@@ -60,7 +61,8 @@ TEST_P(Models, IncrementalDecodeEqualsPrefillAndLosslessAnchorKVEqualsFull) {
     // float32 summation order only: 1e-4 of the largest logit.
     float scale = 1.0f;
     for (float x : lr) scale = std::max(scale, std::fabs(x));
-    for (size_t i = 0; i < lr.size(); ++i) ASSERT_NEAR(lf[i], lr[i], 1e-4 * scale) << "cache " << cache_kind << " at " << i;
+    for (size_t i = 0; i < lr.size(); ++i)
+      ASSERT_NEAR(lf[i], lr[i], 1e-4 * scale) << "cache " << cache_kind << " at " << i;
   }
   // Threads do not change the bits.
   LlamaModel d(w, full, 1), e(w, full, 2);

@@ -21,10 +21,23 @@ Tokenizer toy() {
     p.emplace_back(buf);
     t.push_back(Tokenizer::kByte);
   }
-  const std::vector<std::pair<std::string, float>> words = {
-      {"\xE2\x96\x81", -1}, {"h", -2}, {"e", -2}, {"l", -2}, {"o", -2}, {"w", -2}, {"r", -2}, {"d", -2},
-      {"he", -3}, {"ll", -3}, {"hell", -4}, {"hello", -5}, {"\xE2\x96\x81hello", -6}, {"\xE2\x96\x81w", -3},
-      {"or", -3}, {"ld", -3}, {"\xE6\x97\xA5", -2}};  // 日
+  const std::vector<std::pair<std::string, float>> words = {{"\xE2\x96\x81", -1},
+                                                            {"h", -2},
+                                                            {"e", -2},
+                                                            {"l", -2},
+                                                            {"o", -2},
+                                                            {"w", -2},
+                                                            {"r", -2},
+                                                            {"d", -2},
+                                                            {"he", -3},
+                                                            {"ll", -3},
+                                                            {"hell", -4},
+                                                            {"hello", -5},
+                                                            {"\xE2\x96\x81hello", -6},
+                                                            {"\xE2\x96\x81w", -3},
+                                                            {"or", -3},
+                                                            {"ld", -3},
+                                                            {"\xE6\x97\xA5", -2}};  // 日
   std::vector<float> s(p.size(), 0.0f);
   for (const auto& [w, sc] : words) {
     p.push_back(w);
@@ -46,9 +59,9 @@ TEST(Tokenizer, MergesByScoreWithSpaceEscaping) {
 
 TEST(Tokenizer, ByteFallbackAndUtf8RoundTrips) {
   const Tokenizer tok = toy();
-  for (const std::string& text : std::vector<std::string>{"hello", "caf\xC3\xA9 au lait", "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E",
-                                 "emoji \xF0\x9F\x99\x82!", std::string("tab\tnl\nnul", 10), "\xFF\xFE broken",
-                                 "  two  spaces "}) {
+  for (const std::string& text : std::vector<std::string>{
+           "hello", "caf\xC3\xA9 au lait", "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E", "emoji \xF0\x9F\x99\x82!",
+           std::string("tab\tnl\nnul", 10), "\xFF\xFE broken", "  two  spaces "}) {
     const auto ids = tok.encode(text, false);
     EXPECT_EQ(tok.decode(ids), text) << text;
   }
@@ -61,7 +74,8 @@ TEST(Tokenizer, ByteFallbackAndUtf8RoundTrips) {
 }
 
 TEST(Tokenizer, SharedTinyModelIsByteLevel) {
-  const auto p = std::filesystem::path(ANCHORKV_SOURCE_DIR) / ".." / "shared" / "models" / "anchorkv-tiny.gguf";
+  const auto p =
+      std::filesystem::path(ANCHORKV_SOURCE_DIR) / ".." / "shared" / "models" / "anchorkv-tiny.gguf";
   if (!std::filesystem::exists(p)) GTEST_SKIP() << "shared model not present";
   const Tokenizer tok = Tokenizer::from_gguf(io::GgufFile::open(p.string()));
   EXPECT_EQ(tok.size(), 259);
@@ -106,7 +120,9 @@ TEST(BpePreTokenizer, Qwen2AndLlama3DifferInDigitRuns) {
 
 TEST(BpePreTokenizer, IllFormedUtf8BytesAreChunksOfTheirOwn) {
   const bpe::PreTokenizer gpt2("gpt2");
-  EXPECT_EQ(gpt2.split("ab\xFF" "cd\xE2\x82"), (Chunks{"ab", "\xFF", "cd", "\xE2", "\x82"}));
+  EXPECT_EQ(gpt2.split("ab\xFF"
+                       "cd\xE2\x82"),
+            (Chunks{"ab", "\xFF", "cd", "\xE2", "\x82"}));
 }
 
 TEST(BpePreTokenizer, UnknownNameIsUnsupported) {
@@ -124,7 +140,8 @@ TEST(BpeByteMap, IsABijectionWithGpt2sPrintableCharacters) {
   EXPECT_EQ(bpe::byte_to_char(' '), "\xC4\xA0");   // U+0120 'Ġ'
   EXPECT_EQ(bpe::byte_to_char('\n'), "\xC4\x8A");  // U+010A 'Ċ'
   EXPECT_EQ(bpe::byte_to_char(0), "\xC4\x80");     // U+0100
-  for (int b = 0; b < 256; ++b) EXPECT_EQ(bpe::char_to_byte(bpe::byte_to_char(static_cast<unsigned char>(b))), b);
+  for (int b = 0; b < 256; ++b)
+    EXPECT_EQ(bpe::char_to_byte(bpe::byte_to_char(static_cast<unsigned char>(b))), b);
   EXPECT_EQ(bpe::char_to_byte("\xE6\x97\xA5"), -1);
 }
 
@@ -179,7 +196,8 @@ TEST(BpeTokenizer, AMergeOutsideTheVocabularyFallsBackToCharacters) {
 TEST(BpeTokenizer, RoundTripsAsciiUtf8AndArbitraryBytes) {
   const Tokenizer tok = toy_bpe({"he", "ll", "hell"}, {"h e", "l l", "he ll"});
   const std::vector<std::string> texts = {
-      "hello, world!  tabs\tand\nnewlines\n", "na\xC3\xAFve caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x98\x80",
+      "hello, world!  tabs\tand\nnewlines\n",
+      "na\xC3\xAFve caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x98\x80",
       std::string("nul\0byte", 8), "\xFF\xFE\x80 broken \xE2\x82 utf8", ""};
   for (const auto& s : texts) EXPECT_EQ(tok.decode(tok.encode(s, false)), s) << s;
 }

@@ -1,16 +1,15 @@
 // `anchorkv bench attention`: decode attention on the compressed cache vs
 // dense fp16 attention, side by side in one run, plus the machine's read
 // bandwidth measured in the same run. Every figure is measured here.
-#include <algorithm>
-#include <cmath>
-#include <chrono>
-#include <cstdio>
-#include <string>
-#include <vector>
-
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "anchorkv/anchorkv.h"
 #include "commands.h"
@@ -45,7 +44,8 @@ double machine_read_gbps(int threads, int64_t bytes) {
       // Blocked dot with a small vector kept in L1: the loads are the cost.
       static thread_local std::vector<float> ones(4096, 1.0f);
       float s = 0;
-      for (int64_t i = a; i < b; i += 4096) s += core::dot(&buf[static_cast<size_t>(i)], ones.data(), std::min<int64_t>(4096, b - i));
+      for (int64_t i = a; i < b; i += 4096)
+        s += core::dot(&buf[static_cast<size_t>(i)], ones.data(), std::min<int64_t>(4096, b - i));
       sums[t] = s;
     });
     best = std::max(best, static_cast<double>(bytes) / since(t0) / 1e9);
@@ -86,11 +86,13 @@ void run_attention(const Options& opt) {
   nlohmann::json rows = nlohmann::json::array();
   const double machine = machine_read_gbps(threads, int64_t{1} << 30);
   if (!opt.json) {
-    fmt::print("Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} threads, {}\n",
-               H, Hq, D, opt.theta, threads, core::simd_target_name());
+    fmt::print(
+        "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} "
+        "threads, {}\n",
+        H, Hq, D, opt.theta, threads, core::simd_target_name());
     fmt::print("machine read bandwidth (this run): {:.1f} GB/s\n\n", machine);
-    fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12}\n", "S", "dense ms", "compressed ms", "speedup",
-               "dense GB/s", "of peak", "ratio", "compress ms");
+    fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12}\n", "S", "dense ms", "compressed ms",
+               "speedup", "dense GB/s", "of peak", "ratio", "compress ms");
   }
   for (int64_t S : opt.seqs) {
     eval::SyntheticSpec spec;
@@ -115,7 +117,8 @@ void run_attention(const Options& opt) {
     AttentionStats cs;
     attend(q, compressed, ao, &cs);  // warm up both
     attend(q, dense, ao);
-    const auto [dense_s, comp_s] = median_pair(opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, compressed, ao); });
+    const auto [dense_s, comp_s] = median_pair(
+        opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, compressed, ao); });
     const double kv_bytes = static_cast<double>(H * S * D * 2 * 2);
     const double dense_gbps = kv_bytes / dense_s / 1e9;
     nlohmann::json r = {{"S", S},
@@ -138,15 +141,16 @@ void run_attention(const Options& opt) {
                         {"reps", opt.reps}};
     rows.push_back(r);
     if (!opt.json)
-      fmt::print("  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f}\n", S, dense_s * 1e3,
-                 comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
+      fmt::print("  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f}\n", S,
+                 dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
                  compressed.compression_ratio(), compress_s * 1e3);
   }
   if (opt.json)
-    std::printf("%s\n", nlohmann::json{{"benchmark", "attention"}, {"simd_target", core::simd_target_name()},
-                                       {"results", rows}}
-                            .dump(2)
-                            .c_str());
+    std::printf("%s\n",
+                nlohmann::json{
+                    {"benchmark", "attention"}, {"simd_target", core::simd_target_name()}, {"results", rows}}
+                    .dump(2)
+                    .c_str());
 }
 
 struct RopeBenchOptions {
@@ -212,10 +216,10 @@ void run_rope(const RopeBenchOptions& opt) {
   const double err_post = rel_error(attend(q_post, c_post, plain));
   const double err_pre = rel_error(attend(q_pre, c_pre, roped));
   const double err_dense_pre = rel_error(attend(q_pre, f_pre, roped));
-  const auto [dense_post_s, comp_post_s] =
-      median_pair(opt.reps, [&] { attend(q_post, f_post, plain); }, [&] { attend(q_post, c_post, plain); });
-  const auto [dense_pre_s, comp_pre_s] =
-      median_pair(opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_pre, roped); });
+  const auto [dense_post_s, comp_post_s] = median_pair(
+      opt.reps, [&] { attend(q_post, f_post, plain); }, [&] { attend(q_post, c_post, plain); });
+  const auto [dense_pre_s, comp_pre_s] = median_pair(
+      opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_pre, roped); });
   nlohmann::json j = {{"benchmark", "rope"},
                       {"S", S},
                       {"H", H},
@@ -224,19 +228,27 @@ void run_rope(const RopeBenchOptions& opt) {
                       {"theta", opt.theta},
                       {"rope_base", spec.rope_base},
                       {"clusters", opt.clusters},
-                      {"post_rope", {{"relative_error", err_post}, {"compressed_ms", comp_post_s * 1e3},
-                                     {"dense_ms", dense_post_s * 1e3}, {"compression_ratio", c_post.compression_ratio()}}},
-                      {"pre_rope", {{"relative_error", err_pre}, {"compressed_ms", comp_pre_s * 1e3},
-                                    {"dense_ms", dense_pre_s * 1e3}, {"compression_ratio", c_pre.compression_ratio()},
-                                    {"dense_relative_error", err_dense_pre}}},
+                      {"post_rope",
+                       {{"relative_error", err_post},
+                        {"compressed_ms", comp_post_s * 1e3},
+                        {"dense_ms", dense_post_s * 1e3},
+                        {"compression_ratio", c_post.compression_ratio()}}},
+                      {"pre_rope",
+                       {{"relative_error", err_pre},
+                        {"compressed_ms", comp_pre_s * 1e3},
+                        {"dense_ms", dense_pre_s * 1e3},
+                        {"compression_ratio", c_pre.compression_ratio()},
+                        {"dense_relative_error", err_dense_pre}}},
                       {"threads", core::resolve_threads(opt.threads)}};
   if (opt.json) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  fmt::print("Pre- vs post-RoPE key storage: B=1 H={} Hq={} S={} D={} theta {} (RoPE base {:.0f}), {} threads\n\n", H,
-             Hq, S, D, opt.theta, spec.rope_base, core::resolve_threads(opt.threads));
-  fmt::print("  {:<10} {:>14} {:>15} {:>10} {:>8}\n", "keys", "rel. error", "compressed ms", "dense ms", "ratio");
+  fmt::print(
+      "Pre- vs post-RoPE key storage: B=1 H={} Hq={} S={} D={} theta {} (RoPE base {:.0f}), {} threads\n\n",
+      H, Hq, S, D, opt.theta, spec.rope_base, core::resolve_threads(opt.threads));
+  fmt::print("  {:<10} {:>14} {:>15} {:>10} {:>8}\n", "keys", "rel. error", "compressed ms", "dense ms",
+             "ratio");
   fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "post-RoPE", err_post, comp_post_s * 1e3,
              dense_post_s * 1e3, c_post.compression_ratio());
   fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "pre-RoPE", err_pre, comp_pre_s * 1e3,
@@ -268,7 +280,8 @@ void register_bench(CLI::App& app) {
   rope->add_option("--group", ropt->group, "query heads per KV head")->check(CLI::Range(1, 64));
   rope->add_option("--head-dim", ropt->dim, "head dimension (even)")->check(CLI::Range(2, 1024));
   rope->add_option("--theta", ropt->theta, "AnchorKV theta");
-  rope->add_option("--clusters", ropt->clusters, "token clusters per head in the workload")->check(CLI::Range(1, 1 << 20));
+  rope->add_option("--clusters", ropt->clusters, "token clusters per head in the workload")
+      ->check(CLI::Range(1, 1 << 20));
   rope->add_option("--threads", ropt->threads, "threads (0 = all cores)");
   rope->add_option("--reps", ropt->reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   rope->add_flag("--json", ropt->json, "print JSON");

@@ -21,5 +21,6 @@ struct CacheSpec {
   model::KeyRope keys = model::KeyRope::kPostRope;
 };
 CacheSpec parse_cache_spec(const std::string& spec);  // throws Error(kInvalidArgument)
-model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads);
+model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta,
+                             int threads);
 }  // namespace anchorkv::cli

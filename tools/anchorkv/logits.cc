@@ -1,9 +1,8 @@
 // `anchorkv logits`: logits of a real model for given token ids, with any cache.
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "anchorkv/anchorkv.h"
 #include "commands.h"
@@ -38,7 +37,8 @@ void run(const Options& opt) {
   const int64_t V = w.config.vocab;
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < opt.tokens.size(); ++i)
-    rows.push_back(std::vector<float>(logits.begin() + static_cast<long>(i * V), logits.begin() + static_cast<long>((i + 1) * V)));
+    rows.push_back(std::vector<float>(logits.begin() + static_cast<long>(i * V),
+                                      logits.begin() + static_cast<long>((i + 1) * V)));
   if (opt.json) {
     std::printf("%s\n", nlohmann::json{{"tokens", opt.tokens}, {"logits", rows}}.dump().c_str());
     return;
@@ -47,8 +47,8 @@ void run(const Options& opt) {
     int64_t best = 0;
     for (int64_t v = 1; v < V; ++v)
       if (logits[i * V + v] > logits[i * V + best]) best = v;
-    std::printf("position %zu token %d -> argmax %lld (logit %.4f)\n", i, opt.tokens[i], static_cast<long long>(best),
-                logits[i * V + best]);
+    std::printf("position %zu token %d -> argmax %lld (logit %.4f)\n", i, opt.tokens[i],
+                static_cast<long long>(best), logits[i * V + best]);
   }
 }
 
@@ -59,7 +59,8 @@ void register_logits(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("logits", "Logits of a GGUF / llama2.c model for token ids");
   sub->add_option("--model,-m", opt->model, "model file (.gguf or llama2.c .bin)")->required();
   sub->add_option("--tokens", opt->tokens, "token ids, comma separated")->delimiter(',')->required();
-  sub->add_option("--cache", opt->cache, "cache per layer: full, anchorkv, snapkv, ... (NAME:pre = keys stored before RoPE)");
+  sub->add_option("--cache", opt->cache,
+                  "cache per layer: full, anchorkv, snapkv, ... (NAME:pre = keys stored before RoPE)");
   sub->add_option("--theta", opt->theta, "cache byte budget");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
   sub->add_flag("--incremental", opt->incremental, "feed one token at a time");

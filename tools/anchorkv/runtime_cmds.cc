@@ -1,19 +1,17 @@
 // `anchorkv run` and `anchorkv eval`: real inference with any cache.
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <cstdio>
-#include <map>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-
-#include <nlohmann/json.hpp>
 
 #include "anchorkv/anchorkv.h"
 #include "commands.h"
@@ -44,8 +42,9 @@ std::string read_file(const std::string& path) {
 }
 
 // Prompt tokens from --prompt / --prompt-file (GGUF tokenizer) or --tokens.
-std::vector<int32_t> prompt_tokens(const std::string& model, const std::string& prompt, const std::string& prompt_file,
-                                   const std::vector<int32_t>& ids, const model::Tokenizer* tok) {
+std::vector<int32_t> prompt_tokens(const std::string& model, const std::string& prompt,
+                                   const std::string& prompt_file, const std::vector<int32_t>& ids,
+                                   const model::Tokenizer* tok) {
   if (!ids.empty()) return ids;
   const std::string text = !prompt_file.empty() ? read_file(prompt_file) : prompt;
   if (!tok)
@@ -65,16 +64,19 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     c.keys = model::KeyRope::kPreRope;
     if (c.name == "snapkv" || c.name == "h2o" || c.name == "streamingllm")
       core::fail(ErrorCode::kInvalidArgument, "anchorkv",
-                 "cache '" + spec + "': " + c.name + " evicts tokens and loses their positions, so it needs post-RoPE keys");
+                 "cache '" + spec + "': " + c.name +
+                     " evicts tokens and loses their positions, so it needs post-RoPE keys");
   }
   eval::make_cache(c.name, 0.1, 1);  // validates the name now
   return c;
 }
 
-model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
+model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta,
+                             int threads) {
   const CacheSpec c = parse_cache_spec(spec);
   return model::LlamaModel(
-      w, [name = c.name, theta, threads](int64_t) { return eval::make_cache(name, theta, threads); }, threads, c.keys);
+      w, [name = c.name, theta, threads](int64_t) { return eval::make_cache(name, theta, threads); }, threads,
+      c.keys);
 }
 
 namespace {
@@ -105,7 +107,8 @@ struct RunOptions {
 void run(const RunOptions& o) {
   const model::LlamaWeights w = model::load_model(o.model);
   std::unique_ptr<model::Tokenizer> tok;
-  if (is_gguf(o.model)) tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
+  if (is_gguf(o.model))
+    tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
   const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
   model::LlamaModel m = make_model(w, o.cache, o.theta, o.threads);
   model::Sampler sampler(o.sampler);
@@ -127,15 +130,16 @@ void run(const RunOptions& o) {
   }
   const double decode_s = since(t0);
   const CacheTotals t = totals(m);
-  std::fprintf(stderr,
-               "\n\n[%s cache] prompt %zu tokens: prefill %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
-               "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n"
-               "[weights] %.1f MiB in memory\n",
-               o.cache.c_str(), prompt.size(), static_cast<double>(prompt.size()) / prefill_s,
-               static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
-               o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
-               t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0,
-               static_cast<double>(w.bytes()) / (1024.0 * 1024.0));
+  std::fprintf(
+      stderr,
+      "\n\n[%s cache] prompt %zu tokens: prefill %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
+      "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n"
+      "[weights] %.1f MiB in memory\n",
+      o.cache.c_str(), prompt.size(), static_cast<double>(prompt.size()) / prefill_s,
+      static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
+      o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
+      t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0,
+      static_cast<double>(w.bytes()) / (1024.0 * 1024.0));
 }
 
 // ---------------------------------------------------------------- bench runtime
@@ -143,7 +147,7 @@ void run(const RunOptions& o) {
 struct RuntimeBenchOptions {
   std::string model, text;
   int64_t ctx = 1024, n = 128;
-  std::vector<std::string> caches = {"full", "anchorkv", "anchorkv_compact", "anchorkv:pre", "snapkv",
+  std::vector<std::string> caches = {"full",         "anchorkv", "anchorkv_compact", "anchorkv:pre", "snapkv",
                                      "streamingllm", "kivi2"};
   double theta = 0.1;
   int reps = 3, threads = 0;
@@ -156,7 +160,8 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   const model::LlamaWeights w = model::load_model(o.model);
   std::vector<int32_t> prompt;
   if (!o.text.empty()) {
-    if (!is_gguf(o.model)) core::fail(ErrorCode::kInvalidArgument, "anchorkv bench runtime", "--text needs a GGUF tokenizer");
+    if (!is_gguf(o.model))
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv bench runtime", "--text needs a GGUF tokenizer");
     prompt = model::Tokenizer::from_gguf(io::GgufFile::open(o.model)).encode(read_file(o.text), true);
   }
   core::Rng rng(7);
@@ -180,7 +185,8 @@ void bench_runtime(const RuntimeBenchOptions& o) {
       const CacheTotals t = totals(m);
       t0 = Clock::now();
       for (int64_t i = 0; i < o.n; ++i) {
-        const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const auto next =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
         logits = m.forward({next});
       }
       const double dec_s = since(t0);
@@ -195,10 +201,10 @@ void bench_runtime(const RuntimeBenchOptions& o) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, median of {}\n\n", o.model, o.ctx,
-             o.n, o.theta, core::resolve_threads(o.threads), o.reps);
-  fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9}\n", "cache", "ratio", "prefill t/s", "vs full", "decode t/s",
-             "vs full");
+  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, median of {}\n\n", o.model,
+             o.ctx, o.n, o.theta, core::resolve_threads(o.threads), o.reps);
+  fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9}\n", "cache", "ratio", "prefill t/s", "vs full",
+             "decode t/s", "vs full");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
@@ -208,14 +214,23 @@ void bench_runtime(const RuntimeBenchOptions& o) {
     fmt::print("  {:<21} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9}\n", c, s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
                full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-");
-    rows.push_back({{"cache", c}, {"compression_ratio_after_prefill", s.ratio}, {"bytes_after_prefill", s.bytes},
-                    {"prefill_tok_s", p}, {"decode_tok_s", d}, {"prefill_samples", s.prefill},
+    rows.push_back({{"cache", c},
+                    {"compression_ratio_after_prefill", s.ratio},
+                    {"bytes_after_prefill", s.bytes},
+                    {"prefill_tok_s", p},
+                    {"decode_tok_s", d},
+                    {"prefill_samples", s.prefill},
                     {"decode_samples", s.decode}});
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", o.model}, {"prompt_tokens", o.ctx}, {"decode_tokens", o.n}, {"theta", o.theta},
-                        {"threads", core::resolve_threads(o.threads)}, {"reps", o.reps}, {"results", rows}}
+    f << nlohmann::json{{"model", o.model},
+                        {"prompt_tokens", o.ctx},
+                        {"decode_tokens", o.n},
+                        {"theta", o.theta},
+                        {"threads", core::resolve_threads(o.threads)},
+                        {"reps", o.reps},
+                        {"results", rows}}
              .dump(2);
   }
 }
@@ -279,8 +294,10 @@ void evaluate(const EvalOptions& o) {
   std::vector<int32_t> toks = o.tokens;
   if (toks.empty()) {
     if (!is_gguf(o.model))
-      core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "llama2.c checkpoints carry no tokenizer: pass --tokens");
-    if (o.text.empty()) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "pass --text FILE (or --tokens)");
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv eval",
+                 "llama2.c checkpoints carry no tokenizer: pass --tokens");
+    if (o.text.empty())
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "pass --text FILE (or --tokens)");
     const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
     toks = tok.encode(read_file(o.text), true);
   }
@@ -292,10 +309,11 @@ void evaluate(const EvalOptions& o) {
   std::vector<std::pair<std::string, double>> runs;
   for (const auto& [c, th] : cache_runs(o.caches, o.thetas)) runs.emplace_back(c, th);
   const Continuation ref = continuation(w, toks, P, "full", 0, o.threads);
-  fmt::print("{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
-             o.model, N, P, N - P);
-  fmt::print("  {:<21} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio", "ppl",
-             "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
+  fmt::print(
+      "{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
+      o.model, N, P, N - P);
+  fmt::print("  {:<21} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio",
+             "ppl", "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
   for (const auto& [cache, theta] : runs) {
@@ -310,16 +328,22 @@ void evaluate(const EvalOptions& o) {
       double k = 0;
       for (size_t v = 0; v < p.size(); ++v) k += std::exp(p[v]) * (p[v] - q[v]);
       kl += k;
-      agree += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
+      agree += std::max_element(p.begin(), p.end()) - p.begin() ==
+               std::max_element(q.begin(), q.end()) - q.begin();
     }
-    const double ratio = c.bytes.bytes > 0 ? static_cast<double>(c.bytes.full) / static_cast<double>(c.bytes.bytes) : 1.0;
+    const double ratio =
+        c.bytes.bytes > 0 ? static_cast<double>(c.bytes.full) / static_cast<double>(c.bytes.bytes) : 1.0;
     const double ppl = std::exp(nll / static_cast<double>(n));
     fmt::print("  {:<21} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
                theta > 0 ? fmt::format("{}", theta) : "-", ratio, ppl, kl / static_cast<double>(n),
-               100.0 * static_cast<double>(agree) / static_cast<double>(n), nll / static_cast<double>(n) / std::log(2.0),
-               static_cast<double>(P) / c.prefill_s, static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9));
-    rows.push_back({{"cache", cache}, {"theta", theta}, {"compression_ratio_after_prefix", ratio},
-                    {"perplexity", ppl}, {"kl_mean", kl / static_cast<double>(n)},
+               100.0 * static_cast<double>(agree) / static_cast<double>(n),
+               nll / static_cast<double>(n) / std::log(2.0), static_cast<double>(P) / c.prefill_s,
+               static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9));
+    rows.push_back({{"cache", cache},
+                    {"theta", theta},
+                    {"compression_ratio_after_prefix", ratio},
+                    {"perplexity", ppl},
+                    {"kl_mean", kl / static_cast<double>(n)},
                     {"top1_agreement", static_cast<double>(agree) / static_cast<double>(n)},
                     {"prefill_tok_s", static_cast<double>(P) / c.prefill_s},
                     {"decode_tok_s", static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9)}});
@@ -334,10 +358,12 @@ void evaluate(const EvalOptions& o) {
 // Passkey retrieval: filler text with "The pass key is N" at a depth, then
 // "What is the pass key? The pass key is" and a greedy answer of a few tokens.
 void passkey(const EvalOptions& o) {
-  if (!is_gguf(o.model)) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "passkey needs a GGUF model (a tokenizer)");
+  if (!is_gguf(o.model))
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "passkey needs a GGUF model (a tokenizer)");
   const model::LlamaWeights w = model::load_model(o.model);
   const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
-  const std::string filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+  const std::string filler =
+      "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
   const std::string question = "What is the pass key? The pass key is";
   std::vector<std::pair<std::string, double>> runs;
   for (const auto& [c, th] : cache_runs(o.caches, o.thetas)) runs.emplace_back(c, th);
@@ -367,7 +393,8 @@ void passkey(const EvalOptions& o) {
         text += question;
         trials.push_back({ctx, depth, key, tok.encode(text, true)});
       }
-  fmt::print("{}: passkey retrieval, {} trials per (context, depth), greedy answer of 8 tokens\n\n", o.model, o.trials);
+  fmt::print("{}: passkey retrieval, {} trials per (context, depth), greedy answer of 8 tokens\n\n", o.model,
+             o.trials);
   std::string head = fmt::format("  {:<21} {:>5}", "cache", "theta");
   for (int64_t ctx : o.ctxs) head += fmt::format(" {:>9}", fmt::format("ctx {}", ctx));
   fmt::print("{}\n", head);
@@ -379,7 +406,8 @@ void passkey(const EvalOptions& o) {
       std::vector<float> logits = m.forward(t.prompt);
       std::vector<int32_t> answer;
       for (int i = 0; i < 8; ++i) {
-        const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const int32_t next =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
         answer.push_back(next);
         logits = m.forward({next});
       }
@@ -399,7 +427,10 @@ void passkey(const EvalOptions& o) {
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", o.model}, {"task", "passkey"}, {"trials", o.trials}, {"depths", o.depths},
+    f << nlohmann::json{{"model", o.model},
+                        {"task", "passkey"},
+                        {"trials", o.trials},
+                        {"depths", o.depths},
                         {"results", rows}}
              .dump(2);
   }
@@ -419,7 +450,8 @@ void dump_kv(const DumpOptions& o) {
   std::vector<int32_t> toks = o.tokens;
   if (toks.empty()) {
     if (!is_gguf(o.model) || o.text.empty())
-      core::fail(ErrorCode::kInvalidArgument, "anchorkv dump-kv", "pass --text FILE with a GGUF model, or --tokens");
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv dump-kv",
+                 "pass --text FILE with a GGUF model, or --tokens");
     toks = model::Tokenizer::from_gguf(io::GgufFile::open(o.model)).encode(read_file(o.text), true);
   }
   if (static_cast<int64_t>(toks.size()) > o.ctx) toks.resize(static_cast<size_t>(o.ctx));
@@ -439,17 +471,18 @@ void dump_kv(const DumpOptions& o) {
       for (int64_t h = 0; h < H; ++h) std::copy_n(x + (t * H + h) * hd, hd, &y[(h * T + t) * hd]);
     return y;
   };
-  m.set_observer([&](int64_t l, int64_t, const float* q, const float* k_pre, const float* k_post, const float* v) {
-    auto& L = d.layers[static_cast<size_t>(l)];
-    L.q = head_major(q, c.n_heads);
-    L.k_pre = head_major(k_pre, c.n_kv_heads);
-    L.k_post = head_major(k_post, c.n_kv_heads);
-    L.v = head_major(v, c.n_kv_heads);
-  });
+  m.set_observer(
+      [&](int64_t l, int64_t, const float* q, const float* k_pre, const float* k_post, const float* v) {
+        auto& L = d.layers[static_cast<size_t>(l)];
+        L.q = head_major(q, c.n_heads);
+        L.k_pre = head_major(k_pre, c.n_kv_heads);
+        L.k_post = head_major(k_post, c.n_kv_heads);
+        L.v = head_major(v, c.n_kv_heads);
+      });
   m.forward(toks);
   io::write_kvdump(o.out, d);
-  fmt::print("wrote {}: {} layers, {} tokens, {} query heads, {} KV heads, head dim {}\n", o.out, c.n_layers, T,
-             c.n_heads, c.n_kv_heads, hd);
+  fmt::print("wrote {}: {} layers, {} tokens, {} query heads, {} KV heads, head dim {}\n", o.out, c.n_layers,
+             T, c.n_heads, c.n_kv_heads, hd);
 }
 
 }  // namespace
@@ -457,7 +490,8 @@ void dump_kv(const DumpOptions& o) {
 void register_runtime(CLI::App& app) {
   auto rb = std::make_shared<RuntimeBenchOptions>();
   CLI::App* bench = app.get_subcommand("bench");
-  CLI::App* rbc = bench->add_subcommand("runtime", "Prefill and decode speed of a real model with each cache");
+  CLI::App* rbc =
+      bench->add_subcommand("runtime", "Prefill and decode speed of a real model with each cache");
   rbc->add_option("--model,-m", rb->model, "model file")->required();
   rbc->add_option("--text", rb->text, "prompt text (padded with random tokens to --ctx)");
   rbc->add_option("--ctx", rb->ctx, "prompt tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
@@ -503,7 +537,9 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--prompt,-p", r->prompt, "prompt text (GGUF models)");
   run_cmd->add_option("--prompt-file", r->prompt_file, "prompt from a file");
   run_cmd->add_option("--tokens", r->tokens, "prompt as token ids")->delimiter(',');
-  run_cmd->add_option("--cache", r->cache, "cache per layer: full, anchorkv, snapkv, h2o, kivi2, ... (NAME:pre = keys stored before RoPE)");
+  run_cmd->add_option(
+      "--cache", r->cache,
+      "cache per layer: full, anchorkv, snapkv, h2o, kivi2, ... (NAME:pre = keys stored before RoPE)");
   run_cmd->add_option("--theta", r->theta, "cache byte budget");
   run_cmd->add_option("-n", r->n, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   run_cmd->add_option("--temperature", r->sampler.temperature, "0 = greedy");
@@ -514,7 +550,8 @@ void register_runtime(CLI::App& app) {
   run_cmd->callback([r] { run(*r); });
 
   auto e = std::make_shared<EvalOptions>();
-  CLI::App* ev = app.add_subcommand("eval", "Perplexity, KL and top-1 agreement vs the full cache after a compressed prefix");
+  CLI::App* ev = app.add_subcommand(
+      "eval", "Perplexity, KL and top-1 agreement vs the full cache after a compressed prefix");
   ev->add_option("--model,-m", e->model, "model file")->required();
   ev->add_option("--text", e->text, "text file to score (GGUF models)");
   ev->add_option("--tokens", e->tokens, "token ids to score instead")->delimiter(',');
@@ -526,7 +563,8 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--depths", e->depths, "passkey depths (0..1)")->delimiter(',');
   ev->add_option("--trials", e->trials, "passkey trials per (context, depth)")->check(CLI::Range(1, 1000));
   ev->add_option("--prefix-frac", e->prefix_frac, "share of the tokens fed as the (compressed) prefill");
-  ev->add_option("--caches", e->caches, "caches to compare (NAME:pre = keys stored before RoPE)")->delimiter(',');
+  ev->add_option("--caches", e->caches, "caches to compare (NAME:pre = keys stored before RoPE)")
+      ->delimiter(',');
   ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
   ev->add_option("--json", e->json_path, "write JSON here");
   ev->add_option("--threads", e->threads, "threads (0 = all cores)");
