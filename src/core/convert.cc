@@ -8,20 +8,14 @@
 #define HWY_TARGET_INCLUDE "core/convert.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::core {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-#undef ANCHORKV_HW_F16
-// Hardware conversion only where the ISA has it (F16C from AVX2 on, AVX-512);
-// Highway's emulation on older targets rounds differently.
-#if HWY_TARGET <= HWY_AVX2 && HWY_TARGET != HWY_SCALAR && HWY_ARCH_X86
-#define ANCHORKV_HW_F16 1
-#else
-#define ANCHORKV_HW_F16 0
-#endif
+// ANCHORKV_HW_F16 and F16ToF32Span: core/simd-inl.h.
 
 void F32ToF16(const float* HWY_RESTRICT in, uint16_t* HWY_RESTRICT out, int64_t n) {
   int64_t i = 0;
@@ -35,17 +29,7 @@ void F32ToF16(const float* HWY_RESTRICT in, uint16_t* HWY_RESTRICT out, int64_t 
   for (; i < n; ++i) out[i] = float_to_half(in[i]);
 }
 
-void F16ToF32(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n) {
-  int64_t i = 0;
-#if ANCHORKV_HW_F16
-  const hn::ScalableTag<float> df;
-  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const auto* p = reinterpret_cast<const hwy::float16_t*>(in);
-  for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, p + i)), df, out + i);
-#endif
-  for (; i < n; ++i) out[i] = half_to_float(in[i]);
-}
+void F16ToF32(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n) { F16ToF32Span(in, out, n); }
 
 void RoundToF16(const float* in, float* out, int64_t n) {
   int64_t i = 0;

@@ -10,6 +10,7 @@
 #define HWY_TARGET_INCLUDE "core/linalg.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::core {
@@ -18,18 +19,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 
-// One output element: lane-parallel FMA over D, masked tail, then a lane sum.
-HWY_INLINE float Dot1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto acc = hn::Zero(d);
-  int64_t i = 0;
-  for (; i + N <= D; i += N) acc = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), acc);
-  if (i < D) {
-    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
-    acc = hn::MulAdd(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i), acc);
-  }
-  return hn::GetLane(hn::SumOfLanes(d, acc));
-}
+// One output element: Dot1 (core/simd-inl.h).
 
 // A 4 x 4 tile: the same per-element operation sequence as Dot1.
 HWY_INLINE void Dot4x4(DF d, const float* HWY_RESTRICT X, int64_t ldx, const float* HWY_RESTRICT Y,

@@ -21,6 +21,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::kernels {
@@ -28,39 +29,14 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
-#undef ANCHORKV_HW_F16
-#if HWY_TARGET <= HWY_AVX2 && HWY_TARGET != HWY_SCALAR && HWY_ARCH_X86
-#define ANCHORKV_HW_F16 1
-#else
-#define ANCHORKV_HW_F16 0
-#endif
-
+// fp16 promotion and dot products shared with core (core/simd-inl.h).
 HWY_INLINE void ToF32(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n) {
-  int64_t i = 0;
-#if ANCHORKV_HW_F16
-  const DF df;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const auto* p = reinterpret_cast<const hwy::float16_t*>(in);
-  for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, p + i)), df, out + i);
-#endif
-  for (; i < n; ++i) out[i] = core::half_to_float(in[i]);
+  core::HWY_NAMESPACE::F16ToF32Span(in, out, n);
 }
-
 HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto acc = hn::Zero(d);
-  int64_t i = 0;
-  for (; i + N <= D; i += N) acc = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), acc);
-  if (i < D) {
-    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
-    acc = hn::MulAdd(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i), acc);
-  }
-  return hn::GetLane(hn::SumOfLanes(d, acc));
+  return core::HWY_NAMESPACE::Dot1(DF(), x, y, D);
 }
 
-// x[i] = exp(x[i] - m), returns the sum. Lanes past n are never touched.
 float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));

@@ -1,0 +1,62 @@
+// Per-target SIMD helpers shared by the Highway translation units
+// (core/linalg.cc, core/convert.cc, kernels/attention_kernels.cc). Include it
+// after "hwy/highway.h" in a file compiled through hwy/foreach_target.h: the
+// guard below toggles per target, the Highway "-inl.h" convention.
+#if defined(ANCHORKV_CORE_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ANCHORKV_CORE_SIMD_INL_H_
+#undef ANCHORKV_CORE_SIMD_INL_H_
+#else
+#define ANCHORKV_CORE_SIMD_INL_H_
+#endif
+
+#include <cstdint>
+
+#include "core/half.h"
+#include "hwy/highway.h"
+
+// Hardware fp16 conversion only where the ISA has it (F16C from AVX2 on,
+// AVX-512); Highway's emulation on older targets rounds differently.
+#undef ANCHORKV_HW_F16
+#if HWY_TARGET <= HWY_AVX2 && HWY_TARGET != HWY_SCALAR && HWY_ARCH_X86
+#define ANCHORKV_HW_F16 1
+#else
+#define ANCHORKV_HW_F16 0
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace anchorkv::core {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// One dot product: lane-parallel FMA over D, masked tail, then a lane sum.
+template <class DF>
+HWY_INLINE float Dot1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= D; i += N) acc = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), acc);
+  if (i < D) {
+    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
+    acc = hn::MulAdd(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i), acc);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, acc));
+}
+
+// fp16 bits -> float, exact.
+HWY_INLINE void F16ToF32Span(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, int64_t n) {
+  int64_t i = 0;
+#if ANCHORKV_HW_F16
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto* p = reinterpret_cast<const hwy::float16_t*>(in);
+  for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, p + i)), df, out + i);
+#endif
+  for (; i < n; ++i) out[i] = half_to_float(in[i]);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace anchorkv::core
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard
