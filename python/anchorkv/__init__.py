@@ -111,7 +111,35 @@ class KVCacheConfig:
         return c
 
 
-class AnchorKVKVCache:
+def _forward(name: str, doc: str) -> property:
+    """A read-only property answered by the native cache."""
+    return property(lambda self: getattr(self._cache, name), doc=doc)
+
+
+class _NativeCache:
+    """What every cache wrapper shares: the seed's methods, forwarded to the C++ cache."""
+
+    _cache = None
+
+    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        return self._cache.update_and_fetch(keys, values)
+
+    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
+        self._cache.update(keys, values)
+
+    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The dense fp16 K/V of everything stored, without adding tokens."""
+        return self._cache.fetch()
+
+    offset = _forward("offset", "Token positions per (batch, head) row seen so far.")
+    full_seq_bytes = _forward("full_seq_bytes", "Hypothetical fp16 K + V cost for the same tokens, uncompressed.")
+    compression_ratio = _forward("compression_ratio", "full_seq_bytes / stored bytes; > 1 means storage savings.")
+    tokens_kept = _forward("tokens_kept", "Token positions still inside the softmax (all heads summed).")
+    tokens_total = _forward("tokens_total", "Total token positions ever passed in (all heads summed).")
+
+
+class AnchorKVKVCache(_NativeCache):
     """AnchorKV anchor-residual KV cache for one layer. Never evicts a token.
 
     update_and_fetch(keys, values): numpy float arrays [B, H, S, D] (float16 or
@@ -125,17 +153,6 @@ class AnchorKVKVCache:
         self.config = config if config is not None else KVCacheConfig()
         self._cache = _core.AnchorKVCache(self.config._native())
 
-    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        return self._cache.update_and_fetch(keys, values)
-
-    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
-        self._cache.update(keys, values)
-
-    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
-        """The dense fp16 K/V of everything stored, without adding tokens."""
-        return self._cache.fetch()
-
     def compress_now(self) -> None:
         """Compress every exactly-stored token now (chunked prefill by hand)."""
         self._cache.compress_now()
@@ -144,69 +161,23 @@ class AnchorKVKVCache:
         """False: trimming would desynchronise the compressed state."""
         return False
 
-    @property
-    def is_compressed(self) -> bool:
-        return self._cache.is_compressed
-
-    @property
-    def offset(self) -> int:
-        """Token positions per (batch, head) row seen so far."""
-        return self._cache.offset
-
-    @property
-    def anchorkv_bytes(self) -> int:
-        """True compressed storage: anchors + metadata + packed residuals (+ exact tokens)."""
-        return self._cache.anchorkv_bytes
-
-    @property
-    def full_seq_bytes(self) -> int:
-        """Hypothetical fp16 K + V cost for the same tokens, uncompressed."""
-        return self._cache.full_seq_bytes
-
-    @property
-    def compression_ratio(self) -> float:
-        """full_seq_bytes / anchorkv_bytes; > 1 means storage savings."""
-        return self._cache.compression_ratio
-
-    @property
-    def tokens_kept(self) -> int:
-        """Always equals tokens_total: AnchorKV never evicts a token."""
-        return self._cache.tokens_kept
-
-    @property
-    def tokens_total(self) -> int:
-        """Total token positions ever passed to update_and_fetch (all heads summed)."""
-        return self._cache.tokens_total
-
-    @property
-    def n_anchor_total(self) -> int:
-        return self._cache.n_anchor_total
-
-    @property
-    def n_residual_total(self) -> int:
-        return self._cache.n_residual_total
+    is_compressed = _forward("is_compressed", "Whether the prefill segment has been compressed.")
+    anchorkv_bytes = _forward("anchorkv_bytes",
+                              "True compressed storage: anchors + metadata + packed residuals (+ exact tokens).")
+    n_anchor_total = _forward("n_anchor_total", "Anchor tokens over all heads.")
+    n_residual_total = _forward("n_residual_total", "Residuals stored (keys and values, all heads).")
 
     def __repr__(self) -> str:
         return (f"AnchorKVKVCache(offset={self.offset}, compression_ratio={self.compression_ratio:.2f}, "
                 f"config={self.config})")
 
 
-class FullKVCache:
+class FullKVCache(_NativeCache):
     """Plain fp16 cache: the reference every comparison uses."""
 
     def __init__(self, config: Optional[KVCacheConfig] = None):
         self.config = config
         self._cache = _core.FullKVCache()
-
-    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        return self._cache.update_and_fetch(keys, values)
-
-    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
-        self._cache.update(keys, values)
-
-    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
-        return self._cache.fetch()
 
     def is_trimmable(self) -> bool:
         return True
@@ -215,32 +186,10 @@ class FullKVCache:
         self._cache.trim(n)
         return n
 
-    @property
-    def offset(self) -> int:
-        return self._cache.offset
-
-    @property
-    def nbytes(self) -> int:
-        return self._cache.nbytes
-
-    @property
-    def full_seq_bytes(self) -> int:
-        return self._cache.full_seq_bytes
-
-    @property
-    def compression_ratio(self) -> float:
-        return self._cache.compression_ratio
-
-    @property
-    def tokens_kept(self) -> int:
-        return self._cache.tokens_kept
-
-    @property
-    def tokens_total(self) -> int:
-        return self._cache.tokens_total
+    nbytes = _forward("nbytes", "Bytes stored (fp16 K and V).")
 
 
-class _BaselineCache:
+class _BaselineCache(_NativeCache):
     """Common face of the baseline caches (true byte accounting in nbytes)."""
 
     _native_type = None
@@ -248,26 +197,11 @@ class _BaselineCache:
     def __init__(self, *args, **kwargs):
         self._cache = self._native_type(*args, **kwargs)
 
-    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        return self._cache.update_and_fetch(keys, values)
-
-    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
-        self._cache.update(keys, values)
-
-    def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
-        return self._cache.fetch()
-
     def is_trimmable(self) -> bool:
         return False
 
-    offset = property(lambda self: self._cache.offset)
-    nbytes = property(lambda self: self._cache.nbytes)
-    full_seq_bytes = property(lambda self: self._cache.full_seq_bytes)
-    compression_ratio = property(lambda self: self._cache.compression_ratio)
-    tokens_kept = property(lambda self: self._cache.tokens_kept)
-    tokens_total = property(lambda self: self._cache.tokens_total)
-    name = property(lambda self: self._cache.name)
+    nbytes = _forward("nbytes", "Bytes really stored, incl. group parameters, scores and windows.")
+    name = _forward("name", "The method's name.")
 
 
 class QuantizedKVCache(_BaselineCache):
