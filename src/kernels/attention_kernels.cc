@@ -71,6 +71,30 @@ void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT i
   for (; i < n; ++i) out[i] = scale[i] * table[idx[i]];
 }
 
+// Per-anchor value weights across the query group: W[idx[i] * 4 + g] += P[i * 4 + g]
+// for a group of 4 queries, one 4-lane add per token. Tokens alternate between two
+// accumulators, so neighbours that share an anchor do not wait on each other.
+void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, int64_t n, float* HWY_RESTRICT W0,
+                 float* HWY_RESTRICT W1) {
+  const hn::CappedTag<float, 4> d4;
+  if (hn::Lanes(d4) != 4) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int g = 0; g < 4; ++g) W0[idx[i] * 4 + g] += P[i * 4 + g];
+    return;
+  }
+  int64_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    float* a = W0 + idx[i] * 4;
+    float* b = W1 + idx[i + 1] * 4;
+    hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::LoadU(d4, P + i * 4)), d4, a);
+    hn::StoreU(hn::Add(hn::LoadU(d4, b), hn::LoadU(d4, P + i * 4 + 4)), d4, b);
+  }
+  for (; i < n; ++i) {
+    float* a = W0 + idx[i] * 4;
+    hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::LoadU(d4, P + i * 4)), d4, a);
+  }
+}
+
 float MaxOf(const float* HWY_RESTRICT x, int64_t n) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -183,6 +207,7 @@ HWY_EXPORT(DenseChunk);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(GatherScaled);
+HWY_EXPORT(ScatterAdd4);
 
 namespace {
 
@@ -429,24 +454,42 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
   std::fill_n(out.acc, nq * D, 0.0f);
   std::fill_n(out.w, nq * k, 0.0f);
   std::fill_n(out.rot, nq * D, 0.0f);
-  // Neighbouring tokens often share an anchor: four interleaved partial sums
-  // keep the scatter-adds from waiting on each other through memory.
-  thread_local std::vector<float> w4;
-  w4.assign(static_cast<size_t>(4 * k), 0.0f);
-  for (int64_t g = 0; g < nq; ++g) {
-    float* w = out.w + g * k;
-    const float* p = s + g * n;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      w4[av[i]] += p[i] * coef_v[i];
-      w4[k + av[i + 1]] += p[i + 1] * coef_v[i + 1];
-      w4[2 * k + av[i + 2]] += p[i + 2] * coef_v[i + 2];
-      w4[3 * k + av[i + 3]] += p[i + 3] * coef_v[i + 3];
+  if (!reference && nq % 4 == 0) {
+    // Token-major weights p_t * gamma_t of each group of 4 queries, scattered with
+    // one 4-lane add per token (ScatterAdd4), then back to query-major w.
+    thread_local std::vector<float> pt, wa, wb;
+    pt.resize(static_cast<size_t>(4 * n));
+    wa.resize(static_cast<size_t>(4 * k));
+    wb.resize(wa.size());
+    for (int64_t g0 = 0; g0 < nq; g0 += 4) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t g = 0; g < 4; ++g) pt[i * 4 + g] = s[(g0 + g) * n + i] * coef_v[i];
+      std::fill(wa.begin(), wa.end(), 0.0f);
+      std::fill(wb.begin(), wb.end(), 0.0f);
+      HWY_DYNAMIC_DISPATCH(ScatterAdd4)(pt.data(), av, n, wa.data(), wb.data());
+      for (int64_t g = 0; g < 4; ++g)
+        for (int64_t j = 0; j < k; ++j) out.w[(g0 + g) * k + j] = wa[j * 4 + g] + wb[j * 4 + g];
     }
-    for (; i < n; ++i) w4[av[i]] += p[i] * coef_v[i];
-    for (int64_t j = 0; j < k; ++j) {
-      w[j] = (w4[j] + w4[k + j]) + (w4[2 * k + j] + w4[3 * k + j]);
-      w4[j] = w4[k + j] = w4[2 * k + j] = w4[3 * k + j] = 0.0f;
+  } else {
+    // Neighbouring tokens often share an anchor: four interleaved partial sums
+    // keep the scatter-adds from waiting on each other through memory.
+    thread_local std::vector<float> w4;
+    w4.assign(static_cast<size_t>(4 * k), 0.0f);
+    for (int64_t g = 0; g < nq; ++g) {
+      float* w = out.w + g * k;
+      const float* p = s + g * n;
+      int64_t i = 0;
+      for (; i + 4 <= n; i += 4) {
+        w4[av[i]] += p[i] * coef_v[i];
+        w4[k + av[i + 1]] += p[i + 1] * coef_v[i + 1];
+        w4[2 * k + av[i + 2]] += p[i + 2] * coef_v[i + 2];
+        w4[3 * k + av[i + 3]] += p[i + 3] * coef_v[i + 3];
+      }
+      for (; i < n; ++i) w4[av[i]] += p[i] * coef_v[i];
+      for (int64_t j = 0; j < k; ++j) {
+        w[j] = (w4[j] + w4[k + j]) + (w4[2 * k + j] + w4[3 * k + j]);
+        w4[j] = w4[k + j] = w4[2 * k + j] = w4[3 * k + j] = 0.0f;
+      }
     }
   }
   // Value residuals: rot[g] += sum_r p[g, i_r] * scale_r * level[codes_r], all rows at once.
