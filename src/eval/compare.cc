@@ -5,6 +5,7 @@
 
 #include "anchorkv/baselines.h"
 #include "core/error.h"
+#include "kernels/rope.h"
 
 namespace anchorkv::eval {
 
@@ -52,7 +53,22 @@ std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& th
       const auto t0 = std::chrono::steady_clock::now();
       KVPair kv = cache->update_and_fetch(w.keys(), w.values());
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      const std::vector<float> kh = kv.keys.to_f32(), vh = kv.values.to_f32();
+      std::vector<float> kh = kv.keys.to_f32();
+      const std::vector<float> vh = kv.values.to_f32();
+      const int64_t kept = kv.keys.shape()[2];
+      if (w.keys_pre_rope) {
+        // Unrotated keys: rotate each to its position, as attention would (only
+        // caches that keep every position can be scored this way).
+        if (kept != sp.S)
+          core::fail(ErrorCode::kInvalidArgument, "anchorkv::eval::compare",
+                     "method '" + m + "' evicts tokens: it cannot store keys before RoPE");
+        RopeOptions ro;
+        ro.enabled = true;
+        ro.base = w.rope_base;
+        ro.style = w.rope_neox ? RopeStyle::kNeox : RopeStyle::kNormal;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t t = 0; t < sp.S; ++t) kernels::rope_rotate_at(&kh[(r * sp.S + t) * sp.D], sp.D, ro, t);
+      }
       CompareRow r;
       r.method = m;
       r.theta = theta;
@@ -64,8 +80,8 @@ std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& th
       r.under_budget = m != "full" && static_cast<double>(r.bytes) < 0.98 * static_cast<double>(r.budget_bytes);
       r.tokens_kept = cache->tokens_kept();
       r.tokens_total = cache->tokens_total();
-      r.error = attention_error(w.Q.data(), sp.n_queries, w.K.data(), w.V.data(), kh.data(), vh.data(), rows, sp.S,
-                                sp.D, threads, kv.keys.shape()[2]);
+      r.error = attention_error(w.Q.data(), sp.n_queries, w.keys_pre_rope ? w.K_exact.data() : w.K.data(), w.V.data(),
+                                kh.data(), vh.data(), rows, sp.S, sp.D, threads, kept);
       r.compress_ms = ms;
       out.push_back(r);
       if (progress) progress(++done, total, m + " theta=" + std::to_string(theta));

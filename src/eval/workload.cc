@@ -97,7 +97,8 @@ Workload make_synthetic(const SyntheticSpec& spec) {
   return w;
 }
 
-Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held_out, int64_t* layer_used) {
+Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held_out, int64_t* layer_used,
+                            bool keys_pre_rope) {
   const io::KVDump d = io::read_kvdump(path);
   constexpr const char* op = "anchorkv::eval::workload_from_dump";
   if (layer < 0) layer = static_cast<int64_t>(d.layers.size()) / 2;
@@ -121,7 +122,17 @@ Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held
   w.K.resize(static_cast<size_t>(Hk * S * D));
   w.V.resize(w.K.size());
   w.Q.resize(static_cast<size_t>(Hk * G * held_out * D));
-  const std::vector<float>& K = L.k_post;
+  if (keys_pre_rope) {
+    if (d.rope_base <= 0)
+      core::fail(ErrorCode::kInvalidArgument, op,
+                 "'" + path + "' records no RoPE base (a version 1 dump): write it again with dump-kv");
+    w.keys_pre_rope = true;
+    w.rope_base = d.rope_base;
+    w.rope_neox = d.rope_style == 1;
+    w.K_exact.resize(w.K.size());
+    for (int64_t h = 0; h < Hk; ++h) std::copy_n(&L.k_post[h * N * D], S * D, &w.K_exact[h * S * D]);
+  }
+  const std::vector<float>& K = keys_pre_rope ? L.k_pre : L.k_post;
   for (int64_t h = 0; h < Hk; ++h) {
     std::copy_n(&K[h * N * D], S * D, &w.K[h * S * D]);
     std::copy_n(&L.v[h * N * D], S * D, &w.V[h * S * D]);

@@ -46,6 +46,13 @@ struct Workload {
   SyntheticSpec spec;
   std::vector<float> K, V;  // [B, H, S, D]
   std::vector<float> Q;     // [B, H, n_queries, D]
+  // Pre-RoPE workloads (from a dump, keys_pre_rope): K is unrotated, the
+  // queries are rotated, K_exact holds the rotated keys attention really uses,
+  // and a cache's keys are rotated to their positions 0..S-1 before scoring.
+  bool keys_pre_rope = false;
+  std::vector<float> K_exact;
+  double rope_base = 0;
+  bool rope_neox = false;
   TensorView keys() const { return TensorView::f32(K.data(), {spec.B, spec.H, spec.S, spec.D}); }
   TensorView values() const { return TensorView::f32(V.data(), {spec.B, spec.H, spec.S, spec.D}); }
 };
@@ -57,7 +64,10 @@ Workload make_synthetic(const SyntheticSpec& spec);
 // stores them) and values; the queries of the last held_out positions, every
 // query head of a KV head's group, are the held-out queries (post-RoPE too).
 // layer < 0 takes the middle layer; *layer_used (if given) says which.
-Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held_out, int64_t* layer_used = nullptr);
+// keys_pre_rope: the cache gets the keys before RoPE instead (needs a version 2
+// dump, which records RoPE base and style).
+Workload workload_from_dump(const std::string& path, int64_t layer, int64_t held_out, int64_t* layer_used = nullptr,
+                            bool keys_pre_rope = false);
 
 // Apply RoPE (normal/adjacent pairing) in place to x[D] at position pos.
 void apply_rope(float* x, int64_t D, int64_t pos, double base);

@@ -1,5 +1,6 @@
 #include "io/kvdump.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -10,8 +11,8 @@ namespace anchorkv::io {
 
 namespace {
 constexpr const char* kOp = "anchorkv::kvdump";
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHeader = 48;
+constexpr size_t kHeader = 48;   // version 1
+constexpr size_t kHeader2 = 64;  // version 2: + RoPE base and style
 
 struct Header {
   char magic[4];
@@ -21,6 +22,11 @@ struct Header {
   uint64_t payload;
 };
 static_assert(sizeof(Header) == kHeader, "the .akv header is 48 bytes");
+struct RopeTail {
+  double base;
+  uint32_t style, reserved;
+};
+static_assert(sizeof(RopeTail) == kHeader2 - kHeader, "the version 2 tail is 16 bytes");
 
 // Floats per layer, or 0 on overflow.
 uint64_t layer_floats(uint64_t heads, uint64_t kv, uint64_t hd, uint64_t n) {
@@ -39,11 +45,18 @@ void write_kvdump(const std::string& path, const KVDump& d) {
         l.k_post.size() != d.n_kv_heads * d.head_dim * d.n_tokens || l.k_pre.size() != l.k_post.size() ||
         l.v.size() != l.k_post.size())
       core::fail(ErrorCode::kInvalidArgument, kOp, "layer arrays do not match the dump's shape");
-  Header h{{'A', 'K', 'V', 'D'}, kVersion, static_cast<uint32_t>(d.layers.size()), d.n_heads, d.n_kv_heads,
+  const bool v2 = d.rope_base > 0;
+  if (v2 && (!(d.rope_base > 1.0) || !std::isfinite(d.rope_base) || d.rope_style > 1))
+    core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE base must be finite and > 1, style 0 or 1");
+  Header h{{'A', 'K', 'V', 'D'}, v2 ? 2u : 1u, static_cast<uint32_t>(d.layers.size()), d.n_heads, d.n_kv_heads,
            d.head_dim, d.n_tokens, 0, 0, per * 4 * d.layers.size()};
   std::ofstream f(path, std::ios::binary);
   if (!f) core::fail(ErrorCode::kIo, kOp, "cannot write '" + path + "'");
   f.write(reinterpret_cast<const char*>(&h), sizeof(h));
+  if (v2) {
+    const RopeTail t{d.rope_base, d.rope_style, 0};
+    f.write(reinterpret_cast<const char*>(&t), sizeof(t));
+  }
   for (const auto& l : d.layers)
     for (const auto* a : {&l.q, &l.k_post, &l.k_pre, &l.v})
       f.write(reinterpret_cast<const char*>(a->data()), static_cast<std::streamsize>(a->size() * 4));
@@ -58,7 +71,17 @@ KVDump parse_kvdump(const uint8_t* data, size_t size, const std::string& name) {
   Header h;
   std::memcpy(&h, data, kHeader);
   if (std::memcmp(h.magic, "AKVD", 4) != 0) bad("bad magic (not an .akv dump)");
-  if (h.version != kVersion) bad("unsupported version " + std::to_string(h.version) + " (1 is)");
+  if (h.version != 1 && h.version != 2) bad("unsupported version " + std::to_string(h.version) + " (1 and 2 are)");
+  if (h.reserved != 0) bad("reserved header field is not 0");
+  const size_t header = h.version == 2 ? kHeader2 : kHeader;
+  RopeTail rope{0, 0, 0};
+  if (h.version == 2) {
+    if (size < kHeader2) bad("shorter than the 64-byte version 2 header");
+    std::memcpy(&rope, data + kHeader, sizeof(rope));
+    if (!(rope.base > 1.0) || !std::isfinite(rope.base)) bad("RoPE base must be finite and > 1");
+    if (rope.style > 1) bad("RoPE style " + std::to_string(rope.style) + " is unknown (0 normal, 1 NeoX)");
+    if (rope.reserved != 0) bad("reserved version 2 field is not 0");
+  }
   if (h.dtype != 0) bad("unsupported dtype " + std::to_string(h.dtype) + " (0 = f32 is)");
   if (h.n_layers == 0 || h.n_heads == 0 || h.n_kv_heads == 0 || h.head_dim == 0 || h.n_tokens == 0)
     bad("a zero dimension in the header");
@@ -68,14 +91,16 @@ KVDump parse_kvdump(const uint8_t* data, size_t size, const std::string& name) {
   if (per == 0 || __builtin_mul_overflow(per, uint64_t{4} * h.n_layers, &payload)) bad("sizes overflow");
   if (payload != h.payload) bad("payload size " + std::to_string(h.payload) + " disagrees with the shape (" +
                                 std::to_string(payload) + ")");
-  if (size - kHeader != payload)
-    bad("file holds " + std::to_string(size - kHeader) + " payload bytes, the header says " + std::to_string(payload));
+  if (size - header != payload)
+    bad("file holds " + std::to_string(size - header) + " payload bytes, the header says " + std::to_string(payload));
   KVDump d;
   d.n_heads = h.n_heads;
   d.n_kv_heads = h.n_kv_heads;
   d.head_dim = h.head_dim;
   d.n_tokens = h.n_tokens;
-  const uint8_t* p = data + kHeader;
+  d.rope_base = rope.base;
+  d.rope_style = rope.style;
+  const uint8_t* p = data + header;
   auto take = [&](uint64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
     std::memcpy(v.data(), p, n * 4);

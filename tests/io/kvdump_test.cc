@@ -95,5 +95,55 @@ TEST(KVDump, CorruptFilesAreNamedErrors) {
   EXPECT_THROW(read_kvdump("/nonexistent.akv"), Error);
 }
 
+TEST(KVDump, Version2RecordsRopeAndFeedsPreRopeWorkloads) {
+  const auto path = (std::filesystem::temp_directory_path() / "anchorkv_test3.akv").string();
+  KVDump v2 = sample();
+  v2.rope_base = 500000.0;
+  v2.rope_style = 1;
+  v2.head_dim = 3;
+  write_kvdump(path, v2);
+  const auto good = bytes_of(path);
+  const KVDump d = read_kvdump(path);
+  EXPECT_EQ(d.rope_base, 500000.0);
+  EXPECT_EQ(d.rope_style, 1u);
+  EXPECT_EQ(d.layers[1].k_pre[7], 1207.0f);
+  // Pre-RoPE workload: unrotated keys to cache, rotated ones as the exact reference.
+  const eval::Workload w = eval::workload_from_dump(path, 1, 2, nullptr, /*keys_pre_rope=*/true);
+  EXPECT_TRUE(w.keys_pre_rope);
+  EXPECT_TRUE(w.rope_neox);
+  EXPECT_EQ(w.K[0], 1200.0f);
+  EXPECT_EQ(w.K_exact[0], 1100.0f);
+  std::filesystem::remove(path);
+  // A version 1 file has no RoPE: a pre-RoPE workload is refused with the reason.
+  write_kvdump(path, sample());
+  try {
+    eval::workload_from_dump(path, 1, 2, nullptr, true);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("version 1"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+  // Corrupt RoPE fields are named.
+  auto expect = [](std::vector<uint8_t> b, const std::string& needle) {
+    try {
+      parse_kvdump(b.data(), b.size(), "x.akv");
+      ADD_FAILURE() << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto b = good;
+  const double bad_base = 0.5;
+  std::memcpy(&b[48], &bad_base, 8);
+  expect(b, "RoPE base");
+  b = good;
+  b[56] = 7;
+  expect(b, "RoPE style 7");
+  expect(std::vector<uint8_t>(good.begin(), good.begin() + 60), "64-byte");
+  b = good;
+  b[36] = 1;  // the reserved field after dtype
+  expect(b, "reserved");
+}
+
 }  // namespace
 }  // namespace anchorkv::io

@@ -83,10 +83,18 @@ struct Options {
   std::string json_path, csv_path, plot_path;
   int64_t layer = -1, held_out = 32;
   int threads = 0;
+  std::string keys = "post";
 };
 
 void run(Options opt) {
-  if (opt.methods.size() == 1 && opt.methods[0] == "all") opt.methods = eval::all_methods();
+  if (opt.methods.size() == 1 && opt.methods[0] == "all") {
+    opt.methods = eval::all_methods();
+    if (opt.keys == "pre")  // eviction loses positions: those methods need post-RoPE keys
+      std::erase_if(opt.methods, [](const std::string& m) { return m == "streamingllm" || m == "snapkv" || m == "h2o"; });
+  }
+  if (opt.keys == "pre" && opt.workload == "synthetic")
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv compare",
+               "--keys pre needs a dump (the synthetic workload has its own --rope switch)");
   for (const auto& m : opt.methods) eval::make_cache(m, 0.05, 1);  // validates names up front
   const bool synthetic = opt.workload == "synthetic";
   std::string source = "Synthetic workload";
@@ -95,8 +103,8 @@ void run(Options opt) {
     w = eval::make_synthetic(opt.spec);
   } else {  // a K/V dump written by `anchorkv dump-kv`
     int64_t layer = 0;
-    w = eval::workload_from_dump(opt.workload, opt.layer, opt.held_out, &layer);
-    source = fmt::format("Dump {} layer {}", opt.workload, layer);
+    w = eval::workload_from_dump(opt.workload, opt.layer, opt.held_out, &layer, opt.keys == "pre");
+    source = fmt::format("Dump {} layer {}{}", opt.workload, layer, opt.keys == "pre" ? ", keys before RoPE" : "");
   }
   opt.spec = w.spec;
   const bool tty = isatty(fileno(stderr));
@@ -174,6 +182,8 @@ void register_compare(CLI::App& app) {
   sub->add_option("--csv", opt->csv_path, "write CSV here");
   sub->add_option("--plot", opt->plot_path, "write an SVG plot of error vs compression ratio here");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
+  sub->add_option("--keys", opt->keys, "dumps: cache keys after RoPE (post, the seed's) or before (pre, the paper's)")
+      ->check(CLI::IsMember({"post", "pre"}));
   sub->callback([opt] { run(*opt); });
 }
 

@@ -461,6 +461,8 @@ void dump_kv(const DumpOptions& o) {
   d.n_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
   d.head_dim = static_cast<uint32_t>(c.head_dim);
   d.n_tokens = toks.size();
+  d.rope_base = c.rope_base;
+  d.rope_style = c.rope_style == RopeStyle::kNeox ? 1u : 0u;
   d.layers.resize(static_cast<size_t>(c.n_layers));
   model::LlamaModel m = make_model(w, "full", 0, o.threads);
   const int64_t T = static_cast<int64_t>(toks.size()), hd = c.head_dim;
