@@ -1,7 +1,7 @@
 """Writes a random-weight Llama GGUF for speed measurements of the runtime
 (`anchorkv bench runtime`): the text it produces is noise, but its shapes and
 weight types are those of a real model. Run from the repository root, e.g.
-    /usr/bin/python3 bench/make_synthetic_gguf.py --type q8_0 --dim 1024 --layers 8 -o /tmp/synth-q8_0.gguf
+    /usr/bin/python3 bench/make_synthetic_gguf.py --type q8_0 --dim 1024 --layers 8 -o synth-q8_0.gguf
 """
 
 import argparse
