@@ -192,6 +192,25 @@ bool can_dequantize(GgmlType type) {
 }
 
 namespace {
+using BlockFn = void (*)(const uint8_t* block, float* out);
+
+// The scalar decoder of one block of `type` (nullptr for the element types).
+BlockFn block_fn(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return q4_0;
+    case GgmlType::kQ4_1: return q4_1;
+    case GgmlType::kQ5_0: return [](const uint8_t* b, float* y) { q5(b, y, false); };
+    case GgmlType::kQ5_1: return [](const uint8_t* b, float* y) { q5(b, y, true); };
+    case GgmlType::kQ8_0: return q8_0;
+    case GgmlType::kQ2_K: return q2_k;
+    case GgmlType::kQ3_K: return q3_k;
+    case GgmlType::kQ4_K: return [](const uint8_t* b, float* y) { q45_k(b, y, false); };
+    case GgmlType::kQ5_K: return [](const uint8_t* b, float* y) { q45_k(b, y, true); };
+    case GgmlType::kQ6_K: return q6_k;
+    default: return nullptr;
+  }
+}
+
 void check_row(GgmlType type, int64_t n, int64_t* be, int64_t* bb) {
   constexpr const char* kOp = "anchorkv::dequantize_row";
   if (!can_dequantize(type) || !ggml_block(type, be, bb))
@@ -202,23 +221,9 @@ void check_row(GgmlType type, int64_t n, int64_t* be, int64_t* bb) {
                std::to_string(n) + " elements is not a multiple of the " + ggml_type_name(type) +
                    " block of " + std::to_string(*be));
 }
-}  // namespace
 
-void dequantize_row(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
-  int64_t be = 0, bb = 0;
-  check_row(type, n, &be, &bb);
-  const int simd = type == GgmlType::kQ8_0   ? kSimdQ8_0
-                   : type == GgmlType::kQ4_0 ? kSimdQ4_0
-                   : type == GgmlType::kQ4_K ? kSimdQ4_K
-                   : type == GgmlType::kQ6_K ? kSimdQ6_K
-                                             : 0;
-  if (simd != 0 && dequant_blocks_simd(simd, src, n / be, dst)) return;
-  dequantize_row_ref(type, src, n, dst);
-}
-
-void dequantize_row_ref(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
-  int64_t be = 0, bb = 0;
-  check_row(type, n, &be, &bb);
+// The scalar path, after check_row.
+void dequantize_checked(GgmlType type, const uint8_t* src, int64_t n, int64_t be, int64_t bb, float* dst) {
   switch (type) {
     case GgmlType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -240,44 +245,27 @@ void dequantize_row_ref(GgmlType type, const uint8_t* src, int64_t n, float* dst
     default:
       break;
   }
-  for (int64_t blk = 0; blk < n / be; ++blk) {
-    const uint8_t* b = src + blk * bb;
-    float* y = dst + blk * be;
-    switch (type) {
-      case GgmlType::kQ4_0:
-        q4_0(b, y);
-        break;
-      case GgmlType::kQ4_1:
-        q4_1(b, y);
-        break;
-      case GgmlType::kQ5_0:
-        q5(b, y, false);
-        break;
-      case GgmlType::kQ5_1:
-        q5(b, y, true);
-        break;
-      case GgmlType::kQ8_0:
-        q8_0(b, y);
-        break;
-      case GgmlType::kQ2_K:
-        q2_k(b, y);
-        break;
-      case GgmlType::kQ3_K:
-        q3_k(b, y);
-        break;
-      case GgmlType::kQ4_K:
-        q45_k(b, y, false);
-        break;
-      case GgmlType::kQ5_K:
-        q45_k(b, y, true);
-        break;
-      case GgmlType::kQ6_K:
-        q6_k(b, y);
-        break;
-      default:
-        break;
-    }
-  }
+  const BlockFn decode = block_fn(type);
+  for (int64_t blk = 0; blk < n / be; ++blk) decode(src + blk * bb, dst + blk * be);
+}
+}  // namespace
+
+void dequantize_row(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
+  int64_t be = 0, bb = 0;
+  check_row(type, n, &be, &bb);
+  const int simd = type == GgmlType::kQ8_0   ? kSimdQ8_0
+                   : type == GgmlType::kQ4_0 ? kSimdQ4_0
+                   : type == GgmlType::kQ4_K ? kSimdQ4_K
+                   : type == GgmlType::kQ6_K ? kSimdQ6_K
+                                             : 0;
+  if (simd != 0 && dequant_blocks_simd(simd, src, n / be, dst)) return;
+  dequantize_checked(type, src, n, be, bb, dst);
+}
+
+void dequantize_row_ref(GgmlType type, const uint8_t* src, int64_t n, float* dst) {
+  int64_t be = 0, bb = 0;
+  check_row(type, n, &be, &bb);
+  dequantize_checked(type, src, n, be, bb, dst);
 }
 
 }  // namespace anchorkv::io

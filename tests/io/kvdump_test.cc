@@ -37,6 +37,17 @@ std::vector<uint8_t> bytes_of(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+// parse_kvdump must refuse `b` with an error naming `needle` and the file.
+void expect_corrupt(const std::vector<uint8_t>& b, const std::string& needle) {
+  try {
+    parse_kvdump(b.data(), b.size(), "x.akv");
+    ADD_FAILURE() << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruptFile);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 TEST(KVDump, RoundTripAndWorkload) {
   const auto path = (std::filesystem::temp_directory_path() / "anchorkv_test.akv").string();
   write_kvdump(path, sample());
@@ -65,15 +76,7 @@ TEST(KVDump, CorruptFilesAreNamedErrors) {
   write_kvdump(path, sample());
   const auto good = bytes_of(path);
   std::filesystem::remove(path);
-  auto expect = [](std::vector<uint8_t> b, const std::string& needle) {
-    try {
-      parse_kvdump(b.data(), b.size(), "x.akv");
-      ADD_FAILURE() << needle;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kCorruptFile);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  const auto& expect = expect_corrupt;
   for (size_t n = 0; n < good.size(); n += 7) expect(std::vector<uint8_t>(good.begin(), good.begin() + n), "x.akv");
   auto b = good;
   b[0] = 'Z';
@@ -124,14 +127,7 @@ TEST(KVDump, Version2RecordsRopeAndFeedsPreRopeWorkloads) {
   }
   std::filesystem::remove(path);
   // Corrupt RoPE fields are named.
-  auto expect = [](std::vector<uint8_t> b, const std::string& needle) {
-    try {
-      parse_kvdump(b.data(), b.size(), "x.akv");
-      ADD_FAILURE() << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  const auto& expect = expect_corrupt;
   auto b = good;
   const double bad_base = 0.5;
   std::memcpy(&b[48], &bad_base, 8);
