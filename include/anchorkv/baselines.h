@@ -1,15 +1,15 @@
-// Baseline caches for comparisons at matched bytes. Each implements KVCache
-// with true byte accounting (nbytes() = what it really stores) and sizes
-// itself from a byte budget `theta` (a fraction of the fp16 K+V bytes of the
+// Baseline caches for comparisons at matched bytes. Each is a KVCache with
+// true byte accounting (nbytes() = what it really stores) and sizes itself
+// from a byte budget `theta` (a fraction of the fp16 K+V bytes of the
 // prefill), the same knob AnchorKV uses.
 //
-// Eviction caches (StreamingLLM, SnapKV) keep theta * S tokens of the first
-// prefill (S > 1 call) and report tokens_kept < tokens_total. Quantized caches
-// cannot go below their bit width: their size is fixed and a comparison marks
-// them over budget.
+// Eviction caches (StreamingLLM, SnapKV, H2O) keep about theta * S tokens of
+// the first prefill (S > 1 call) and report tokens_kept < tokens_total.
+// Quantized caches cannot go below their bit width: their size is fixed and a
+// comparison marks them over budget. All are thread-safe like every KVCache.
 #pragma once
 
-#include <memory>
+#include <cstdint>
 
 #include "anchorkv/cache.h"
 
@@ -21,82 +21,8 @@ namespace anchorkv {
 class QuantizedKVCache final : public KVCache {
  public:
   explicit QuantizedKVCache(int bits = 4, int64_t group_size = 64);  // bits 2, 4 or 8
-  ~QuantizedKVCache() override;
-  KVPair fetch() const override;
-  std::string name() const override;
-  int64_t offset() const override;
-  bool is_trimmable() const override { return false; }
-  int64_t nbytes() const override;
-  int64_t full_seq_bytes() const override;
-  int64_t tokens_total() const override;
-  int64_t tokens_kept() const override { return tokens_total(); }
   // Bytes one token of one row and side takes: ceil(D*bits/8) + 4 * ceil(D/group).
   static int64_t token_side_bytes(int64_t D, int bits, int64_t group_size);
-
- protected:
-  void append(const TensorView& keys, const TensorView& values, const char* method) override;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-// Shared by the eviction caches: the rows keep a fixed set of positions.
-class EvictionCacheBase : public KVCache {
- public:
-  ~EvictionCacheBase() override;
-  KVPair fetch() const override;
-  int64_t offset() const override;
-  bool is_trimmable() const override { return false; }
-  int64_t nbytes() const override;
-  int64_t full_seq_bytes() const override;
-  int64_t tokens_total() const override;
-  int64_t tokens_kept() const override;
-  double theta() const;
-  // Token budget for a prefill of S tokens: max(1, floor(theta * S)).
-  int64_t budget_tokens(int64_t S) const;
-
- protected:
-  void append(const TensorView& keys, const TensorView& values, const char* method) override;
-  EvictionCacheBase(double theta, const char* op);
-  // Positions (ascending, within [0, S)) to keep from a [S, D] prefill row.
-  virtual std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const = 0;
-  // Whether decode tokens evict old ones (StreamingLLM) or just append (SnapKV).
-  virtual bool rolling() const = 0;
-  virtual int64_t sinks() const { return 0; }
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-// StreamingLLM: `sinks` attention-sink tokens plus the most recent tokens,
-// theta * S in all; decode keeps the size constant (oldest non-sink evicted).
-class StreamingLLMCache final : public EvictionCacheBase {
- public:
-  explicit StreamingLLMCache(double theta = 0.05, int64_t sinks = 4);
-  std::string name() const override { return "streamingllm"; }
-
- private:
-  std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const override;
-  bool rolling() const override { return true; }
-  int64_t sinks() const override { return sinks_; }
-  int64_t sinks_;
-};
-
-// SnapKV: the trailing `window` keys act as observation queries (key-as-query,
-// as AnchorKV's scoring); attention averaged over them and smoothed with an
-// average pool of width `kernel` ranks the other positions; the top ones plus
-// the window are kept (theta * S in all). Decode tokens are appended.
-class SnapKVCache final : public EvictionCacheBase {
- public:
-  explicit SnapKVCache(double theta = 0.05, int64_t window = 32, int64_t kernel = 7);
-  std::string name() const override { return "snapkv"; }
-
- private:
-  std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const override;
-  bool rolling() const override { return false; }
-  int64_t window_, kernel_;
 };
 
 // KIVI (Liu et al., 2024): keys quantized per channel over groups of
@@ -106,22 +32,22 @@ class SnapKVCache final : public EvictionCacheBase {
 class KIVICache final : public KVCache {
  public:
   explicit KIVICache(int bits = 2, int64_t group = 32, int64_t residual = 32);  // bits 2 or 4
-  ~KIVICache() override;
-  KVPair fetch() const override;
-  std::string name() const override;
-  int64_t offset() const override;
-  bool is_trimmable() const override { return false; }
-  int64_t nbytes() const override;
-  int64_t full_seq_bytes() const override;
-  int64_t tokens_total() const override;
-  int64_t tokens_kept() const override { return tokens_total(); }
+};
 
- protected:
-  void append(const TensorView& keys, const TensorView& values, const char* method) override;
+// StreamingLLM: `sinks` attention-sink tokens plus the most recent tokens,
+// theta * S in all; decode keeps the size constant (oldest non-sink evicted).
+class StreamingLLMCache final : public KVCache {
+ public:
+  explicit StreamingLLMCache(double theta = 0.05, int64_t sinks = 4);
+};
 
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+// SnapKV: the trailing `window` keys act as observation queries (key-as-query,
+// as AnchorKV's scoring); attention averaged over them and smoothed with an
+// average pool of width `kernel` ranks the other positions; the top ones plus
+// the window are kept (theta * S in all). Decode tokens are appended.
+class SnapKVCache final : public KVCache {
+ public:
+  explicit SnapKVCache(double theta = 0.05, int64_t window = 32, int64_t kernel = 7);
 };
 
 // H2O (Zhang et al., 2023): heavy hitters by accumulated attention plus a
@@ -134,22 +60,6 @@ class KIVICache final : public KVCache {
 class H2OCache final : public KVCache {
  public:
   explicit H2OCache(double theta = 0.05, double recent_share = 0.5);
-  ~H2OCache() override;
-  KVPair fetch() const override;
-  std::string name() const override { return "h2o"; }
-  int64_t offset() const override;
-  bool is_trimmable() const override { return false; }
-  int64_t nbytes() const override;
-  int64_t full_seq_bytes() const override;
-  int64_t tokens_total() const override;
-  int64_t tokens_kept() const override;
-
- protected:
-  void append(const TensorView& keys, const TensorView& values, const char* method) override;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace anchorkv

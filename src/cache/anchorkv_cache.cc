@@ -1,17 +1,21 @@
+// AnchorKVCache as a state machine over (head, segment, tail):
+//   empty --S>1 (first prefill)--> segment        [kFirstPrefill]
+//   empty --S==1 / chunks--------> head           (exact)
+//   head  --first S==1 after a chunk--> segment   [kFirstDecode]
+//   head  --compress_now()--------> segment
+//   segment --any call------------> tail          (exact)
 #include <algorithm>
-#include <functional>
 #include <string>
 #include <utility>
 
 #include "anchorkv/cache.h"
 #include "cache/anchorkv_state.h"
-#include "cache/input.h"
+#include "cache/core.h"
 #include "compress/budget.h"
 #include "compress/compressor.h"
 #include "core/buffer.h"
 #include "core/convert.h"
 #include "core/error.h"
-#include "core/half.h"
 #include "core/parallel.h"
 
 namespace anchorkv {
@@ -24,20 +28,9 @@ int64_t AnchorKVState::buffer_bytes() const {
 }
 }  // namespace internal
 
-struct AnchorKVCache::Impl {
-  internal::AnchorKVState st;
-  CompressionStats stats;
-};
-
-AnchorKVCache::AnchorKVCache(const AnchorKVConfig& config) : impl_(std::make_unique<Impl>()) {
-  config.validate();
-  impl_->st.config = config;
-}
-AnchorKVCache::~AnchorKVCache() = default;
-AnchorKVCache::AnchorKVCache(AnchorKVCache&&) noexcept = default;
-AnchorKVCache& AnchorKVCache::operator=(AnchorKVCache&&) noexcept = default;
-
 namespace {
+
+using internal::AnchorKVState;
 
 struct NewSegment {
   std::vector<compress::CompressedRow> rows;
@@ -47,7 +40,7 @@ struct NewSegment {
 };
 
 // Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable). Touches no state.
-NewSegment compress_segment(const internal::AnchorKVState& st, int64_t S, const float* K, const float* V) {
+NewSegment compress_segment(const AnchorKVState& st, int64_t S, const float* K, const float* V) {
   const AnchorKVConfig& cfg = st.config;
   const int64_t D = st.D;
   compress::SegmentInput in{st.B, st.H, S, D, K, V};
@@ -66,17 +59,17 @@ NewSegment compress_segment(const internal::AnchorKVState& st, int64_t S, const 
   return seg;
 }
 
-void commit_segment(internal::AnchorKVState& st, NewSegment&& seg, CompressionStats& stats) noexcept {
+void commit_segment(AnchorKVState& st, NewSegment&& seg) noexcept {
   st.segment = std::move(seg.rows);
   st.codec = std::move(seg.codec);
   st.segment_tokens = seg.tokens;
   st.segment_bytes = seg.bytes;
   st.n_anchor_total = seg.n_anchor;
   st.n_residual_total = seg.n_residual;
-  stats = seg.stats;
+  st.stats = seg.stats;
 }
 
-NewSegment compress_head(const internal::AnchorKVState& st) {
+NewSegment compress_head(const AnchorKVState& st) {
   const int64_t S = st.head.tokens, D = st.D;
   core::UninitVector<float> K(static_cast<size_t>(st.rows() * S * D)), V(K.size());
   core::parallel_for(st.rows(), st.config.threads, [&](int64_t r) {
@@ -86,31 +79,30 @@ NewSegment compress_head(const internal::AnchorKVState& st) {
   return compress_segment(st, S, K.data(), V.data());
 }
 
-}  // namespace
+class AnchorKVStore final : public internal::CacheStore {
+ public:
+  explicit AnchorKVStore(const AnchorKVConfig& config) { st_.config = config; }
+  std::string name() const override { return "anchorkv"; }
+  const char* api_name() const override { return "anchorkv::AnchorKVCache"; }
 
-void AnchorKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
-  internal::AnchorKVState& st = impl_->st;
-  cache::StagedInput in = cache::stage_input(std::string("anchorkv::AnchorKVCache::") + method, keys, values,
-                                             st.has_shape, st.B, st.H, st.D);
-  const int64_t S = in.S();
-  const bool first_shape = !st.has_shape;
-  if (first_shape) {  // shape facts are needed by compression; roll back on failure
-    st.has_shape = true;
-    st.B = in.B();
-    st.H = in.H();
-    st.D = in.D();
-  }
-  try {
-    if (!st.compressed() && st.config.trigger == CompressTrigger::kFirstPrefill && S > 1) {
+  void store(const cache::StagedInput& in, const internal::CacheShape& shape) override {
+    AnchorKVState& st = st_;
+    const int64_t S = in.S();
+    // Shape facts are read by compression; assigning them again is harmless.
+    st.B = shape.B;
+    st.H = shape.H;
+    st.D = shape.D;
+    const CompressTrigger trigger = st.config.trigger;
+    if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
       NewSegment seg = compress_segment(st, S, in.k.data(), in.v.data());
       st.tail.resize_rows(st.rows());
-      commit_segment(st, std::move(seg), impl_->stats);
-    } else if (!st.compressed() && st.config.trigger == CompressTrigger::kFirstDecode && S == 1 &&
-               st.seen_prefill_call && st.head.tokens > 0) {
+      commit_segment(st, std::move(seg));
+    } else if (!st.compressed() && trigger == CompressTrigger::kFirstDecode && S == 1 && st.seen_prefill_call &&
+               st.head.tokens > 0) {
       NewSegment seg = compress_head(st);
       cache::ExactRows tail;
       tail.append(in);
-      commit_segment(st, std::move(seg), impl_->stats);
+      commit_segment(st, std::move(seg));
       st.head.clear();
       st.tail = std::move(tail);
     } else if (st.compressed()) {
@@ -118,34 +110,50 @@ void AnchorKVCache::append(const TensorView& keys, const TensorView& values, con
     } else {
       st.head.append(in);
     }
-  } catch (...) {
-    if (first_shape) st.has_shape = false;
-    throw;
+    if (S > 1) st.seen_prefill_call = true;
   }
-  if (S > 1) st.seen_prefill_call = true;
-  st.full_seq_bytes += in.B() * in.H() * S * in.D() * 4;
-  st.tokens_total += in.B() * in.H() * S;
-}
 
-void AnchorKVCache::compress_now() {
-  internal::AnchorKVState& st = impl_->st;
-  constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
-  if (st.compressed())
-    core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
-  if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
-  NewSegment seg = compress_head(st);
-  commit_segment(st, std::move(seg), impl_->stats);
-  st.head.clear();
-  st.tail.resize_rows(st.rows());
-}
+  void compress_now() {
+    AnchorKVState& st = st_;
+    constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
+    if (st.compressed())
+      core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
+    if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
+    NewSegment seg = compress_head(st);
+    commit_segment(st, std::move(seg));
+    st.head.clear();
+    st.tail.resize_rows(st.rows());
+  }
 
-KVPair AnchorKVCache::fetch() const {
-  const internal::AnchorKVState& st = impl_->st;
-  const int64_t n = st.tokens_per_row(), D = st.D;
-  KVPair out{Tensor(DType::kF16, {st.B, st.H, n, D}), Tensor(DType::kF16, {st.B, st.H, n, D})};
+  KVPair fetch(const internal::CacheShape&) const override;
+
+  int64_t nbytes(const internal::CacheShape&) const override {
+    return st_.segment_bytes + (st_.head.tokens + st_.tail.tokens) * st_.rows() * st_.D * 4;
+  }
+
+  cache::AttentionSource attention_source(const internal::CacheShape& shape) const override {
+    cache::AttentionSource src{shape.B, shape.H, shape.D, st_.tokens_per_row()};
+    if (st_.head.tokens > 0) src.dense_before.push_back(cache::dense_region(st_.head, 0));
+    if (st_.compressed())
+      src.segment = cache::CompressedRegion{&st_.segment, st_.codec.get(), st_.segment_tokens, st_.head.tokens};
+    if (st_.tail.tokens > 0)
+      src.dense_after.push_back(cache::dense_region(st_.tail, st_.head.tokens + st_.segment_tokens));
+    return src;
+  }
+
+  const AnchorKVState& state() const { return st_; }
+
+ private:
+  AnchorKVState st_;
+};
+
+KVPair AnchorKVStore::fetch(const internal::CacheShape& shape) const {
+  const AnchorKVState& st = st_;
+  const int64_t n = st.tokens_per_row(), D = shape.D;
+  KVPair out{Tensor(DType::kF16, {shape.B, shape.H, n, D}), Tensor(DType::kF16, {shape.B, shape.H, n, D})};
   uint16_t* ok = out.keys.data_as<uint16_t>();
   uint16_t* ov = out.values.data_as<uint16_t>();
-  core::parallel_for(st.rows(), st.config.threads, [&](int64_t r) {
+  core::parallel_for(shape.rows(), st.config.threads, [&](int64_t r) {
     uint16_t* k = ok + r * n * D;
     uint16_t* v = ov + r * n * D;
     if (st.head.tokens > 0) {
@@ -165,19 +173,29 @@ KVPair AnchorKVCache::fetch() const {
   return out;
 }
 
-int64_t AnchorKVCache::offset() const { return impl_->st.tokens_per_row(); }
-int64_t AnchorKVCache::full_seq_bytes() const { return impl_->st.full_seq_bytes; }
-int64_t AnchorKVCache::tokens_total() const { return impl_->st.tokens_total; }
-bool AnchorKVCache::is_compressed() const { return impl_->st.compressed(); }
+}  // namespace
 
-int64_t AnchorKVCache::anchorkv_bytes() const {
-  const internal::AnchorKVState& st = impl_->st;
-  return st.segment_bytes + (st.head.tokens + st.tail.tokens) * st.rows() * st.D * 4;
+AnchorKVCache::AnchorKVCache(const AnchorKVConfig& config)
+    : KVCache((config.validate(), std::make_unique<AnchorKVStore>(config))), config_(config) {}
+
+void AnchorKVCache::compress_now() { internal::CacheAccess::write<AnchorKVStore>(*this).store.compress_now(); }
+
+bool AnchorKVCache::is_compressed() const {
+  return internal::CacheAccess::read<AnchorKVStore>(*this).store.state().compressed();
 }
-int64_t AnchorKVCache::n_anchor_total() const { return impl_->st.n_anchor_total; }
-int64_t AnchorKVCache::n_residual_total() const { return impl_->st.n_residual_total; }
-const AnchorKVConfig& AnchorKVCache::config() const { return impl_->st.config; }
-const CompressionStats& AnchorKVCache::last_compression_stats() const { return impl_->stats; }
-const internal::AnchorKVState& AnchorKVCache::state() const { return impl_->st; }
+int64_t AnchorKVCache::n_anchor_total() const {
+  return internal::CacheAccess::read<AnchorKVStore>(*this).store.state().n_anchor_total;
+}
+int64_t AnchorKVCache::n_residual_total() const {
+  return internal::CacheAccess::read<AnchorKVStore>(*this).store.state().n_residual_total;
+}
+CompressionStats AnchorKVCache::last_compression_stats() const {
+  return internal::CacheAccess::read<AnchorKVStore>(*this).store.state().stats;
+}
+
+const internal::AnchorKVState& internal::unlocked_state(const AnchorKVCache& cache) {
+  auto r = CacheAccess::read<AnchorKVStore>(cache);
+  return r.store.state();
+}
 
 }  // namespace anchorkv

@@ -18,8 +18,7 @@ namespace anchorkv::internal {
 
 struct AnchorKVState {
   AnchorKVConfig config;
-  bool has_shape = false;
-  int64_t B = 0, H = 0, D = 0;
+  int64_t B = 0, H = 0, D = 0;  // set by the first call
   cache::ExactRows head, tail;
   std::vector<compress::CompressedRow> segment;  // [B * H] or empty
   int64_t segment_tokens = 0;                    // per row
@@ -30,8 +29,7 @@ struct AnchorKVState {
   int64_t segment_bytes = 0;  // sum over rows of the spec §5 formula
   int64_t n_anchor_total = 0;
   int64_t n_residual_total = 0;
-  int64_t full_seq_bytes = 0;
-  int64_t tokens_total = 0;
+  CompressionStats stats;  // of the last compression
 
   bool compressed() const { return !segment.empty(); }
   int64_t rows() const { return B * H; }
@@ -39,5 +37,8 @@ struct AnchorKVState {
   // Sum of the sizes of every buffer the cache holds for K/V.
   int64_t buffer_bytes() const;
 };
+
+// The state of `cache` read without its lock: for single-threaded tests only.
+const AnchorKVState& unlocked_state(const AnchorKVCache& cache);
 
 }  // namespace anchorkv::internal

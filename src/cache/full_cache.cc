@@ -1,55 +1,48 @@
-#include <algorithm>
+// FullKVCache: exact fp16 rows, the reference every comparison uses.
 #include <string>
 
 #include "anchorkv/cache.h"
-#include "cache/full_state.h"
-#include "cache/input.h"
+#include "cache/core.h"
 #include "core/error.h"
 
 namespace anchorkv {
+namespace {
 
-double KVCache::compression_ratio() const {
-  const int64_t stored = nbytes();
-  if (stored <= 0) return 1.0;
-  return static_cast<double>(full_seq_bytes()) / static_cast<double>(stored);
-}
-
-FullKVCache::FullKVCache() : impl_(std::make_unique<internal::FullState>()) {}
-FullKVCache::~FullKVCache() = default;
-FullKVCache::FullKVCache(FullKVCache&&) noexcept = default;
-FullKVCache& FullKVCache::operator=(FullKVCache&&) noexcept = default;
-
-void FullKVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
-  internal::FullState& s = *impl_;
-  const cache::StagedInput in = cache::stage_input(std::string("anchorkv::FullKVCache::") + method, keys,
-                                                   values, s.has_shape, s.B, s.H, s.D);
-  s.rows.append(in);
-  if (!s.has_shape) {
-    s.has_shape = true;
-    s.B = in.B();
-    s.H = in.H();
-    s.D = in.D();
+class FullStore final : public internal::CacheStore {
+ public:
+  std::string name() const override { return "full"; }
+  const char* api_name() const override { return "anchorkv::FullKVCache"; }
+  void store(const cache::StagedInput& in, const internal::CacheShape&) override { rows_.append(in); }
+  KVPair fetch(const internal::CacheShape& s) const override { return rows_.to_pair(s.B, s.H, s.D); }
+  int64_t nbytes(const internal::CacheShape& s) const override { return s.seen * s.rows() * s.D * 4; }
+  bool is_trimmable() const override { return true; }
+  cache::AttentionSource attention_source(const internal::CacheShape& s) const override {
+    cache::AttentionSource src{s.B, s.H, s.D, rows_.tokens};
+    if (rows_.tokens > 0) src.dense_after.push_back(cache::dense_region(rows_, 0));
+    return src;
   }
-}
 
-KVPair FullKVCache::fetch() const { return impl_->rows.to_pair(impl_->B, impl_->H, impl_->D); }
+  void trim(int64_t n, int64_t D) {
+    for (auto* side : {&rows_.k, &rows_.v})
+      for (auto& row : *side) row.resize(row.size() - static_cast<size_t>(n * D));
+    rows_.tokens -= n;
+  }
 
-int64_t FullKVCache::offset() const { return impl_->rows.tokens; }
+ private:
+  cache::ExactRows rows_;
+};
+
+}  // namespace
+
+FullKVCache::FullKVCache() : KVCache(std::make_unique<FullStore>()) {}
 
 void FullKVCache::trim(int64_t n) {
-  internal::FullState& s = *impl_;
-  if (n < 0 || n > s.rows.tokens)
+  auto w = internal::CacheAccess::write<FullStore>(*this);
+  if (n < 0 || n > w.shape.seen)
     core::fail(ErrorCode::kInvalidArgument, "anchorkv::FullKVCache::trim",
-               "cannot trim " + std::to_string(n) + " of " + std::to_string(s.rows.tokens) + " tokens");
-  for (auto* side : {&s.rows.k, &s.rows.v})
-    for (auto& row : *side) row.resize(row.size() - static_cast<size_t>(n * s.D));
-  s.rows.tokens -= n;
+               "cannot trim " + std::to_string(n) + " of " + std::to_string(w.shape.seen) + " tokens");
+  w.store.trim(n, w.shape.D);
+  w.shape.seen -= n;
 }
-
-int64_t FullKVCache::nbytes() const { return impl_->rows.tokens * impl_->B * impl_->H * impl_->D * 4; }
-
-const internal::FullState& FullKVCache::state() const { return *impl_; }
-
-int64_t FullKVCache::tokens_total() const { return impl_->rows.tokens * impl_->B * impl_->H; }
 
 }  // namespace anchorkv

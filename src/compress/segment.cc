@@ -20,12 +20,7 @@ int64_t CompressedRow::buffer_bytes() const {
 
 Meta CompressedRow::meta_at(int64_t e) const {
   if (!compact) return unpack_meta(meta[e]);
-  const uint32_t w = meta32[e];
-  Meta m;
-  m.anchor_k = static_cast<int32_t>(w & 0x7FFF);
-  m.res_k = (w >> 15) & 1;
-  m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
-  m.res_v = (w >> 31) & 1;
+  Meta m = unpack_meta32(meta32[e]);
   // Anchor j has anchor_pos[j] - j non-anchor tokens before it (non-decreasing in j):
   // the anchors before entry e are those with anchor_pos[j] - j <= e.
   int64_t lo = 0, hi = n_anchor;

@@ -57,10 +57,23 @@ inline Meta unpack_meta(uint64_t w) {
   return m;
 }
 
+// Compact layout: anchors_before is not stored (see EntryMetaReader).
 inline uint32_t pack_meta32(const Meta& m) {
   return (static_cast<uint32_t>(m.anchor_k) & 0x7FFF) | (static_cast<uint32_t>(m.res_k) << 15) |
          ((static_cast<uint32_t>(m.anchor_v) & 0x7FFF) << 16) | (static_cast<uint32_t>(m.res_v) << 31);
 }
+inline Meta unpack_meta32(uint32_t w) {
+  Meta m;
+  m.anchor_k = static_cast<int32_t>(w & 0x7FFF);
+  m.res_k = ((w >> 15) & 1) != 0;
+  m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
+  m.res_v = ((w >> 31) & 1) != 0;
+  return m;
+}
+inline bool meta_res_k(uint64_t w) { return ((w >> 60) & 1) != 0; }
+inline bool meta_res_v(uint64_t w) { return ((w >> 61) & 1) != 0; }
+inline bool meta32_res_k(uint32_t w) { return ((w >> 15) & 1) != 0; }
+inline bool meta32_res_v(uint32_t w) { return ((w >> 31) & 1) != 0; }
 
 struct CompressedSide {
   std::vector<float> coef;      // [n_other] (seed layout)
@@ -84,8 +97,8 @@ struct CompressedRow {
   int64_t n_other() const { return static_cast<int64_t>(compact ? meta32.size() : meta.size()); }
   // Entry e's metadata in either layout (compact: anchors_before by binary search).
   Meta meta_at(int64_t e) const;
-  bool res_k(int64_t e) const { return compact ? (meta32[e] >> 15) & 1 : (meta[e] >> 60) & 1; }
-  bool res_v(int64_t e) const { return compact ? (meta32[e] >> 31) & 1 : (meta[e] >> 61) & 1; }
+  bool res_k(int64_t e) const { return compact ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]); }
+  bool res_v(int64_t e) const { return compact ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]); }
   float coef_k(int64_t e) const;
   float coef_v(int64_t e) const;
   int64_t n_residual() const { return k.n_residual() + v.n_residual(); }
@@ -93,6 +106,33 @@ struct CompressedRow {
   int64_t buffer_bytes() const;
   // Anchor positions, ascending, recovered from the metadata.
   std::vector<int32_t> anchor_positions() const;
+};
+
+// Reads the metadata of entries e0, e0 + 1, ... of a row in either layout.
+// With `need_before`, compact rows find anchors_before by one binary search,
+// then step it (amortised O(1) per entry); otherwise it is left 0 for them.
+class EntryMetaReader {
+ public:
+  EntryMetaReader(const CompressedRow& row, int64_t e0, bool need_before)
+      : row_(row), e_(e0), need_before_(need_before),
+        before_(row.compact && need_before ? row.meta_at(e0).anchors_before : 0) {}
+  Meta next() {
+    const int64_t e = e_++;
+    if (!row_.compact) return unpack_meta(row_.meta[e]);
+    Meta m = unpack_meta32(row_.meta32[e]);
+    if (need_before_) {
+      // Anchor j has anchor_pos[j] - j entries before it.
+      while (before_ < row_.n_anchor && row_.anchor_pos[before_] - before_ <= e) ++before_;
+      m.anchors_before = static_cast<int32_t>(before_);
+    }
+    return m;
+  }
+
+ private:
+  const CompressedRow& row_;
+  int64_t e_;
+  bool need_before_;
+  int64_t before_;
 };
 
 // Decode one row into out_k / out_v ([length, D] f32).

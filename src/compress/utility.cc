@@ -6,20 +6,9 @@
 #include "compress/anchors.h"
 #include "compress/assignment.h"
 #include "core/linalg.h"
+#include "core/softmax.h"
 
 namespace anchorkv::compress {
-
-void softmax_inplace(float* x, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
 
 Observation observe_reference(const float* K, const float* V, int64_t S, int64_t D, int64_t window) {
   Observation obs;
@@ -32,7 +21,7 @@ Observation observe_reference(const float* K, const float* V, int64_t S, int64_t
     const float* q = K + (S - m + w) * D;
     float* row = &obs.alpha[static_cast<size_t>(w * S)];
     for (int64_t t = 0; t < S; ++t) row[t] = core::dot_ref(q, K + t * D, D) * inv_sqrt_d;
-    softmax_inplace(row, S);
+    core::softmax_inplace(row, S);
     float* y = &obs.y[static_cast<size_t>(w * D)];
     for (int64_t t = 0; t < S; ++t) core::axpy_ref(row[t], V + t * D, y, D);
   }

@@ -19,10 +19,6 @@ struct Observation {
   std::vector<float> y;      // [m, D]
 };
 
-// Softmax of one row of logits in place: max-subtracted exp in float, the
-// normaliser summed in double in position order.
-void softmax_inplace(float* x, int64_t n);
-
 Observation observe_reference(const float* K, const float* V, int64_t S, int64_t D, int64_t window);
 
 // Mean over the last w proxy rows of alpha, per position (selection score).

@@ -1,5 +1,10 @@
-// attend(): plans the chunks of every (batch, KV head) row, runs the kernels
-// in parallel, merges the partials in a fixed order and finishes each query.
+// attend(): reads a cache through its attention source (cache/attention_source.h)
+// under the cache's reader lock, then
+//   plan     validate the query, scale (and rotate) it, cut every region into chunks
+//   prepare  per-row state of the compressed segment (anchor scores, rotated queries)
+//   run      one online-softmax partial per (row, chunk), in parallel
+//   merge    fold the partials of a row in chunk order and finish each query
+// Chunks are merged in a fixed order, so results never depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,8 +12,8 @@
 #include <vector>
 
 #include "anchorkv/attention.h"
-#include "cache/anchorkv_state.h"
-#include "cache/full_state.h"
+#include "cache/attention_source.h"
+#include "cache/core.h"
 #include "core/buffer.h"
 #include "core/convert.h"
 #include "core/error.h"
@@ -19,435 +24,418 @@
 
 namespace anchorkv {
 namespace {
-constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
 
 constexpr const char* kOp = "anchorkv::attend";
+constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
 constexpr int64_t kTile = 512;       // tokens per kernel call (bounds scratch)
 constexpr int64_t kMaxChunks = 16;   // chunks per region: bounds the partials
 constexpr int64_t kMinChunk = 8192;  // tokens (or entries) per chunk at least
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// One exact fp16 region of a row: [n, D] K/V at positions pos0..pos0+n-1.
-struct DenseRegion {
-  std::vector<const uint16_t*> k, v;  // per row
-  int64_t n = 0, pos0 = 0;
-};
-
-struct Plan {
-  int64_t B = 0, H = 0, D = 0, n_total = 0;
-  std::vector<DenseRegion> dense;                   // in position order around the segment
-  int dense_before_segment = 0;                     // how many of `dense` precede the segment
-  const internal::AnchorKVState* anchor = nullptr;  // compressed segment, if any
-  int64_t seg_pos0 = 0;
-};
-
 int64_t chunk_size(int64_t n) { return std::max<int64_t>(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks); }
 
 struct Chunk {
   enum Kind { kDense, kAnchors, kEntries } kind;
-  int region = 0;        // dense region index
-  int64_t a = 0, b = 0;  // token / entry range
+  const cache::DenseRegion* region = nullptr;  // kDense
+  int64_t a = 0, b = 0;                        // token / entry range
+  int entry_chunk = 0;                         // kEntries: index among the entry chunks
 };
 
-}  // namespace
+// Per-row state of the compressed segment, computed once per call.
+struct RowPrep {
+  std::vector<float> ak, av;            // [k, D] anchors f32
+  std::vector<float> anchor_dot;        // [nq, k]
+  std::vector<float> rq;                // [nq, D]
+  std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
+  std::vector<float> cs;                // [nq, k, D] with RoPE (see CompressedQueries)
+  std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
+};
 
-Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt,
-              AttentionStats* stats) {
-  // ---------------------------------------------------------------- the cache's layout
-  Plan plan;
-  KVPair fetched;  // only for caches without a kernel of their own
-  if (const auto* a = dynamic_cast<const AnchorKVCache*>(&cache)) {
-    const internal::AnchorKVState& st = a->state();
-    plan.B = st.B;
-    plan.H = st.H;
-    plan.D = st.D;
-    plan.n_total = st.tokens_per_row();
-    auto add_exact = [&](const cache::ExactRows& rows, int64_t pos0) {
-      if (rows.tokens == 0) return;
-      DenseRegion r;
-      r.n = rows.tokens;
-      r.pos0 = pos0;
-      for (int64_t i = 0; i < st.rows(); ++i) {
-        r.k.push_back(rows.k[i].data());
-        r.v.push_back(rows.v[i].data());
-      }
-      plan.dense.push_back(std::move(r));
-    };
-    add_exact(st.head, 0);
-    plan.dense_before_segment = static_cast<int>(plan.dense.size());
-    if (st.compressed()) {
-      plan.anchor = &st;
-      plan.seg_pos0 = st.head.tokens;
-    }
-    add_exact(st.tail, st.head.tokens + st.segment_tokens);
-  } else {
-    const internal::FullState* fs = nullptr;
-    if (const auto* f = dynamic_cast<const FullKVCache*>(&cache)) fs = &f->state();
-    DenseRegion r;
-    if (fs) {
-      plan.B = fs->B;
-      plan.H = fs->H;
-      plan.D = fs->D;
-      r.n = fs->rows.tokens;
-      for (int64_t i = 0; i < fs->B * fs->H; ++i) {
-        r.k.push_back(fs->rows.k[i].data());
-        r.v.push_back(fs->rows.v[i].data());
-      }
-    } else {
-      fetched = cache.fetch();
-      const Shape4& s = fetched.keys.shape();
-      plan.B = s[0];
-      plan.H = s[1];
-      plan.D = s[3];
-      r.n = s[2];
-      for (int64_t i = 0; i < s[0] * s[1]; ++i) {
-        r.k.push_back(fetched.keys.data_as<uint16_t>() + i * s[2] * s[3]);
-        r.v.push_back(fetched.values.data_as<uint16_t>() + i * s[2] * s[3]);
-      }
-    }
-    plan.n_total = r.n;
-    if (r.n > 0) plan.dense.push_back(std::move(r));
-  }
+// Workspaces are kept per calling thread and reused across calls: decode
+// calls attend once per token, and fresh pages cost more than the work.
+struct Workspace {
+  core::UninitVector<float> Q, pm, pl, pacc, pw, prot;
+};
 
-  // ---------------------------------------------------------------- validate the query
+void check_query(const TensorView& query, const cache::AttentionSource& src, const AttentionOptions& opt) {
   const Shape4& qs = query.shape;
-  if (plan.n_total == 0 || plan.H == 0) core::fail(ErrorCode::kInvalidState, kOp, "the cache holds no token");
+  if (src.n_total == 0 || src.H == 0) core::fail(ErrorCode::kInvalidState, kOp, "the cache holds no token");
   for (int i = 0; i < 4; ++i)
     if (qs[i] < 0 || query.strides[i] < 0)
       core::fail(ErrorCode::kInvalidArgument, kOp, "query has a negative dimension or stride");
-  if (qs[0] != plan.B || qs[3] != plan.D)
+  if (qs[0] != src.B || qs[3] != src.D)
     core::fail(ErrorCode::kShapeMismatch, kOp,
-               "query " + shape_string(qs) + " does not match the cache's B=" + std::to_string(plan.B) +
-                   ", D=" + std::to_string(plan.D));
-  if (qs[1] < 1 || qs[1] % plan.H != 0)
+               "query " + shape_string(qs) + " does not match the cache's B=" + std::to_string(src.B) +
+                   ", D=" + std::to_string(src.D));
+  if (qs[1] < 1 || qs[1] % src.H != 0)
     core::fail(ErrorCode::kShapeMismatch, kOp,
                "query heads Hq=" + std::to_string(qs[1]) +
-                   " must be a positive multiple of the cache's H=" + std::to_string(plan.H));
-  if (qs[2] > plan.n_total)
+                   " must be a positive multiple of the cache's H=" + std::to_string(src.H));
+  if (qs[2] > src.n_total)
     core::fail(ErrorCode::kShapeMismatch, kOp,
                "Sq=" + std::to_string(qs[2]) + " queries but the cache holds only " +
-                   std::to_string(plan.n_total) + " positions (append the queries' K/V first)");
+                   std::to_string(src.n_total) + " positions (append the queries' K/V first)");
   if (query.numel() > 0 && query.data == nullptr)
     core::fail(ErrorCode::kInvalidArgument, kOp, "query has null data");
   if (opt.out_dtype != DType::kF32 && opt.out_dtype != DType::kF16)
     core::fail(ErrorCode::kInvalidArgument, kOp, "out_dtype must be f32 or f16");
   if (!(opt.scale >= 0.0f) || !std::isfinite(opt.scale))
     core::fail(ErrorCode::kInvalidArgument, kOp, "scale must be finite and >= 0");
-  const RopeOptions* rope = opt.rope.enabled ? &opt.rope : nullptr;
-  if (rope && cache.tokens_kept() < cache.tokens_total())
-    core::fail(
-        ErrorCode::kUnsupported, kOp,
-        "RoPE inside attention needs every token's position; cache '" + cache.name() + "' evicts tokens");
-  if (rope) {
-    if (plan.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
-    if (!(rope->base > 1.0) || !std::isfinite(rope->base))
-      core::fail(ErrorCode::kInvalidArgument, kOp, "rope.base must be finite and > 1");
-    if (rope->style != RopeStyle::kNormal && rope->style != RopeStyle::kNeox)
-      core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
-    if (rope->position_offset < 0)
-      core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
-    if (rope->position_offset > kMaxRopePosition - plan.n_total)
-      core::fail(
-          ErrorCode::kInvalidArgument, kOp,
-          "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
+}
+
+void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool evicts,
+                const std::string& cache_name) {
+  if (evicts)
+    core::fail(ErrorCode::kUnsupported, kOp,
+               "RoPE inside attention needs every token's position; cache '" + cache_name + "' evicts tokens");
+  if (src.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
+  if (!(rope.base > 1.0) || !std::isfinite(rope.base))
+    core::fail(ErrorCode::kInvalidArgument, kOp, "rope.base must be finite and > 1");
+  if (rope.style != RopeStyle::kNormal && rope.style != RopeStyle::kNeox)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
+  if (rope.position_offset < 0) core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
+  if (rope.position_offset > kMaxRopePosition - src.n_total)
+    core::fail(ErrorCode::kInvalidArgument, kOp,
+               "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
+}
+
+// One attend() call: the source, the query layout and every buffer it uses.
+class AttendCall {
+ public:
+  AttendCall(const TensorView& query, const cache::AttentionSource& src, const AttentionOptions& opt)
+      : query_(query), src_(src), opt_(opt), rope_(opt.rope.enabled ? &opt.rope : nullptr),
+        seg_(src.segment ? &*src.segment : nullptr), ws_(tls_workspace()) {
+    B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
+    Hq_ = query.shape[1], Sq_ = query.shape[2], G_ = Hq_ / H_, nq_ = G_ * Sq_;
+    if (rope_) rtab_ = kernels::shared_rope_table(rope_->base, D_, src.n_total + rope_->position_offset);
   }
-  // cos/sin rows for every key position, shared across calls (kernels/rope.h).
-  std::shared_ptr<const kernels::RopeTable> rtab;
-  if (rope) rtab = kernels::shared_rope_table(rope->base, plan.D, plan.n_total + rope->position_offset);
 
-  const int64_t B = plan.B, H = plan.H, D = plan.D, Hq = qs[1], Sq = qs[2], G = Hq / H, nq = G * Sq;
-  const int64_t R = B * H;
-  Tensor out(opt.out_dtype, qs);
-  if (Sq == 0) return out;
-  const float scale = opt.scale > 0 ? opt.scale : 1.0f / std::sqrt(static_cast<float>(D));
+  Tensor run(AttentionStats* stats) {
+    Tensor out(opt_.out_dtype, query_.shape);
+    if (Sq_ == 0) return out;
+    prepare_queries();
+    plan_chunks();
+    if (seg_) prepare_segment();
+    run_chunks();
+    if (stats) report(stats);
+    merge_and_finish(out);
+    return out;
+  }
 
-  // Workspaces are kept per calling thread and reused across calls: decode
-  // calls attend once per token, and fresh pages cost more than the work.
-  // (Named through references: the worker lambdas below must see the calling
-  // thread's buffers, not their own thread_local instances.)
-  struct Workspace {
-    core::UninitVector<float> Q, pm, pl, pacc, pw, prot;
-  };
-  thread_local Workspace tls_workspace;
-  Workspace& ws = tls_workspace;
-  auto& Q = ws.Q;
-  auto& pm = ws.pm;
-  auto& pl = ws.pl;
-  auto& pacc = ws.pacc;
-  auto& pw = ws.pw;
-  auto& prot = ws.prot;
-  // Queries per row, scaled: [R, nq, D], g = (hq - h * G) * Sq + i.
-  Q.resize(static_cast<size_t>(R * nq * D));
-  std::vector<int64_t> qpos(static_cast<size_t>(nq));
-  for (int64_t g = 0; g < nq; ++g) qpos[g] = plan.n_total - Sq + g % Sq;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t hq = 0; hq < Hq; ++hq)
-      for (int64_t i = 0; i < Sq; ++i) {
-        const int64_t row = b * H + hq / G, g = (hq % G) * Sq + i;
-        float* dst = &Q[static_cast<size_t>((row * nq + g) * D)];
-        for (int64_t d = 0; d < D; ++d) {
-          const float x = query.at(b, hq, i, d);
+ private:
+  static Workspace& tls_workspace() {
+    thread_local Workspace ws;  // named once here: worker lambdas must see the caller's buffers
+    return ws;
+  }
+  bool has_c() const { return seg_ != nullptr; }
+  const compress::CompressedRow& seg_row(int64_t r) const { return (*seg_->rows)[static_cast<size_t>(r)]; }
+  const float* row_queries(int64_t r) const { return &ws_.Q[static_cast<size_t>(r * nq_ * D_)]; }
+  kernels::PartialView partial(int64_t r, int64_t c);
+  kernels::CompressedQueries compressed_queries(int64_t r) const;
+
+  void prepare_queries();
+  void plan_chunks();
+  void prepare_segment();
+  void prepare_row(int64_t r);
+  void run_chunks();
+  void run_anchors(int64_t r, kernels::PartialView out);
+  void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
+  void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
+  void merge_and_finish(Tensor& out);
+  void finish_query(int64_t r, int64_t g, std::vector<float>& acc, std::vector<float>& w,
+                    std::vector<float>& rot, Tensor& out);
+  void report(AttentionStats* stats) const;
+
+  const TensorView& query_;
+  const cache::AttentionSource& src_;
+  const AttentionOptions& opt_;
+  const RopeOptions* rope_;
+  const cache::CompressedRegion* seg_;
+  Workspace& ws_;
+  std::shared_ptr<const kernels::RopeTable> rtab_;  // cos/sin rows for every key position
+  int64_t B_, H_, D_, R_, Hq_, Sq_, G_, nq_;
+  float scale_ = 1;
+  std::vector<int64_t> qpos_;  // [nq] absolute position of each query of a row
+  std::vector<Chunk> chunks_;
+  int64_t C_ = 0, k_max_ = 0;
+  bool masked_segment_ = false;
+  std::vector<RowPrep> prep_;
+};
+
+// Queries per row, scaled (and rotated): [R, nq, D], g = (hq - h * G) * Sq + i.
+void AttendCall::prepare_queries() {
+  scale_ = opt_.scale > 0 ? opt_.scale : 1.0f / std::sqrt(static_cast<float>(D_));
+  ws_.Q.resize(static_cast<size_t>(R_ * nq_ * D_));
+  qpos_.resize(static_cast<size_t>(nq_));
+  for (int64_t g = 0; g < nq_; ++g) qpos_[g] = src_.n_total - Sq_ + g % Sq_;
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t hq = 0; hq < Hq_; ++hq)
+      for (int64_t i = 0; i < Sq_; ++i) {
+        const int64_t row = b * H_ + hq / G_, g = (hq % G_) * Sq_ + i;
+        float* dst = &ws_.Q[static_cast<size_t>((row * nq_ + g) * D_)];
+        for (int64_t d = 0; d < D_; ++d) {
+          const float x = query_.at(b, hq, i, d);
           if (!std::isfinite(x))
             core::fail(ErrorCode::kNonFinite, kOp,
                        "query holds a non-finite value at [" + std::to_string(b) + ", " + std::to_string(hq) +
                            ", " + std::to_string(i) + ", " + std::to_string(d) + "]");
-          dst[d] = x * scale;
+          dst[d] = x * scale_;
         }
-        if (rope) kernels::rope_rotate_at(dst, D, *rope, qpos[g] + rope->position_offset);
+        if (rope_) kernels::rope_rotate_at(dst, D_, *rope_, qpos_[g] + rope_->position_offset);
       }
+}
 
-  // ---------------------------------------------------------------- chunks
-  std::vector<Chunk> chunks;
-  auto add_dense = [&](int region) {
-    const int64_t n = plan.dense[region].n, c = chunk_size(n);
-    for (int64_t a = 0; a < n; a += c) chunks.push_back({Chunk::kDense, region, a, std::min(n, a + c)});
+// Chunks in position order: dense regions before the segment, its anchors,
+// its entries (planned from the longest row; shorter rows see empty ranges),
+// then the regions after it.
+void AttendCall::plan_chunks() {
+  auto add_dense = [&](const cache::DenseRegion& reg) {
+    const int64_t c = chunk_size(reg.n);
+    for (int64_t a = 0; a < reg.n; a += c) chunks_.push_back({Chunk::kDense, &reg, a, std::min(reg.n, a + c)});
   };
-  for (int r = 0; r < plan.dense_before_segment; ++r) add_dense(r);
-  const internal::AnchorKVState* st = plan.anchor;
-  int64_t k_max = 0;
-  std::vector<int64_t> entry_starts;  // chunk starts over entries (same for all rows? no: per row n_other)
-  if (st) {
-    for (const auto& row : st->segment) k_max = std::max(k_max, row.n_anchor);
-    chunks.push_back({Chunk::kAnchors, 0, 0, 0});
-    // Entry chunks are planned from the longest row; shorter rows see empty ranges.
+  for (const auto& reg : src_.dense_before) add_dense(reg);
+  if (seg_) {
     int64_t n_other_max = 0;
-    for (const auto& row : st->segment) n_other_max = std::max(n_other_max, row.n_other());
+    for (const auto& row : *seg_->rows) {
+      k_max_ = std::max(k_max_, row.n_anchor);
+      n_other_max = std::max(n_other_max, row.n_other());
+    }
+    chunks_.push_back({Chunk::kAnchors});
     const int64_t c = chunk_size(n_other_max);
+    int entry_chunk = 0;
     for (int64_t a = 0; a < n_other_max; a += c)
-      chunks.push_back({Chunk::kEntries, 0, a, std::min(n_other_max, a + c)});
+      chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), entry_chunk++});
+    masked_segment_ = (src_.n_total - Sq_) < seg_->pos0 + seg_->tokens - 1;
   }
-  for (int r = plan.dense_before_segment; r < static_cast<int>(plan.dense.size()); ++r) add_dense(r);
-  const int64_t C = static_cast<int64_t>(chunks.size());
+  for (const auto& reg : src_.dense_after) add_dense(reg);
+  C_ = static_cast<int64_t>(chunks_.size());
+}
 
-  // ---------------------------------------------------------------- per-row compressed prep
-  const bool masked_segment = st && (plan.n_total - Sq) < plan.seg_pos0 + st->segment_tokens - 1;
-  const bool need_anchor_pos = masked_segment || rope != nullptr;
-  struct RowPrep {
-    std::vector<float> ak, av;            // [k, D] anchors f32
-    std::vector<float> anchor_dot;        // [nq, k]
-    std::vector<float> rq;                // [nq, D]
-    std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
-    std::vector<float> cs;                // [nq, k, D] with RoPE (see CompressedQueries)
-    std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
-  };
-  std::vector<RowPrep> prep(static_cast<size_t>(st ? R : 0));
-  if (st) {
-    core::parallel_for(R, opt.threads, [&](int64_t r) {
-      const compress::CompressedRow& row = st->segment[r];
-      RowPrep& p = prep[r];
-      const int64_t k = row.n_anchor;
-      p.ak.resize(static_cast<size_t>(k * D));
-      p.av.resize(static_cast<size_t>(k * D));
-      core::f16_to_f32_n(row.anchor_k.data(), p.ak.data(), k * D);
-      core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
-      p.anchor_dot.resize(static_cast<size_t>(nq * k));
-      const float* q = &Q[static_cast<size_t>(r * nq * D)];
-      if (need_anchor_pos) p.anchor_pos = row.anchor_positions();
-      std::vector<float> ak_rot;
-      const float* ak_scores = p.ak.data();
-      if (rope) {  // anchors rotated to their positions score like any key
-        ak_rot = p.ak;
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t pos = plan.seg_pos0 + p.anchor_pos[j] + rope->position_offset;
-          kernels::rope_rotate(&ak_rot[j * D], D, rope->style, rtab->c(pos), rtab->s(pos));
-        }
-        ak_scores = ak_rot.data();
-        const int64_t half = D / 2;
-        p.cs.resize(static_cast<size_t>(nq * k * D));
-        for (int64_t g = 0; g < nq; ++g)
-          for (int64_t j = 0; j < k; ++j) {
-            const float* qg = q + g * D;
-            const float* a = &p.ak[j * D];
-            float* out = &p.cs[(g * k + j) * D];
-            for (int64_t i = 0; i < half; ++i) {
-              const int64_t x = kernels::rope_x(rope->style, i, D), y = kernels::rope_y(rope->style, i, D);
-              out[i] = qg[x] * a[x] + qg[y] * a[y];
-              out[half + i] = qg[y] * a[x] - qg[x] * a[y];
-            }
-          }
-      }
-      if (opt.reference)
-        core::dot_matrix_ref(q, nq, D, ak_scores, k, D, D, p.anchor_dot.data(), k);
-      else
-        core::dot_matrix(q, nq, D, ak_scores, k, D, D, p.anchor_dot.data(), k);
-      p.rq.resize(static_cast<size_t>(nq * D));
-      for (int64_t g = 0; g < nq; ++g) st->codec->rotation().forward(q + g * D, &p.rq[g * D]);
-      int64_t sk = 0, sv = 0, e = 0;
-      for (const Chunk& c : chunks) {
-        if (c.kind != Chunk::kEntries) continue;
-        const int64_t end = std::min(c.a, row.n_other());
-        for (; e < end; ++e) {
-          sk += row.res_k(e);
-          sv += row.res_v(e);
-        }
-        p.slot_k.push_back(sk);
-        p.slot_v.push_back(sv);
-      }
-    });
+void AttendCall::prepare_segment() {
+  prep_.resize(static_cast<size_t>(R_));
+  core::parallel_for(R_, opt_.threads, [&](int64_t r) { prepare_row(r); });
+}
+
+void AttendCall::prepare_row(int64_t r) {
+  const compress::CompressedRow& row = seg_row(r);
+  RowPrep& p = prep_[r];
+  const int64_t k = row.n_anchor, D = D_;
+  p.ak.resize(static_cast<size_t>(k * D));
+  p.av.resize(static_cast<size_t>(k * D));
+  core::f16_to_f32_n(row.anchor_k.data(), p.ak.data(), k * D);
+  core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
+  p.anchor_dot.resize(static_cast<size_t>(nq_ * k));
+  const float* q = row_queries(r);
+  if (masked_segment_ || rope_) p.anchor_pos = row.anchor_positions();
+  std::vector<float> ak_rot;
+  const float* ak_scores = p.ak.data();
+  if (rope_) {  // anchors rotated to their positions score like any key
+    ak_rot = p.ak;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t pos = seg_->pos0 + p.anchor_pos[j] + rope_->position_offset;
+      kernels::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos), rtab_->s(pos));
+    }
+    ak_scores = ak_rot.data();
+    p.cs.resize(static_cast<size_t>(nq_ * k * D));
+    kernels::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
   }
+  (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D,
+                                                             p.anchor_dot.data(), k);
+  p.rq.resize(static_cast<size_t>(nq_ * D));
+  for (int64_t g = 0; g < nq_; ++g) seg_->codec->rotation().forward(q + g * D, &p.rq[g * D]);
+  int64_t sk = 0, sv = 0, e = 0;
+  for (const Chunk& c : chunks_) {
+    if (c.kind != Chunk::kEntries) continue;
+    for (const int64_t end = std::min(c.a, row.n_other()); e < end; ++e) {
+      sk += row.res_k(e);
+      sv += row.res_v(e);
+    }
+    p.slot_k.push_back(sk);
+    p.slot_v.push_back(sv);
+  }
+}
 
-  // ---------------------------------------------------------------- partials
-  // Layout per (row, chunk, query): m, l, acc[D]; compressed chunks also w[k_max], rot[D].
-  const size_t n_part = static_cast<size_t>(R * C * nq);
-  const bool has_c = st != nullptr;
-  pm.resize(n_part);
-  pl.resize(n_part);
-  pacc.resize(n_part * static_cast<size_t>(D));
-  pw.resize(has_c ? n_part * static_cast<size_t>(k_max) : 0);
-  prot.resize(has_c ? n_part * static_cast<size_t>(D) : 0);
-  auto view = [&](int64_t r, int64_t c) {
-    const size_t base = static_cast<size_t>((r * C + c) * nq);
-    return kernels::PartialView{&pm[base], &pl[base], &pacc[base * D], has_c ? &pw[base * k_max] : nullptr,
-                                has_c ? &prot[base * D] : nullptr};
-  };
+// Layout per (row, chunk, query): m, l, acc[D]; with a segment also w[k_max], rot[D].
+kernels::PartialView AttendCall::partial(int64_t r, int64_t c) {
+  const size_t base = static_cast<size_t>((r * C_ + c) * nq_);
+  return kernels::PartialView{&ws_.pm[base], &ws_.pl[base], &ws_.pacc[base * D_],
+                              has_c() ? &ws_.pw[base * k_max_] : nullptr, has_c() ? &ws_.prot[base * D_] : nullptr};
+}
 
-  core::parallel_for(R * C, opt.threads, [&](int64_t task) {
-    const int64_t r = task / C, ci = task % C;
-    const Chunk& c = chunks[static_cast<size_t>(ci)];
-    kernels::PartialView out_view = view(r, ci);
-    // Start empty, then fold tiles in order.
-    std::fill_n(out_view.m, nq, kNegInf);
-    std::fill_n(out_view.l, nq, 0.0f);
-    std::fill_n(out_view.acc, nq * D, 0.0f);
-    if (has_c) {
-      std::fill_n(out_view.w, nq * k_max, 0.0f);
-      std::fill_n(out_view.rot, nq * D, 0.0f);
+kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
+  const RowPrep& p = prep_[r];
+  return {row_queries(r), qpos_.data(), nq_, p.anchor_dot.data(), p.rq.data(), rope_, p.cs.data(), rtab_.get()};
+}
+
+void AttendCall::run_chunks() {
+  const size_t n_part = static_cast<size_t>(R_ * C_ * nq_);
+  ws_.pm.resize(n_part);
+  ws_.pl.resize(n_part);
+  ws_.pacc.resize(n_part * static_cast<size_t>(D_));
+  ws_.pw.resize(has_c() ? n_part * static_cast<size_t>(k_max_) : 0);
+  ws_.prot.resize(has_c() ? n_part * static_cast<size_t>(D_) : 0);
+  core::parallel_for(R_ * C_, opt_.threads, [&](int64_t task) {
+    const int64_t r = task / C_, ci = task % C_;
+    const Chunk& c = chunks_[static_cast<size_t>(ci)];
+    kernels::PartialView out = partial(r, ci);
+    std::fill_n(out.m, nq_, kNegInf);  // start empty, then fold tiles in order
+    std::fill_n(out.l, nq_, 0.0f);
+    std::fill_n(out.acc, nq_ * D_, 0.0f);
+    if (has_c()) {
+      std::fill_n(out.w, nq_ * k_max_, 0.0f);
+      std::fill_n(out.rot, nq_ * D_, 0.0f);
     }
-    thread_local core::UninitVector<float> scratch, tm, tl, tacc, tw, trot;
-    const float* q = &Q[static_cast<size_t>(r * nq * D)];
-    if (c.kind == Chunk::kAnchors) {
-      const compress::CompressedRow& row = st->segment[r];
-      const RowPrep& p = prep[r];
-      kernels::CompressedQueries cq{q,           qpos.data(), nq,          p.anchor_dot.data(),
-                                    p.rq.data(), rope,        p.cs.data(), rtab.get()};
-      // Anchor weights land directly in this chunk's w ([nq, k] with stride k_max).
-      tw.resize(static_cast<size_t>(nq * row.n_anchor));
-      kernels::PartialView v{out_view.m, out_view.l, out_view.acc, tw.data(), out_view.rot};
-      // anchor_pos holds segment-relative positions; the mask compares absolute ones.
-      std::vector<int32_t> abs_pos;
-      if (masked_segment) {
-        abs_pos = p.anchor_pos;
-        for (auto& x : abs_pos) x += static_cast<int32_t>(plan.seg_pos0);
-      }
-      kernels::anchors_chunk(cq, row.n_anchor, abs_pos.data(), masked_segment, v);
-      for (int64_t g = 0; g < nq; ++g)
-        std::copy_n(&tw[g * row.n_anchor], row.n_anchor, out_view.w + g * k_max);
-      return;
-    }
-    tm.resize(static_cast<size_t>(nq));
-    tl.resize(static_cast<size_t>(nq));
-    tacc.resize(static_cast<size_t>(nq * D));
-    if (c.kind == Chunk::kDense) {
-      const DenseRegion& reg = plan.dense[c.region];
-      scratch.resize(static_cast<size_t>(kTile * nq + kTile * D + 2 * D));
-      for (int64_t a = c.a; a < c.b; a += kTile) {
-        const int64_t n = std::min(c.b, a + kTile) - a;
-        kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
-        if (rope)
-          kernels::dense_chunk_rope(q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a,
-                                    D, *rope, *rtab, t, scratch.data(), opt.reference);
-        else
-          (opt.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(
-              q, qpos.data(), nq, reg.k[r] + a * D, reg.v[r] + a * D, n, reg.pos0 + a, D, t, scratch.data());
-        for (int64_t g = 0; g < nq; ++g)
-          kernels::merge_partial(
-              out_view.m[g], out_view.l[g], out_view.acc + g * D, has_c ? out_view.w + g * k_max : nullptr,
-              has_c ? out_view.rot + g * D : nullptr, tm[g], tl[g], &tacc[g * D], nullptr, nullptr, D, k_max);
-      }
-      return;
-    }
-    // Entries of the compressed segment.
-    const compress::CompressedRow& row = st->segment[r];
-    const RowPrep& p = prep[r];
-    const int64_t e_end = std::min(c.b, row.n_other());
-    if (c.a >= e_end) return;
-    const int64_t k = row.n_anchor;
-    kernels::CompressedQueries cq{q,           qpos.data(), nq,          p.anchor_dot.data(),
-                                  p.rq.data(), rope,        p.cs.data(), rtab.get()};
-    int64_t entry_chunk = 0;
-    for (int64_t i = 0; i < ci; ++i) entry_chunk += chunks[static_cast<size_t>(i)].kind == Chunk::kEntries;
-    int64_t sk = p.slot_k[entry_chunk], sv = p.slot_v[entry_chunk];
-    scratch.resize(static_cast<size_t>(kTile * (nq + 3) + 2 * D + D));
-    tw.resize(static_cast<size_t>(nq * k));
-    trot.resize(static_cast<size_t>(nq * D));
-    for (int64_t a = c.a; a < e_end; a += kTile) {
-      const int64_t b = std::min(e_end, a + kTile);
-      kernels::PartialView t{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
-      kernels::entries_chunk(cq, row, *st->codec, a, b, sk, sv, plan.seg_pos0, masked_segment, t,
-                             scratch.data(), opt.reference);
-      for (int64_t e = a; e < b; ++e) {
-        sk += row.res_k(e);
-        sv += row.res_v(e);
-      }
-      for (int64_t g = 0; g < nq; ++g) {
-        // w in the tile is [nq, k]; the chunk's is strided by k_max (same k per row).
-        kernels::merge_partial(out_view.m[g], out_view.l[g], out_view.acc + g * D, out_view.w + g * k_max,
-                               out_view.rot + g * D, tm[g], tl[g], &tacc[g * D], &tw[g * k], &trot[g * D], D,
-                               k);
-      }
+    switch (c.kind) {
+      case Chunk::kAnchors: return run_anchors(r, out);
+      case Chunk::kDense: return run_dense(r, c, out);
+      case Chunk::kEntries: return run_entries(r, c, out);
     }
   });
+}
 
-  if (stats) {
-    int64_t bytes =
-        static_cast<int64_t>(Q.size() * 4 + qpos.size() * 8 + (pm.size() + pl.size() + pacc.size()) * 4 +
-                             (pw.size() + prot.size()) * 4);
-    for (const RowPrep& p : prep)
-      bytes += static_cast<int64_t>(
-          (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size() + p.cs.size()) * 4 +
-          p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
-    const int64_t threads = std::min<int64_t>(core::resolve_threads(opt.threads), R * C);
-    // Per-thread scratch (largest use) + tile partials + finish buffers.
-    bytes += threads * 4 * (kTile * (nq + 3) + 3 * D + nq * (2 + 2 * D + k_max) + 3 * D + k_max);
-    if (fetched.keys.numel() > 0)
-      bytes += static_cast<int64_t>(fetched.keys.nbytes() + fetched.values.nbytes());
-    stats->workspace_bytes = bytes;
-    stats->chunks_per_row = C;
-    stats->compressed = st != nullptr;
+void AttendCall::run_anchors(int64_t r, kernels::PartialView out) {
+  const int64_t k = seg_row(r).n_anchor;
+  thread_local std::vector<float> tw;
+  tw.resize(static_cast<size_t>(nq_ * k));
+  // anchor_pos holds segment-relative positions; the mask compares absolute ones.
+  std::vector<int32_t> abs_pos;
+  if (masked_segment_) {
+    abs_pos = prep_[r].anchor_pos;
+    for (auto& x : abs_pos) x += static_cast<int32_t>(seg_->pos0);
   }
+  kernels::anchors_chunk(compressed_queries(r), k, abs_pos.data(), masked_segment_,
+                         {out.m, out.l, out.acc, tw.data(), out.rot});
+  for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * k_max_);  // stride k -> k_max
+}
 
-  // ---------------------------------------------------------------- merge and finish
-  core::parallel_for(R, opt.threads, [&](int64_t r) {
-    const int64_t b = r / H, h = r % H;
-    const int64_t k = st ? st->segment[r].n_anchor : 0;
-    std::vector<float> acc(static_cast<size_t>(D)), w(static_cast<size_t>(std::max<int64_t>(k_max, 1))),
-        rot(static_cast<size_t>(D)), y(static_cast<size_t>(D));
-    for (int64_t g = 0; g < nq; ++g) {
-      float m = kNegInf, l = 0;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(w.begin(), w.end(), 0.0f);
-      std::fill(rot.begin(), rot.end(), 0.0f);
-      for (int64_t c = 0; c < C; ++c) {
-        const kernels::PartialView v = view(r, c);
-        kernels::merge_partial(m, l, acc.data(), has_c ? w.data() : nullptr, has_c ? rot.data() : nullptr,
-                               v.m[g], v.l[g], v.acc + g * D, has_c ? v.w + g * k_max : nullptr,
-                               has_c ? v.rot + g * D : nullptr, D, k);
-      }
-      // y = (acc + sum_j w_j a^V_j + R^T rot) / l
-      std::copy(acc.begin(), acc.end(), y.begin());
-      if (has_c) {
-        const RowPrep& p = prep[r];
-        if (opt.reference) {
-          for (int64_t j = 0; j < k; ++j)
-            if (w[j] != 0.0f) core::axpy_ref(w[j], &p.av[j * D], y.data(), D);
-        } else {
-          core::accumulate_rows(w.data(), k, p.av.data(), k, 1, D, y.data(), D);
-        }
-        st->codec->rotation().inverse(rot.data(), rot.data());
-        for (int64_t d = 0; d < D; ++d) y[d] += rot[d];
-      }
-      const float inv = l > 0 ? 1.0f / l : 0.0f;
-      const int64_t hq = h * G + g / Sq, i = g % Sq;
-      const int64_t o = ((b * Hq + hq) * Sq + i) * D;
-      if (opt.out_dtype == DType::kF32) {
-        for (int64_t d = 0; d < D; ++d) out.data_as<float>()[o + d] = y[d] * inv;
-      } else {
-        for (int64_t d = 0; d < D; ++d) y[d] *= inv;
-        core::f32_to_f16_n(y.data(), out.data_as<uint16_t>() + o, D);
-      }
+void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) {
+  const cache::DenseRegion& reg = *c.region;
+  const float* q = row_queries(r);
+  thread_local core::UninitVector<float> scratch, tm, tl, tacc;
+  tm.resize(static_cast<size_t>(nq_));
+  tl.resize(static_cast<size_t>(nq_));
+  tacc.resize(static_cast<size_t>(nq_ * D_));
+  scratch.resize(static_cast<size_t>(kTile * nq_ + kTile * D_ + 2 * D_));
+  for (int64_t a = c.a; a < c.b; a += kTile) {
+    const int64_t n = std::min(c.b, a + kTile) - a;
+    const uint16_t* K = reg.k[r] + a * D_;
+    const uint16_t* V = reg.v[r] + a * D_;
+    kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
+    if (rope_)
+      (opt_.reference ? kernels::dense_chunk_rope_ref : kernels::dense_chunk_rope)(
+          q, qpos_.data(), nq_, K, V, n, reg.pos0 + a, D_, *rope_, *rtab_, t, scratch.data());
+    else
+      (opt_.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(q, qpos_.data(), nq_, K, V, n,
+                                                                         reg.pos0 + a, D_, t, scratch.data());
+    for (int64_t g = 0; g < nq_; ++g)
+      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, has_c() ? out.w + g * k_max_ : nullptr,
+                             has_c() ? out.rot + g * D_ : nullptr, tm[g], tl[g], &tacc[g * D_], nullptr, nullptr,
+                             D_, k_max_);
+  }
+}
+
+void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out) {
+  const compress::CompressedRow& row = seg_row(r);
+  const int64_t e_end = std::min(c.b, row.n_other());
+  if (c.a >= e_end) return;
+  const int64_t k = row.n_anchor;
+  const kernels::CompressedQueries cq = compressed_queries(r);
+  int64_t sk = prep_[r].slot_k[c.entry_chunk], sv = prep_[r].slot_v[c.entry_chunk];
+  thread_local kernels::EntryScratch scratch;
+  thread_local core::UninitVector<float> tm, tl, tacc, tw, trot;
+  tm.resize(static_cast<size_t>(nq_));
+  tl.resize(static_cast<size_t>(nq_));
+  tacc.resize(static_cast<size_t>(nq_ * D_));
+  tw.resize(static_cast<size_t>(nq_ * k));
+  trot.resize(static_cast<size_t>(nq_ * D_));
+  for (int64_t a = c.a; a < e_end; a += kTile) {
+    const int64_t b = std::min(e_end, a + kTile);
+    kernels::PartialView t{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
+    const kernels::EntryRange range{a, b, sk, sv, seg_->pos0, masked_segment_};
+    (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *seg_->codec, range, t,
+                                                                           scratch);
+    for (int64_t e = a; e < b; ++e) {
+      sk += row.res_k(e);
+      sv += row.res_v(e);
     }
+    for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by k_max
+      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_, tm[g],
+                             tl[g], &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
+  }
+}
+
+void AttendCall::report(AttentionStats* stats) const {
+  int64_t bytes = static_cast<int64_t>(ws_.Q.size() * 4 + qpos_.size() * 8 +
+                                       (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
+                                       (ws_.pw.size() + ws_.prot.size()) * 4);
+  for (const RowPrep& p : prep_)
+    bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size() + p.cs.size()) *
+                                      4 +
+                                  p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
+  const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
+  // Per-thread scratch (largest use) + tile partials + finish buffers.
+  bytes += threads * 4 * (kTile * (nq_ + 3) + 3 * D_ + nq_ * (2 + 2 * D_ + k_max_) + 3 * D_ + k_max_);
+  if (src_.owned) bytes += static_cast<int64_t>(src_.owned->keys.nbytes() + src_.owned->values.nbytes());
+  stats->workspace_bytes = bytes;
+  stats->chunks_per_row = C_;
+  stats->compressed = has_c();
+}
+
+void AttendCall::merge_and_finish(Tensor& out) {
+  core::parallel_for(R_, opt_.threads, [&](int64_t r) {
+    std::vector<float> acc(static_cast<size_t>(D_)), w(static_cast<size_t>(std::max<int64_t>(k_max_, 1))),
+        rot(static_cast<size_t>(D_));
+    for (int64_t g = 0; g < nq_; ++g) finish_query(r, g, acc, w, rot, out);
   });
-  return out;
+}
+
+// y = (acc + sum_j w_j a^V_j + R^T rot) / l, after folding the row's chunks in order.
+void AttendCall::finish_query(int64_t r, int64_t g, std::vector<float>& acc, std::vector<float>& w,
+                              std::vector<float>& rot, Tensor& out) {
+  const int64_t k = has_c() ? seg_row(r).n_anchor : 0;
+  float m = kNegInf, l = 0;
+  std::fill(acc.begin(), acc.end(), 0.0f);
+  std::fill(w.begin(), w.end(), 0.0f);
+  std::fill(rot.begin(), rot.end(), 0.0f);
+  for (int64_t c = 0; c < C_; ++c) {
+    const kernels::PartialView v = partial(r, c);
+    kernels::merge_partial(m, l, acc.data(), has_c() ? w.data() : nullptr, has_c() ? rot.data() : nullptr,
+                           v.m[g], v.l[g], v.acc + g * D_, has_c() ? v.w + g * k_max_ : nullptr,
+                           has_c() ? v.rot + g * D_ : nullptr, D_, k);
+  }
+  std::vector<float>& y = acc;
+  if (has_c()) {
+    const RowPrep& p = prep_[r];
+    if (opt_.reference) {
+      for (int64_t j = 0; j < k; ++j)
+        if (w[j] != 0.0f) core::axpy_ref(w[j], &p.av[j * D_], y.data(), D_);
+    } else {
+      core::accumulate_rows(w.data(), k, p.av.data(), k, 1, D_, y.data(), D_);
+    }
+    seg_->codec->rotation().inverse(rot.data(), rot.data());
+    for (int64_t d = 0; d < D_; ++d) y[d] += rot[d];
+  }
+  const float inv = l > 0 ? 1.0f / l : 0.0f;
+  const int64_t b = r / H_, h = r % H_, hq = h * G_ + g / Sq_, i = g % Sq_;
+  const int64_t o = ((b * Hq_ + hq) * Sq_ + i) * D_;
+  if (opt_.out_dtype == DType::kF32) {
+    for (int64_t d = 0; d < D_; ++d) out.data_as<float>()[o + d] = y[d] * inv;
+  } else {
+    for (int64_t d = 0; d < D_; ++d) y[d] *= inv;
+    core::f32_to_f16_n(y.data(), out.data_as<uint16_t>() + o, D_);
+  }
+}
+
+}  // namespace
+
+Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt,
+              AttentionStats* stats) {
+  const auto locked = internal::CacheAccess::read(cache);  // writers wait until the output is done
+  const cache::AttentionSource src = locked.store.attention_source(locked.shape);
+  check_query(query, src, opt);
+  if (opt.rope.enabled)
+    check_rope(opt.rope, src, locked.store.kept_per_row(locked.shape) < locked.shape.seen, locked.store.name());
+  return AttendCall(query, src, opt).run(stats);
 }
 
 }  // namespace anchorkv

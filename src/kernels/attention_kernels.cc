@@ -213,34 +213,275 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-float exp_shift_sum_ref(float* x, int64_t n, float m) {
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    sum += x[i];
+// The primitives a kernel is written in. FastOps are SIMD (Highway, dynamic
+// dispatch); RefOps are plain scalar loops. A kernel written once over Ops
+// gives the fast path and its scalar twin (tested against each other).
+struct RefOps {
+  static float dot(const float* x, const float* y, int64_t D) { return core::dot_ref(x, y, D); }
+  static void dot_matrix(const float* X, int64_t n, const float* Y, int64_t k, int64_t D, float* out) {
+    core::dot_matrix_ref(X, n, D, Y, k, D, D, out, k);
   }
-  return sum;
-}
+  static void axpy(float a, const float* x, float* y, int64_t D) { core::axpy_ref(a, x, y, D); }
+  static void accumulate_rows(const float* W, int64_t n, const float* Z, int64_t nq, int64_t D, float* out) {
+    core::accumulate_rows_ref(W, n, Z, n, nq, D, out, D);
+  }
+  static float max_of(const float* x, int64_t n) {
+    float m = kNegInf;
+    for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+  static float exp_shift_sum(float* x, int64_t n, float m) {
+    float sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = std::exp(x[i] - m);
+      sum += x[i];
+    }
+    return sum;
+  }
+  // out[i] = scale[i] * table[idx[i]]
+  static void gather_scaled(const float* table, const int32_t* idx, const float* scale, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = scale[i] * table[idx[i]];
+  }
+  static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
+                            float* w, EntryScratch& sc);
+};
 
-float max_of(const float* x, int64_t n) {
-  float m = kNegInf;
-  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
+struct FastOps {
+  static float dot(const float* x, const float* y, int64_t D) { return core::dot(x, y, D); }
+  static void dot_matrix(const float* X, int64_t n, const float* Y, int64_t k, int64_t D, float* out) {
+    core::dot_matrix(X, n, D, Y, k, D, D, out, k);
+  }
+  static void axpy(float a, const float* x, float* y, int64_t D) { core::axpy(a, x, y, D); }
+  static void accumulate_rows(const float* W, int64_t n, const float* Z, int64_t nq, int64_t D, float* out) {
+    core::accumulate_rows(W, n, Z, n, nq, D, out, D);
+  }
+  static float max_of(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n); }
+  static float exp_shift_sum(float* x, int64_t n, float m) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, m); }
+  static void gather_scaled(const float* table, const int32_t* idx, const float* scale, int64_t n, float* out) {
+    HWY_DYNAMIC_DISPATCH(GatherScaled)(table, idx, scale, n, out);
+  }
+  static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
+                            float* w, EntryScratch& sc);
+};
 
 // Per query: m = max, x = exp(x - m), l = sum (fully masked rows: m = -inf, l = 0, x = 0).
-void softmax_stats(float* s, int64_t nq, int64_t n, float* m_out, float* l_out, bool reference) {
+template <class Ops>
+void softmax_stats(float* s, int64_t nq, int64_t n, float* m_out, float* l_out) {
   for (int64_t g = 0; g < nq; ++g) {
     float* x = s + g * n;
-    const float m = reference ? max_of(x, n) : HWY_DYNAMIC_DISPATCH(MaxOf)(x, n);  // max is exact either way
+    const float m = Ops::max_of(x, n);  // the max is exact either way
     m_out[g] = m;
     if (m == kNegInf) {
       l_out[g] = 0;
       std::fill_n(x, n, 0.0f);
     } else {
-      l_out[g] = reference ? exp_shift_sum_ref(x, n, m) : HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, m);
+      l_out[g] = Ops::exp_shift_sum(x, n, m);
     }
   }
+}
+
+// w[g, j] = sum over entries i with av[i] == j of p[g, i] * gv[i]. Neighbouring
+// tokens often share an anchor: four interleaved partial sums keep the
+// scatter-adds from waiting on each other through memory.
+void RefOps::value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
+                           float* w, EntryScratch& sc) {
+  sc.w4.assign(static_cast<size_t>(4 * k), 0.0f);
+  float* w4 = sc.w4.data();
+  for (int64_t g = 0; g < nq; ++g) {
+    const float* pg = p + g * n;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      w4[av[i]] += pg[i] * gv[i];
+      w4[k + av[i + 1]] += pg[i + 1] * gv[i + 1];
+      w4[2 * k + av[i + 2]] += pg[i + 2] * gv[i + 2];
+      w4[3 * k + av[i + 3]] += pg[i + 3] * gv[i + 3];
+    }
+    for (; i < n; ++i) w4[av[i]] += pg[i] * gv[i];
+    for (int64_t j = 0; j < k; ++j) {
+      w[g * k + j] = (w4[j] + w4[k + j]) + (w4[2 * k + j] + w4[3 * k + j]);
+      w4[j] = w4[k + j] = w4[2 * k + j] = w4[3 * k + j] = 0.0f;
+    }
+  }
+}
+
+// Groups of 4 queries: token-major weights p_t * gamma_t scattered with one
+// 4-lane add per token (ScatterAdd4), then back to query-major w.
+void FastOps::value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
+                            float* w, EntryScratch& sc) {
+  if (nq % 4 != 0) return RefOps::value_weights(p, gv, av, nq, n, k, w, sc);
+  sc.pt.resize(static_cast<size_t>(4 * n));
+  sc.wa.resize(static_cast<size_t>(4 * k));
+  sc.wb.resize(sc.wa.size());
+  for (int64_t g0 = 0; g0 < nq; g0 += 4) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t g = 0; g < 4; ++g) sc.pt[i * 4 + g] = p[(g0 + g) * n + i] * gv[i];
+    std::fill(sc.wa.begin(), sc.wa.end(), 0.0f);
+    std::fill(sc.wb.begin(), sc.wb.end(), 0.0f);
+    HWY_DYNAMIC_DISPATCH(ScatterAdd4)(sc.pt.data(), av, n, sc.wa.data(), sc.wb.data());
+    for (int64_t g = 0; g < 4; ++g)
+      for (int64_t j = 0; j < k; ++j) w[(g0 + g) * k + j] = sc.wa[j * 4 + g] + sc.wb[j * 4 + g];
+  }
+}
+
+template <class Ops>
+void dense_chunk_rope_impl(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                           const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
+                           const RopeTable& table, PartialView out, float* scratch) {
+  float* s = scratch;              // [nq, n]
+  float* keys = scratch + nq * n;  // [n, D] keys rotated to their positions, then one value row
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = keys + i * D;
+    core::f16_to_f32_n(K16 + i * D, row, D);
+    const int64_t p = pos0 + i + rope.position_offset;
+    rope_rotate(row, D, rope.style, table.c(p), table.s(p));
+  }
+  Ops::dot_matrix(q, nq, keys, n, D, s);
+  for (int64_t g = 0; g < nq; ++g)
+    for (int64_t i = 0; i < n; ++i)
+      if (pos0 + i > qpos[g]) s[g * n + i] = kNegInf;
+  softmax_stats<Ops>(s, nq, n, out.m, out.l);
+  std::fill_n(out.acc, nq * D, 0.0f);
+  float* row = keys;
+  for (int64_t i = 0; i < n; ++i) {
+    core::f16_to_f32_n(V16 + i * D, row, D);
+    for (int64_t g = 0; g < nq; ++g) Ops::axpy(s[g * n + i], row, out.acc + g * D, D);
+  }
+}
+
+// ---------------------------------------------------------------- entries
+
+// Anchor ordinals, coefficients, residual flags and (when needed) positions
+// of the range's entries. Exact in either path.
+void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& row, const EntryRange& r,
+                    EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0;
+  sc.ak.resize(static_cast<size_t>(n));
+  sc.av.resize(static_cast<size_t>(n));
+  sc.gk.resize(static_cast<size_t>(n));
+  sc.gv.resize(static_cast<size_t>(n));
+  sc.pos.resize(static_cast<size_t>(n));
+  sc.res_k.clear();
+  sc.res_v.clear();
+  if (row.compact) {  // one SIMD conversion instead of one call per token
+    core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(r.e0)], sc.gk.data(), n);
+    core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(r.e0)], sc.gv.data(), n);
+  } else {
+    std::copy_n(&row.k.coef[static_cast<size_t>(r.e0)], n, sc.gk.data());
+    std::copy_n(&row.v.coef[static_cast<size_t>(r.e0)], n, sc.gv.data());
+  }
+  compress::EntryMetaReader meta(row, r.e0, r.masked || cq.rope != nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    const compress::Meta m = meta.next();
+    sc.ak[i] = m.anchor_k;
+    sc.av[i] = m.anchor_v;
+    if (m.res_k) sc.res_k.push_back(static_cast<int32_t>(i));
+    if (m.res_v) sc.res_v.push_back(static_cast<int32_t>(i));
+    sc.pos[i] = r.seg_pos0 + r.e0 + i + m.anchors_before;
+  }
+}
+
+// Scores of the anchor approximation: gamma_t * (q . a_K(t)); with pre-RoPE
+// keys q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
+template <class Ops>
+void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, const EntryRange& r,
+                         EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, nq = cq.nq, half = D / 2;
+  float* s = sc.s.data();
+  if (cq.rope) {
+    sc.cs_row.resize(static_cast<size_t>(D));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = sc.pos[i] + cq.rope->position_offset;
+      std::copy_n(cq.table->c(p), half, sc.cs_row.data());
+      std::copy_n(cq.table->s(p), half, sc.cs_row.data() + half);
+      for (int64_t g = 0; g < nq; ++g) {
+        const float* csg = cq.cs + (g * k + sc.ak[i]) * D;
+        s[g * n + i] = (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk[i] * Ops::dot(csg, sc.cs_row.data(), D)
+                                                             : kNegInf;
+      }
+    }
+    return;
+  }
+  for (int64_t g = 0; g < nq; ++g) Ops::gather_scaled(cq.anchor_dot + g * k, sc.ak.data(), sc.gk.data(), n, s + g * n);
+  if (r.masked)
+    for (int64_t g = 0; g < nq; ++g)
+      for (int64_t i = 0; i < n; ++i)
+        if (sc.pos[i] > cq.qpos[g]) s[g * n + i] = kNegInf;
+}
+
+// Key residuals add (R q) . (scale * level[code]): every residual of the
+// chunk decoded, then one dot_matrix against the rotated queries. Pre-RoPE:
+// each residual key is rotated back and to its position once, and shared by
+// every query of the group.
+template <class Ops>
+void add_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
+                       const compress::ResidualCodec& codec, const EntryRange& r, EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, nq = cq.nq, D = codec.dim(), cb = codec.code_bytes();
+  const int64_t nr = static_cast<int64_t>(sc.res_k.size());
+  if (nr == 0) return;
+  float* s = sc.s.data();
+  sc.codes.resize(static_cast<size_t>(D));
+  if (cq.rope) {
+    sc.z.resize(static_cast<size_t>(D));
+    for (int64_t j = 0; j < nr; ++j) {
+      const int64_t i = sc.res_k[j], slot = r.slot_k0 + j;
+      const float scale = core::half_to_float(row.k.scales[slot]);
+      codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], sc.z.data(), sc.codes.data());
+      codec.rotation().inverse(sc.z.data(), sc.z.data());
+      const int64_t p = sc.pos[i] + cq.rope->position_offset;
+      rope_rotate(sc.z.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
+      for (int64_t g = 0; g < nq; ++g)
+        if (s[g * n + i] != kNegInf) s[g * n + i] += scale * Ops::dot(cq.q + g * D, sc.z.data(), D);
+    }
+    return;
+  }
+  sc.z.resize(static_cast<size_t>(nr * D));
+  sc.zscale.resize(static_cast<size_t>(nr));
+  sc.zdot.resize(static_cast<size_t>(nq * nr));
+  for (int64_t j = 0; j < nr; ++j) {
+    const int64_t slot = r.slot_k0 + j;
+    codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], &sc.z[j * D], sc.codes.data());
+    sc.zscale[j] = core::half_to_float(row.k.scales[slot]);
+  }
+  Ops::dot_matrix(cq.rq, nq, sc.z.data(), nr, D, sc.zdot.data());
+  for (int64_t j = 0; j < nr; ++j)
+    for (int64_t g = 0; g < nq; ++g)
+      if (s[g * n + sc.res_k[j]] != kNegInf) s[g * n + sc.res_k[j]] += sc.zscale[j] * sc.zdot[g * nr + j];
+}
+
+// Value residuals: rot[g] += sum_j p[g, i_j] * scale_j * level[codes_j], all rows at once.
+template <class Ops>
+void add_value_residuals(const compress::CompressedRow& row, const compress::ResidualCodec& codec,
+                         const EntryRange& r, int64_t nq, PartialView out, EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, D = codec.dim(), cb = codec.code_bytes();
+  const int64_t nr = static_cast<int64_t>(sc.res_v.size());
+  if (nr == 0) return;
+  sc.codes.resize(static_cast<size_t>(D));
+  sc.z.resize(static_cast<size_t>(nr * D));
+  sc.zdot.resize(static_cast<size_t>(nq * nr));
+  for (int64_t j = 0; j < nr; ++j) {
+    const int64_t slot = r.slot_v0 + j;
+    codec.decode_levels(&row.v.codes[static_cast<size_t>(slot * cb)], &sc.z[j * D], sc.codes.data());
+    const float scale = core::half_to_float(row.v.scales[slot]);
+    for (int64_t g = 0; g < nq; ++g) sc.zdot[g * nr + j] = sc.s[g * n + sc.res_v[j]] * scale;
+  }
+  Ops::accumulate_rows(sc.zdot.data(), nr, sc.z.data(), nq, D, out.rot);
+}
+
+template <class Ops>
+void entries_chunk_impl(const CompressedQueries& cq, const compress::CompressedRow& row,
+                        const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
+                        EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, nq = cq.nq, D = codec.dim(), k = row.n_anchor;
+  sc.s.resize(static_cast<size_t>(nq * n));
+  decode_entries(cq, row, r, sc);
+  score_anchor_approx<Ops>(cq, k, D, r, sc);
+  add_key_residuals<Ops>(cq, row, codec, r, sc);
+  softmax_stats<Ops>(sc.s.data(), nq, n, out.m, out.l);
+  // Values: per-anchor weights sum_t p_t gamma_t, residuals in the rotated domain.
+  std::fill_n(out.acc, nq * D, 0.0f);
+  std::fill_n(out.rot, nq * D, 0.0f);
+  Ops::value_weights(sc.s.data(), sc.gv.data(), sc.av.data(), nq, n, k, out.w, sc);
+  add_value_residuals<Ops>(row, codec, r, nq, out, sc);
 }
 
 }  // namespace
@@ -262,7 +503,7 @@ void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint
       s[g * n + i] = pos0 + i <= qpos[g] ? dot : kNegInf;
     }
   }
-  softmax_stats(s, nq, n, out.m, out.l, true);
+  softmax_stats<RefOps>(s, nq, n, out.m, out.l);
   std::fill_n(out.acc, nq * D, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t d = 0; d < D; ++d) row[d] = core::half_to_float(V16[i * D + d]);
@@ -273,34 +514,14 @@ void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint
 
 void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
                       int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, const RopeTable& table,
-                      PartialView out, float* scratch, bool reference) {
-  float* s = scratch;              // [nq, n]
-  float* keys = scratch + nq * n;  // [n, D] keys rotated to their positions, then one value row
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = keys + i * D;
-    core::f16_to_f32_n(K16 + i * D, row, D);
-    const int64_t p = pos0 + i + rope.position_offset;
-    rope_rotate(row, D, rope.style, table.c(p), table.s(p));
-  }
-  if (reference)
-    core::dot_matrix_ref(q, nq, D, keys, n, D, D, s, n);
-  else
-    core::dot_matrix(q, nq, D, keys, n, D, D, s, n);
-  for (int64_t g = 0; g < nq; ++g)
-    for (int64_t i = 0; i < n; ++i)
-      if (pos0 + i > qpos[g]) s[g * n + i] = kNegInf;
-  softmax_stats(s, nq, n, out.m, out.l, reference);
-  std::fill_n(out.acc, nq * D, 0.0f);
-  float* row = keys;
-  for (int64_t i = 0; i < n; ++i) {
-    core::f16_to_f32_n(V16 + i * D, row, D);
-    for (int64_t g = 0; g < nq; ++g) {
-      if (reference)
-        core::axpy_ref(s[g * n + i], row, out.acc + g * D, D);
-      else
-        core::axpy(s[g * n + i], row, out.acc + g * D, D);
-    }
-  }
+                      PartialView out, float* scratch) {
+  dense_chunk_rope_impl<FastOps>(q, qpos, nq, K16, V16, n, pos0, D, rope, table, out, scratch);
+}
+
+void dense_chunk_rope_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                          const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
+                          const RopeTable& table, PartialView out, float* scratch) {
+  dense_chunk_rope_impl<RefOps>(q, qpos, nq, K16, V16, n, pos0, D, rope, table, out, scratch);
 }
 
 void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
@@ -311,200 +532,20 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
     for (int64_t j = 0; j < k; ++j)
       w[j] = (!masked || anchor_pos[j] <= cq.qpos[g]) ? cq.anchor_dot[g * k + j] : kNegInf;
   }
-  softmax_stats(out.w, cq.nq, k, out.m, out.l, true);
+  softmax_stats<RefOps>(out.w, cq.nq, k, out.m, out.l);
   // Anchors contribute through w only; acc and rot stay as the caller zeroed them.
 }
 
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
-                   const compress::ResidualCodec& codec, int64_t e0, int64_t e1, int64_t slot_k0,
-                   int64_t slot_v0, int64_t seg_pos0, bool masked, PartialView out, float* scratch, bool reference) {
-  const int64_t n = e1 - e0, nq = cq.nq, D = codec.dim(), k = row.n_anchor;
-  const int64_t cb = codec.code_bytes();
-  float* s = scratch;                     // [nq, n]
-  float* coef_v = scratch + nq * n;       // [n]
-  auto* ak = reinterpret_cast<int32_t*>(coef_v + n);  // [n]
-  auto* av = ak + n;                      // [n]
-  float* z = reinterpret_cast<float*>(av + n);  // [D] decoded rotated residual
-  auto* codes = reinterpret_cast<uint8_t*>(z + D);  // [D]
-  thread_local std::vector<int32_t> res_k, res_v;  // chunk-local indices of residual entries
-  res_k.clear();
-  res_v.clear();
+                   const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
+                   EntryScratch& scratch) {
+  entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
+}
 
-  // Scores of the anchor approximation: gamma_t * (q . a_K(t)).
-  thread_local std::vector<int64_t> tpos;  // token positions (RoPE only)
-  if (cq.rope) tpos.resize(static_cast<size_t>(n));
-  // Coefficients of the chunk as floats (compact rows store fp16: one SIMD
-  // conversion here instead of one call per token).
-  thread_local std::vector<float> gk_buf;
-  const float* gk;
-  if (row.compact) {
-    gk_buf.resize(static_cast<size_t>(n));
-    core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(e0)], gk_buf.data(), n);
-    core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(e0)], coef_v, n);
-    gk = gk_buf.data();
-  } else {
-    gk = &row.k.coef[static_cast<size_t>(e0)];
-    std::copy_n(&row.v.coef[static_cast<size_t>(e0)], n, coef_v);
-  }
-  // Token positions are needed for causal masking and RoPE only. Compact rows
-  // derive anchors_before by binary search once, then step it.
-  const bool need_pos = masked || cq.rope != nullptr;
-  int64_t before = row.compact && need_pos ? row.meta_at(e0).anchors_before : 0;
-  for (int64_t i = 0; i < n; ++i) {
-    compress::Meta m;
-    if (row.compact) {
-      const uint32_t w = row.meta32[e0 + i];
-      m.anchor_k = static_cast<int32_t>(w & 0x7FFF);
-      m.res_k = (w >> 15) & 1;
-      m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
-      m.res_v = (w >> 31) & 1;
-      if (need_pos) {
-        while (before < row.n_anchor && row.anchor_pos[before] - before <= e0 + i) ++before;
-        m.anchors_before = static_cast<int32_t>(before);
-      }
-    } else {
-      m = compress::unpack_meta(row.meta[e0 + i]);
-    }
-    ak[i] = m.anchor_k;
-    av[i] = m.anchor_v;
-    if (m.res_k) res_k.push_back(static_cast<int32_t>(i));
-    if (m.res_v) res_v.push_back(static_cast<int32_t>(i));
-    const int64_t pos = seg_pos0 + e0 + i + m.anchors_before;
-    if (cq.rope) {
-      tpos[i] = pos;
-      continue;
-    }
-    if (masked)
-      for (int64_t g = 0; g < nq; ++g)
-        s[g * n + i] = pos <= cq.qpos[g] ? gk[i] * cq.anchor_dot[g * k + ak[i]] : kNegInf;
-  }
-  // Unmasked scores gamma_t * (q . a_K(t)) for the whole chunk, one gather pass per query.
-  if (!masked && !cq.rope)
-    for (int64_t g = 0; g < nq; ++g) {
-      if (reference) {
-        for (int64_t i = 0; i < n; ++i) s[g * n + i] = gk[i] * cq.anchor_dot[g * k + ak[i]];
-      } else {
-        HWY_DYNAMIC_DISPATCH(GatherScaled)(cq.anchor_dot + g * k, ak, gk, n, s + g * n);
-      }
-    }
-  // Pre-RoPE keys: q . RoPE_t(gamma a) = gamma * sum_i C_i cos(t theta_i) + S_i sin(t theta_i).
-  const int64_t half = D / 2;
-  if (cq.rope) {
-    thread_local std::vector<float> cs_row;
-    cs_row.resize(static_cast<size_t>(D));
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t p = tpos[i] + cq.rope->position_offset;
-      std::copy_n(cq.table->c(p), half, cs_row.data());
-      std::copy_n(cq.table->s(p), half, cs_row.data() + half);
-      for (int64_t g = 0; g < nq; ++g) {
-        const float* csg = cq.cs + (g * k + ak[i]) * D;
-        s[g * n + i] = (!masked || tpos[i] <= cq.qpos[g])
-                           ? gk[i] * (reference ? core::dot_ref(csg, cs_row.data(), D) : core::dot(csg, cs_row.data(), D))
-                           : kNegInf;
-      }
-    }
-  }
-  // Key residuals add (R q) . (scale * level[code]).
-  thread_local std::vector<float> zk, zscale, zdot;
-  if (!cq.rope) {
-    zk.resize(res_k.size() * static_cast<size_t>(D));
-    zscale.resize(res_k.size());
-  }
-  for (size_t r = 0; r < res_k.size(); ++r) {
-    const int64_t i = res_k[r], slot = slot_k0 + static_cast<int64_t>(r);
-    // (R q) . (scale * level[c]) = scale * ((R q) . level[c])
-    const float sc = core::half_to_float(row.k.scales[slot]);
-    if (!cq.rope) {  // batched below: one dot_matrix for every residual of the chunk
-      codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], &zk[r * D], codes);
-      zscale[r] = sc;
-      continue;
-    }
-    codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], z, codes);
-    {
-      // q . RoPE_t(R^T z): the residual key is rotated back and to its position
-      // once, and shared by every query of the group (one transform per token,
-      // not one per token and query).
-      codec.rotation().inverse(z, z);
-      const int64_t p = tpos[i] + cq.rope->position_offset;
-      rope_rotate(z, D, cq.rope->style, cq.table->c(p), cq.table->s(p));
-      for (int64_t g = 0; g < nq; ++g) {
-        if (s[g * n + i] == kNegInf) continue;
-        const float* qg = cq.q + g * D;
-        s[g * n + i] += sc * (reference ? core::dot_ref(qg, z, D) : core::dot(qg, z, D));
-      }
-    }
-  }
-  if (!cq.rope && !res_k.empty()) {
-    const int64_t nr = static_cast<int64_t>(res_k.size());
-    zdot.resize(static_cast<size_t>(nq * nr));
-    if (reference) {
-      for (int64_t g = 0; g < nq; ++g)
-        for (int64_t r = 0; r < nr; ++r) zdot[g * nr + r] = core::dot_ref(cq.rq + g * D, &zk[r * D], D);
-    } else {
-      core::dot_matrix(cq.rq, nq, D, zk.data(), nr, D, D, zdot.data(), nr);
-    }
-    for (int64_t r = 0; r < nr; ++r) {
-      const int64_t i = res_k[r];
-      for (int64_t g = 0; g < nq; ++g)
-        if (s[g * n + i] != kNegInf) s[g * n + i] += zscale[r] * zdot[g * nr + r];
-    }
-  }
-  softmax_stats(s, nq, n, out.m, out.l, reference);
-  // Values: per-anchor weights sum_t p_t gamma_t, residuals in the rotated domain.
-  std::fill_n(out.acc, nq * D, 0.0f);
-  std::fill_n(out.w, nq * k, 0.0f);
-  std::fill_n(out.rot, nq * D, 0.0f);
-  if (!reference && nq % 4 == 0) {
-    // Token-major weights p_t * gamma_t of each group of 4 queries, scattered with
-    // one 4-lane add per token (ScatterAdd4), then back to query-major w.
-    thread_local std::vector<float> pt, wa, wb;
-    pt.resize(static_cast<size_t>(4 * n));
-    wa.resize(static_cast<size_t>(4 * k));
-    wb.resize(wa.size());
-    for (int64_t g0 = 0; g0 < nq; g0 += 4) {
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t g = 0; g < 4; ++g) pt[i * 4 + g] = s[(g0 + g) * n + i] * coef_v[i];
-      std::fill(wa.begin(), wa.end(), 0.0f);
-      std::fill(wb.begin(), wb.end(), 0.0f);
-      HWY_DYNAMIC_DISPATCH(ScatterAdd4)(pt.data(), av, n, wa.data(), wb.data());
-      for (int64_t g = 0; g < 4; ++g)
-        for (int64_t j = 0; j < k; ++j) out.w[(g0 + g) * k + j] = wa[j * 4 + g] + wb[j * 4 + g];
-    }
-  } else {
-    // Neighbouring tokens often share an anchor: four interleaved partial sums
-    // keep the scatter-adds from waiting on each other through memory.
-    thread_local std::vector<float> w4;
-    w4.assign(static_cast<size_t>(4 * k), 0.0f);
-    for (int64_t g = 0; g < nq; ++g) {
-      float* w = out.w + g * k;
-      const float* p = s + g * n;
-      int64_t i = 0;
-      for (; i + 4 <= n; i += 4) {
-        w4[av[i]] += p[i] * coef_v[i];
-        w4[k + av[i + 1]] += p[i + 1] * coef_v[i + 1];
-        w4[2 * k + av[i + 2]] += p[i + 2] * coef_v[i + 2];
-        w4[3 * k + av[i + 3]] += p[i + 3] * coef_v[i + 3];
-      }
-      for (; i < n; ++i) w4[av[i]] += p[i] * coef_v[i];
-      for (int64_t j = 0; j < k; ++j) {
-        w[j] = (w4[j] + w4[k + j]) + (w4[2 * k + j] + w4[3 * k + j]);
-        w4[j] = w4[k + j] = w4[2 * k + j] = w4[3 * k + j] = 0.0f;
-      }
-    }
-  }
-  // Value residuals: rot[g] += sum_r p[g, i_r] * scale_r * level[codes_r], all rows at once.
-  if (!res_v.empty()) {
-    const int64_t nr = static_cast<int64_t>(res_v.size());
-    zk.resize(static_cast<size_t>(nr * D));
-    zdot.resize(static_cast<size_t>(nq * nr));
-    for (int64_t r = 0; r < nr; ++r) {
-      const int64_t slot = slot_v0 + r;
-      codec.decode_levels(&row.v.codes[static_cast<size_t>(slot * cb)], &zk[r * D], codes);
-      const float sc = core::half_to_float(row.v.scales[slot]);
-      for (int64_t g = 0; g < nq; ++g) zdot[g * nr + r] = s[g * n + res_v[r]] * sc;
-    }
-    (reference ? core::accumulate_rows_ref : core::accumulate_rows)(zdot.data(), nr, zk.data(), nr, nq, D, out.rot, D);
-  }
+void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRow& row,
+                       const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
+                       EntryScratch& scratch) {
+  entries_chunk_impl<RefOps>(cq, row, codec, range, out, scratch);
 }
 
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

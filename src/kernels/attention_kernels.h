@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "anchorkv/attention.h"
 #include "compress/codec.h"
@@ -58,7 +59,10 @@ struct CompressedQueries {
 // scratch: n * nq + n * D floats.
 void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
                       const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
-                      const RopeTable& table, PartialView out, float* scratch, bool reference);
+                      const RopeTable& table, PartialView out, float* scratch);
+void dense_chunk_rope_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                          const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
+                          const RopeTable& table, PartialView out, float* scratch);
 
 // The anchors of a compressed row as tokens (gamma = 1, own value): scores
 // anchor_dot, values accumulate into w[j]. anchor_pos: positions (only read
@@ -68,11 +72,36 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 
 // Entries [e0, e1) of a compressed row. slot_k0/slot_v0: residual slots owned
 // by entries before e0. seg_pos0: absolute position of the segment's first
-// token. scratch: (e1 - e0) * (nq + 3) floats + 2 * D floats + D bytes.
+// token. masked: some query sits inside the segment (causal mask needed).
+struct EntryRange {
+  int64_t e0 = 0, e1 = 0;
+  int64_t slot_k0 = 0, slot_v0 = 0;
+  int64_t seg_pos0 = 0;
+  bool masked = false;
+};
+
+// Buffers of one entries_chunk call, reused across calls (one per thread).
+struct EntryScratch {
+  std::vector<float> s;                 // [nq, n] scores, then probabilities
+  std::vector<float> gk, gv;            // [n] coefficients
+  std::vector<int32_t> ak, av;          // [n] anchor ordinals
+  std::vector<int64_t> pos;             // [n] absolute positions (masking / RoPE)
+  std::vector<int32_t> res_k, res_v;    // chunk-local indices of entries with a residual
+  std::vector<float> z, zscale, zdot;   // decoded residual levels, scales, dots
+  std::vector<uint8_t> codes;           // [D] unpacked codes of one residual
+  std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
+  std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
+};
+
+// Partial over the entries: scores gamma * (q . a_K) + residual dots, value
+// weights per anchor (w) and rotated-domain residual values (rot). The SIMD
+// kernel and its scalar twin; they agree to float rounding.
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
-                   const compress::ResidualCodec& codec, int64_t e0, int64_t e1, int64_t slot_k0,
-                   int64_t slot_v0, int64_t seg_pos0, bool masked, PartialView out, float* scratch,
-                   bool reference);
+                   const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
+                   EntryScratch& scratch);
+void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRow& row,
+                       const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
+                       EntryScratch& scratch);
 
 // Merge partial `b` into `a` (same layout); k may be 0 and w/rot null.
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

@@ -41,6 +41,12 @@ std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64
 // Rotate x [D] in place by the angles of one table row (inverse: by minus them).
 void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse = false);
 
+// Per query g and anchor j, the pair products that make q . RoPE_t(a) a dot
+// with one table row: out [nq, k, D] = C_i = q_x a_x + q_y a_y (first D/2),
+// S_i = q_y a_x - q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin.
+void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, int64_t D, RopeStyle style,
+                        float* out);
+
 // Rotate x [D] in place by position p (exact sincos; for a handful of vectors).
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);
 

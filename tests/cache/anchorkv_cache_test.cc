@@ -27,7 +27,7 @@ Data make(int64_t B, int64_t H, int64_t S, int64_t D, uint64_t seed = 1) {
 
 void expect_invariants(const AnchorKVCache& c) {
   EXPECT_EQ(c.tokens_kept(), c.tokens_total());
-  EXPECT_EQ(c.anchorkv_bytes(), c.state().buffer_bytes()) << "accounting must equal the stored buffers";
+  EXPECT_EQ(c.anchorkv_bytes(), internal::unlocked_state(c).buffer_bytes()) << "accounting must equal the stored buffers";
   EXPECT_EQ(c.nbytes(), c.anchorkv_bytes());
 }
 
@@ -60,7 +60,7 @@ TEST(AnchorKVCache, CompactMetadataBytesByHandAndLossless) {
   // The same anchors as the seed layout, recovered from the stored positions.
   AnchorKVCache seed;
   seed.update_and_fetch(d.k(), d.v());
-  EXPECT_EQ(c.state().segment[0].anchor_positions(), seed.state().segment[0].anchor_positions());
+  EXPECT_EQ(internal::unlocked_state(c).segment[0].anchor_positions(), internal::unlocked_state(seed).segment[0].anchor_positions());
   // More residuals for the same budget: a closer reconstruction.
   const auto ks = seed.fetch().keys.to_f32(), kc = out.keys.to_f32();
   double es = 0, ec = 0;
@@ -97,14 +97,14 @@ TEST(AnchorKVCache, PooledBudgetAcrossHeadsByHand) {
   EXPECT_EQ(c.n_residual_total(), 2 * 861);
   EXPECT_EQ(c.anchorkv_bytes(), 2 * (23808 + 861 * 18));
   int64_t k_res = 0;
-  for (const auto& row : c.state().segment) k_res += row.k.n_residual();
+  for (const auto& row : internal::unlocked_state(c).segment) k_res += row.k.n_residual();
   EXPECT_EQ(k_res, 2 * 430);
   // Per-head allocation: N per row = floor((0.2*65536 - 7936) / 18) = 287.
   cfg.allocation = ResidualAllocation::kPerHead;
   AnchorKVCache p(cfg);
   p.update_and_fetch(d.k(), d.v());
   EXPECT_EQ(p.n_residual_total(), 6 * 287);
-  for (const auto& row : p.state().segment) EXPECT_EQ(row.n_residual(), 287);
+  for (const auto& row : internal::unlocked_state(p).segment) EXPECT_EQ(row.n_residual(), 287);
   expect_invariants(c);
   expect_invariants(p);
 }
@@ -142,7 +142,7 @@ TEST(AnchorKVCache, FirstCallWithOneTokenIsExactThenPrefillCompresses) {
   const Data pre = make(1, 2, 200, 32, 6);
   out = c.update_and_fetch(pre.k(), pre.v());
   EXPECT_TRUE(c.is_compressed());
-  EXPECT_EQ(c.state().segment_tokens, 200);
+  EXPECT_EQ(internal::unlocked_state(c).segment_tokens, 200);
   EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 201, 32}));
   EXPECT_EQ(out.keys.at(0, 1, 0, 3), one.K[32 + 3]);  // the head stays exact
   expect_invariants(c);
@@ -179,7 +179,7 @@ TEST(AnchorKVCache, EdgeShapesAndSettings) {
     EXPECT_EQ(c.n_anchor_total(), 4 * k);
     // Anchors come back exactly.
     for (int64_t r = 0; r < 4; ++r)
-      for (int32_t p : c.state().segment[r].anchor_positions())
+      for (int32_t p : internal::unlocked_state(c).segment[r].anchor_positions())
         for (int64_t x = 0; x < e.D; ++x) ASSERT_EQ(out.keys.at(r / 2, r % 2, p, x), d.K[(r * e.S + p) * e.D + x]);
     expect_invariants(c);
   }
@@ -317,8 +317,8 @@ TEST(AnchorKVCache, ChunkedPrefillCompressesEverythingAtFirstDecode) {
   AnchorKVCache seed;
   seed.update_and_fetch(c1.k(), c1.v());
   seed.update_and_fetch(c2.k(), c2.v());
-  EXPECT_EQ(seed.state().segment_tokens, 100);
-  EXPECT_EQ(seed.state().tail.tokens, 100);
+  EXPECT_EQ(internal::unlocked_state(seed).segment_tokens, 100);
+  EXPECT_EQ(internal::unlocked_state(seed).tail.tokens, 100);
   // Chunked: both chunks stay exact until the first decode step, then compress together.
   AnchorKVConfig cfg;
   cfg.trigger = CompressTrigger::kFirstDecode;
@@ -331,8 +331,8 @@ TEST(AnchorKVCache, ChunkedPrefillCompressesEverythingAtFirstDecode) {
   EXPECT_EQ(chunked.anchorkv_bytes(), chunked.full_seq_bytes());
   out = chunked.update_and_fetch(tok.k(), tok.v());
   EXPECT_TRUE(chunked.is_compressed());
-  EXPECT_EQ(chunked.state().segment_tokens, 200);
-  EXPECT_EQ(chunked.state().tail.tokens, 1);
+  EXPECT_EQ(internal::unlocked_state(chunked).segment_tokens, 200);
+  EXPECT_EQ(internal::unlocked_state(chunked).tail.tokens, 1);
   EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 201, 32}));
   EXPECT_EQ(out.keys.at(0, 1, 200, 5), tok.K[32 + 5]);
   expect_invariants(chunked);
@@ -361,7 +361,7 @@ TEST(AnchorKVCache, CompressNow) {
   c.update_and_fetch(d.k(), d.v());
   c.compress_now();
   EXPECT_TRUE(c.is_compressed());
-  EXPECT_EQ(c.state().segment_tokens, 64);
+  EXPECT_EQ(internal::unlocked_state(c).segment_tokens, 64);
   expect_invariants(c);
   try {
     c.compress_now();

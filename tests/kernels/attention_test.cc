@@ -7,6 +7,7 @@
 #include "../test_util.h"
 #include "anchorkv/anchorkv.h"
 #include "cache/anchorkv_state.h"
+#include "cache/store.h"
 #include "compress/segment.h"
 
 namespace anchorkv {
@@ -52,7 +53,7 @@ std::vector<double> dense_reference(const std::vector<float>& q /*[B,Hq,Sq,D]*/,
 
 // The cache's contents in f32: exact parts from fetch(), the segment decoded in f32.
 void reconstruct_f32(const AnchorKVCache& c, std::vector<float>& K, std::vector<float>& V) {
-  const auto& st = c.state();
+  const auto& st = internal::unlocked_state(c);
   const KVPair dense = c.fetch();
   K = dense.keys.to_f32();
   V = dense.values.to_f32();
@@ -102,7 +103,7 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed) {
   if (cache.offset() < c.Sq) return;
   if (c.S >= 1000) {  // the sweep must exercise key and value residuals
     int64_t rk = 0, rv = 0;
-    for (const auto& row : cache.state().segment) {
+    for (const auto& row : internal::unlocked_state(cache).segment) {
       rk += row.k.n_residual();
       rv += row.v.n_residual();
     }
@@ -181,23 +182,20 @@ TEST(Attention, FullCacheMatchesDenseReference) {
   EXPECT_LE(nmse(ref, y16.to_f32()), 1e-6);
 }
 
-// Any other KVCache is fetched dense.
+// A cache whose store only knows how to fetch: attention reads its dense
+// fetch (the default attention source).
+class FetchOnlyStore final : public internal::CacheStore {
+ public:
+  std::string name() const override { return "wrapped"; }
+  const char* api_name() const override { return "WrappedCache"; }
+  void store(const cache::StagedInput& in, const internal::CacheShape&) override { rows.append(in); }
+  KVPair fetch(const internal::CacheShape& s) const override { return rows.to_pair(s.B, s.H, s.D); }
+  int64_t nbytes(const internal::CacheShape&) const override { return rows.buffer_bytes(); }
+  cache::ExactRows rows;
+};
 class WrappedCache final : public KVCache {
  public:
-  KVPair fetch() const override { return inner.fetch(); }
-  std::string name() const override { return "wrapped"; }
-
- protected:
-  void append(const TensorView& k, const TensorView& v, const char*) override { inner.update(k, v); }
-
- public:
-  int64_t offset() const override { return inner.offset(); }
-  bool is_trimmable() const override { return false; }
-  int64_t nbytes() const override { return inner.nbytes(); }
-  int64_t full_seq_bytes() const override { return inner.full_seq_bytes(); }
-  int64_t tokens_total() const override { return inner.tokens_total(); }
-  int64_t tokens_kept() const override { return inner.tokens_kept(); }
-  FullKVCache inner;
+  WrappedCache() : KVCache(std::make_unique<FetchOnlyStore>()) {}
 };
 
 TEST(Attention, GenericCacheAndNonContiguousQueries) {

@@ -1,0 +1,37 @@
+#include "cache/attention_source.h"
+
+#include <utility>
+
+namespace anchorkv::cache {
+
+DenseRegion dense_region(const ExactRows& rows, int64_t pos0) {
+  DenseRegion r;
+  r.n = rows.tokens;
+  r.pos0 = pos0;
+  for (size_t i = 0; i < rows.k.size(); ++i) {
+    r.k.push_back(rows.k[i].data());
+    r.v.push_back(rows.v[i].data());
+  }
+  return r;
+}
+
+AttentionSource dense_source(KVPair fetched) {
+  auto owned = std::make_shared<const KVPair>(std::move(fetched));
+  const Shape4& s = owned->keys.shape();
+  AttentionSource src;
+  src.B = s[0];
+  src.H = s[1];
+  src.D = s[3];
+  src.n_total = s[2];
+  DenseRegion r;
+  r.n = s[2];
+  for (int64_t i = 0; i < s[0] * s[1]; ++i) {
+    r.k.push_back(owned->keys.data_as<uint16_t>() + i * s[2] * s[3]);
+    r.v.push_back(owned->values.data_as<uint16_t>() + i * s[2] * s[3]);
+  }
+  src.dense_after.push_back(std::move(r));
+  src.owned = std::move(owned);
+  return src;
+}
+
+}  // namespace anchorkv::cache

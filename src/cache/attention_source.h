@@ -1,0 +1,52 @@
+// What attention reads from a cache: the regions of every (batch, KV head)
+// row in position order, each either exact fp16 tokens or a compressed
+// AnchorKV segment. A cache gets attention (kernels/attend) by describing its
+// storage this way; nothing in it is copied.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "anchorkv/cache.h"
+#include "cache/input.h"
+#include "compress/codec.h"
+#include "compress/segment.h"
+
+namespace anchorkv::cache {
+
+// Exact fp16 tokens: per row, K and V [n, D] at positions pos0 .. pos0 + n - 1.
+struct DenseRegion {
+  std::vector<const uint16_t*> k, v;  // [rows]
+  int64_t n = 0, pos0 = 0;
+};
+
+// A compressed prefill segment: one CompressedRow per row, `tokens` positions
+// from pos0.
+struct CompressedRegion {
+  const std::vector<compress::CompressedRow>* rows = nullptr;  // [rows]
+  const compress::ResidualCodec* codec = nullptr;
+  int64_t tokens = 0, pos0 = 0;
+};
+
+struct AttentionSource {
+  int64_t B = 0, H = 0, D = 0;
+  int64_t n_total = 0;  // positions per row attention sees (kept tokens for evicting caches)
+  std::vector<DenseRegion> dense_before;  // regions before the segment, in position order
+  std::optional<CompressedRegion> segment;
+  std::vector<DenseRegion> dense_after;  // regions after the segment (all regions when there is none)
+  // A dense copy the source points into, for caches with no kernel of their
+  // own (the generic path); empty otherwise.
+  std::shared_ptr<const KVPair> owned;
+
+  int64_t rows() const { return B * H; }
+};
+
+// Exact rows as a region whose first token sits at pos0.
+DenseRegion dense_region(const ExactRows& rows, int64_t pos0);
+
+// The dense fetch of a cache as a source (the generic path).
+AttentionSource dense_source(KVPair fetched);
+
+}  // namespace anchorkv::cache

@@ -1,0 +1,85 @@
+// KVCache: the bookkeeping and locking every cache shares. Stores only keep
+// tokens (cache/store.h).
+#include <string>
+#include <utility>
+
+#include "anchorkv/cache.h"
+#include "cache/core.h"
+#include "cache/input.h"
+
+namespace anchorkv {
+
+using internal::CacheAccess;
+
+KVCache::KVCache(std::unique_ptr<internal::CacheStore> store)
+    : core_(std::make_unique<internal::CacheCore>(std::move(store))) {}
+KVCache::~KVCache() = default;
+KVCache::KVCache(KVCache&&) noexcept = default;
+KVCache& KVCache::operator=(KVCache&&) noexcept = default;
+
+namespace {
+// Validates, stages and stores one call under the caller's writer lock.
+void store_call(internal::WriteLocked<internal::CacheStore>& w, const TensorView& keys,
+                const TensorView& values, const char* method) {
+  internal::CacheShape& shape = w.shape;
+  const cache::StagedInput in = cache::stage_input(std::string(w.store.api_name()) + "::" + method, keys,
+                                                   values, shape.known, shape.B, shape.H, shape.D);
+  internal::CacheShape next = shape;
+  if (!next.known) next = {true, in.B(), in.H(), in.D(), 0};
+  w.store.store(in, next);  // strong guarantee: nothing below runs on a throw
+  next.seen += in.S();
+  shape = next;
+}
+}  // namespace
+
+void KVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
+  auto w = CacheAccess::write(*this);
+  store_call(w, keys, values, method);
+}
+
+KVPair KVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
+  // One writer lock for both halves: the result is the state right after this call.
+  auto w = CacheAccess::write(*this);
+  store_call(w, keys, values, "update_and_fetch");
+  return w.store.fetch(w.shape);
+}
+
+void KVCache::update(const TensorView& keys, const TensorView& values) { append(keys, values, "update"); }
+
+KVPair KVCache::fetch() const {
+  auto r = CacheAccess::read(*this);
+  return r.store.fetch(r.shape);
+}
+
+std::string KVCache::name() const { return CacheAccess::read(*this).store.name(); }
+int64_t KVCache::offset() const { return CacheAccess::read(*this).shape.seen; }
+bool KVCache::is_trimmable() const { return CacheAccess::read(*this).store.is_trimmable(); }
+
+int64_t KVCache::nbytes() const {
+  auto r = CacheAccess::read(*this);
+  return r.store.nbytes(r.shape);
+}
+
+int64_t KVCache::full_seq_bytes() const {
+  auto r = CacheAccess::read(*this);
+  return r.shape.seen * r.shape.rows() * r.shape.D * 4;
+}
+
+int64_t KVCache::tokens_total() const {
+  auto r = CacheAccess::read(*this);
+  return r.shape.seen * r.shape.rows();
+}
+
+int64_t KVCache::tokens_kept() const {
+  auto r = CacheAccess::read(*this);
+  return r.store.kept_per_row(r.shape) * r.shape.rows();
+}
+
+double KVCache::compression_ratio() const {
+  auto r = CacheAccess::read(*this);
+  const int64_t stored = r.store.nbytes(r.shape);
+  if (stored <= 0) return 1.0;
+  return static_cast<double>(r.shape.seen * r.shape.rows() * r.shape.D * 4) / static_cast<double>(stored);
+}
+
+}  // namespace anchorkv

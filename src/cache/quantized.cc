@@ -1,0 +1,223 @@
+// The quantized baselines: group-wise affine quantization of every token
+// (QuantizedKVCache) and KIVI (keys per channel, values per token, an fp16
+// window). Both use cache/affine.h and attend through the dense fetch.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "anchorkv/baselines.h"
+#include "cache/affine.h"
+#include "cache/core.h"
+#include "core/convert.h"
+#include "core/error.h"
+
+namespace anchorkv {
+
+namespace cache {
+void affine_quantize(const float* x, int64_t n, int64_t stride, int bits, uint16_t* params, uint8_t* codes,
+                     int64_t bit0, int64_t bit_stride) {
+  const int levels = (1 << bits) - 1;
+  float lo = x[0], hi = x[0];
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, x[i * stride]);
+    hi = std::max(hi, x[i * stride]);
+  }
+  params[0] = core::float_to_half((hi - lo) / static_cast<float>(levels));
+  params[1] = core::float_to_half(lo);
+  const float scale = core::half_to_float(params[0]), zero = core::half_to_float(params[1]);
+  for (int64_t i = 0; i < n; ++i) {
+    int q = scale > 0 ? static_cast<int>(std::lround((x[i * stride] - zero) / scale)) : 0;
+    q = std::clamp(q, 0, levels);
+    const int64_t bit = bit0 + i * bit_stride;
+    codes[bit >> 3] |= static_cast<uint8_t>(q << (bit & 7));
+  }
+}
+}  // namespace cache
+
+namespace {
+
+using internal::CacheShape;
+
+// ============================================================== quantized
+
+class QuantizedStore final : public internal::CacheStore {
+ public:
+  QuantizedStore(int bits, int64_t group) : bits_(bits), group_(group) {}
+  std::string name() const override { return "quantized" + std::to_string(bits_); }
+  const char* api_name() const override { return "anchorkv::QuantizedKVCache"; }
+
+  void store(const cache::StagedInput& in, const CacheShape& shape) override {
+    const int64_t R = shape.rows(), S = in.S(), D = shape.D, cb = code_bytes(D), np = 2 * groups(D);
+    for (auto* rows : {&codes_k_, &codes_v_}) rows->resize(static_cast<size_t>(R));
+    for (auto* rows : {&params_k_, &params_v_}) rows->resize(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r)
+      for (int side = 0; side < 2; ++side) {
+        auto& codes = side == 0 ? codes_k_[r] : codes_v_[r];
+        auto& params = side == 0 ? params_k_[r] : params_v_[r];
+        const float* x = side == 0 ? in.key_row(r) : in.value_row(r);
+        const size_t c0 = codes.size(), p0 = params.size();
+        codes.resize(c0 + static_cast<size_t>(S * cb), 0);
+        params.resize(p0 + static_cast<size_t>(S * np));
+        for (int64_t t = 0; t < S; ++t)
+          for (int64_t g0 = 0, gi = 0; g0 < D; g0 += group_, ++gi)
+            cache::affine_quantize(x + t * D + g0, std::min(group_, D - g0), 1, bits_,
+                                   &params[p0 + t * np + 2 * gi], &codes[c0 + t * cb], g0 * bits_, bits_);
+      }
+  }
+
+  KVPair fetch(const CacheShape& s) const override {
+    const int64_t n = s.seen, D = s.D, cb = code_bytes(D), np = 2 * groups(D);
+    KVPair out{Tensor(DType::kF16, {s.B, s.H, n, D}), Tensor(DType::kF16, {s.B, s.H, n, D})};
+    for (int64_t r = 0; r < s.rows(); ++r)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t bit = d * bits_, p = t * np + 2 * (d / group_);
+          out.keys.data_as<uint16_t>()[(r * n + t) * D + d] =
+              core::float_to_half(cache::affine_dequantize(&codes_k_[r][t * cb], bit, bits_, &params_k_[r][p]));
+          out.values.data_as<uint16_t>()[(r * n + t) * D + d] =
+              core::float_to_half(cache::affine_dequantize(&codes_v_[r][t * cb], bit, bits_, &params_v_[r][p]));
+        }
+    return out;
+  }
+
+  int64_t nbytes(const CacheShape&) const override {
+    int64_t n = 0;
+    for (size_t r = 0; r < codes_k_.size(); ++r)
+      n += static_cast<int64_t>(codes_k_[r].size() + codes_v_[r].size() +
+                                2 * (params_k_[r].size() + params_v_[r].size()));
+    return n;
+  }
+
+ private:
+  int64_t groups(int64_t D) const { return (D + group_ - 1) / group_; }
+  int64_t code_bytes(int64_t D) const { return (D * bits_ + 7) / 8; }
+  int bits_;
+  int64_t group_;
+  // Per row and side: codes [n, ceil(D*bits/8)], params [n, groups, 2] fp16 (scale, bias).
+  std::vector<std::vector<uint8_t>> codes_k_, codes_v_;
+  std::vector<std::vector<uint16_t>> params_k_, params_v_;
+};
+
+// ============================================================== KIVI
+
+class KIVIStore final : public internal::CacheStore {
+ public:
+  KIVIStore(int bits, int64_t group, int64_t residual) : bits_(bits), group_(group), residual_(residual) {}
+  std::string name() const override { return "kivi" + std::to_string(bits_); }
+  const char* api_name() const override { return "anchorkv::KIVICache"; }
+
+  void store(const cache::StagedInput& in, const CacheShape& shape) override {
+    const int64_t R = shape.rows();
+    for (auto* rows : {&k_codes_, &v_codes_}) rows->resize(static_cast<size_t>(R));
+    for (auto* rows : {&k_params_, &v_params_}) rows->resize(static_cast<size_t>(R));
+    window_.resize_rows(R);
+    window_.append(in);
+    // Move whole key groups out of the window while it holds more than `residual` tokens.
+    while (window_.tokens - group_ >= residual_) quantize_oldest_group(R, shape.D);
+  }
+
+  KVPair fetch(const CacheShape& s) const override;
+
+  int64_t nbytes(const CacheShape&) const override {
+    int64_t n = window_.buffer_bytes();
+    for (size_t r = 0; r < k_codes_.size(); ++r)
+      n += static_cast<int64_t>(k_codes_[r].size() + v_codes_[r].size() +
+                                2 * (k_params_[r].size() + v_params_[r].size()));
+    return n;
+  }
+
+ private:
+  void quantize_oldest_group(int64_t R, int64_t D);
+  int64_t k_group_code_bytes(int64_t D) const { return (group_ * D * bits_ + 7) / 8; }
+  int64_t v_token_code_bytes(int64_t D) const { return (D * bits_ + 7) / 8; }
+  int64_t v_groups(int64_t D) const { return (D + group_ - 1) / group_; }
+
+  int bits_;
+  int64_t group_, residual_;
+  int64_t quantized_ = 0;  // tokens per row that left the fp16 window (a multiple of group)
+  // Keys: per row, per token group: codes [group, D] packed along the group's
+  // tokens per channel, params [D, 2] fp16 (scale, zero).
+  std::vector<std::vector<uint8_t>> k_codes_;
+  std::vector<std::vector<uint16_t>> k_params_;
+  // Values: per row, per token: codes [D] packed, params [ceil(D/group), 2] fp16.
+  std::vector<std::vector<uint8_t>> v_codes_;
+  std::vector<std::vector<uint16_t>> v_params_;
+  cache::ExactRows window_;  // the fp16 tail, rows x [n, D]
+};
+
+void KIVIStore::quantize_oldest_group(int64_t R, int64_t D) {
+  const int64_t G = group_, kcb = k_group_code_bytes(D), vcb = v_token_code_bytes(D), vg = v_groups(D);
+  std::vector<float> kf(static_cast<size_t>(G * D)), vf(kf.size());
+  for (int64_t r = 0; r < R; ++r) {
+    core::f16_to_f32_n(window_.k[r].data(), kf.data(), G * D);
+    core::f16_to_f32_n(window_.v[r].data(), vf.data(), G * D);
+    const size_t kc0 = k_codes_[r].size(), kp0 = k_params_[r].size();
+    k_codes_[r].resize(kc0 + static_cast<size_t>(kcb), 0);
+    k_params_[r].resize(kp0 + static_cast<size_t>(2 * D));
+    for (int64_t d = 0; d < D; ++d)  // per channel over the group's tokens; codes laid out [token, channel]
+      cache::affine_quantize(&kf[d], G, D, bits_, &k_params_[r][kp0 + 2 * d], &k_codes_[r][kc0], d * bits_,
+                             D * bits_);
+    for (int64_t t = 0; t < G; ++t) {
+      const size_t vc0 = v_codes_[r].size(), vp0 = v_params_[r].size();
+      v_codes_[r].resize(vc0 + static_cast<size_t>(vcb), 0);
+      v_params_[r].resize(vp0 + static_cast<size_t>(2 * vg));
+      for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi)
+        cache::affine_quantize(&vf[t * D + g0], std::min(G, D - g0), 1, bits_, &v_params_[r][vp0 + 2 * gi],
+                               &v_codes_[r][vc0], g0 * bits_, bits_);
+    }
+    window_.k[r].erase(window_.k[r].begin(), window_.k[r].begin() + G * D);
+    window_.v[r].erase(window_.v[r].begin(), window_.v[r].begin() + G * D);
+  }
+  window_.tokens -= G;
+  quantized_ += G;
+}
+
+KVPair KIVIStore::fetch(const CacheShape& s) const {
+  const int64_t n = s.seen, D = s.D, G = group_, kcb = k_group_code_bytes(D), vcb = v_token_code_bytes(D),
+                vg = v_groups(D);
+  KVPair out{Tensor(DType::kF16, {s.B, s.H, n, D}), Tensor(DType::kF16, {s.B, s.H, n, D})};
+  for (int64_t r = 0; r < s.rows(); ++r) {
+    uint16_t* ok = out.keys.data_as<uint16_t>() + r * n * D;
+    uint16_t* ov = out.values.data_as<uint16_t>() + r * n * D;
+    for (int64_t t = 0; t < quantized_; ++t) {
+      const int64_t g = t / G, tt = t % G;
+      for (int64_t d = 0; d < D; ++d) {
+        ok[t * D + d] = core::float_to_half(cache::affine_dequantize(
+            &k_codes_[r][g * kcb], (tt * D + d) * bits_, bits_, &k_params_[r][(g * D + d) * 2]));
+        ov[t * D + d] = core::float_to_half(cache::affine_dequantize(&v_codes_[r][t * vcb], d * bits_, bits_,
+                                                                     &v_params_[r][(t * vg + d / G) * 2]));
+      }
+    }
+    std::copy(window_.k[r].begin(), window_.k[r].end(), ok + quantized_ * D);
+    std::copy(window_.v[r].begin(), window_.v[r].end(), ov + quantized_ * D);
+  }
+  return out;
+}
+
+std::unique_ptr<internal::CacheStore> make_quantized(int bits, int64_t group_size) {
+  constexpr const char* op = "anchorkv::QuantizedKVCache";
+  if (bits != 2 && bits != 4 && bits != 8)
+    core::fail(ErrorCode::kInvalidConfig, op, "invalid bits: must be 2, 4 or 8, got " + std::to_string(bits));
+  if (group_size < 1) core::fail(ErrorCode::kInvalidConfig, op, "invalid group_size: must be >= 1");
+  return std::make_unique<QuantizedStore>(bits, group_size);
+}
+
+std::unique_ptr<internal::CacheStore> make_kivi(int bits, int64_t group, int64_t residual) {
+  constexpr const char* op = "anchorkv::KIVICache";
+  if (bits != 2 && bits != 4)
+    core::fail(ErrorCode::kInvalidConfig, op, "invalid bits: must be 2 or 4, got " + std::to_string(bits));
+  if (group < 1) core::fail(ErrorCode::kInvalidConfig, op, "invalid group: must be >= 1");
+  if (residual < 0) core::fail(ErrorCode::kInvalidConfig, op, "invalid residual: must be >= 0");
+  return std::make_unique<KIVIStore>(bits, group, residual);
+}
+
+}  // namespace
+
+int64_t QuantizedKVCache::token_side_bytes(int64_t D, int bits, int64_t group_size) {
+  return (D * bits + 7) / 8 + 4 * ((D + group_size - 1) / group_size);
+}
+QuantizedKVCache::QuantizedKVCache(int bits, int64_t group_size) : KVCache(make_quantized(bits, group_size)) {}
+KIVICache::KIVICache(int bits, int64_t group, int64_t residual) : KVCache(make_kivi(bits, group, residual)) {}
+
+}  // namespace anchorkv

@@ -1,0 +1,47 @@
+// The interface each kind of cache implements. KVCache (the public base)
+// validates and stages every input, keeps the shape and token counts, and
+// holds the lock; a store only keeps tokens and says what it keeps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "anchorkv/cache.h"
+#include "cache/attention_source.h"
+#include "cache/input.h"
+
+namespace anchorkv::internal {
+
+// Shape facts shared by every cache; `seen` counts positions per row.
+struct CacheShape {
+  bool known = false;  // set by the first call (even an empty one)
+  int64_t B = 0, H = 0, D = 0;
+  int64_t seen = 0;
+  int64_t rows() const { return B * H; }
+};
+
+class CacheStore {
+ public:
+  virtual ~CacheStore() = default;
+  // The name in results and registries ("anchorkv", "kivi2", ...).
+  virtual std::string name() const = 0;
+  // The public class, for error messages ("anchorkv::KIVICache").
+  virtual const char* api_name() const = 0;
+  // Keeps a validated call's tokens. `shape` already holds the call's B, H, D;
+  // shape.seen counts the positions before the call. Strong guarantee: on a
+  // throw the store is unchanged.
+  virtual void store(const cache::StagedInput& in, const CacheShape& shape) = 0;
+  // Dense fp16 K/V of what is kept, [B, H, kept, D].
+  virtual KVPair fetch(const CacheShape& shape) const = 0;
+  // Bytes of the buffers really held.
+  virtual int64_t nbytes(const CacheShape& shape) const = 0;
+  // Positions per row inside the softmax.
+  virtual int64_t kept_per_row(const CacheShape& shape) const { return shape.seen; }
+  virtual bool is_trimmable() const { return false; }
+  // What attention reads; the default is the dense fetch (no kernel of its own).
+  virtual cache::AttentionSource attention_source(const CacheShape& shape) const {
+    return cache::dense_source(fetch(shape));
+  }
+};
+
+}  // namespace anchorkv::internal
