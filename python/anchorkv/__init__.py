@@ -3,7 +3,8 @@
 Mirrors the seed's ``veloxquant_mlx.cache.anchorkv_cache.AnchorKVKVCache``:
 one cache per transformer layer, ``update_and_fetch(keys, values)`` with
 ``[B, H, S, D]`` arrays, the first call with S > 1 compressed once, decode
-tokens appended exactly, every token kept.
+tokens appended exactly, every token kept. Every cache is safe to share
+between threads (concurrent readers, one writer at a time).
 
     >>> import numpy as np, anchorkv
     >>> cache = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig())
@@ -117,7 +118,13 @@ def _forward(name: str, doc: str) -> property:
 
 
 class _NativeCache:
-    """What every cache wrapper shares: the seed's methods, forwarded to the C++ cache."""
+    """What every cache wrapper shares: the seed's methods, forwarded to the C++ cache.
+
+    Thread safety: a cache may be shared between Python threads. Readers
+    (``fetch``, ``attend``, the properties) run in parallel with the GIL
+    released; writers (``update``, ``update_and_fetch``, ``compress_now``,
+    ``trim``) run alone. Each call sees the cache between two writes.
+    """
 
     _cache = None
 

@@ -3,41 +3,11 @@
 #include <chrono>
 #include <cmath>
 
-#include "anchorkv/baselines.h"
+#include "cache/registry.h"
 #include "core/error.h"
 #include "kernels/rope.h"
 
 namespace anchorkv::eval {
-
-std::vector<std::string> all_methods() {
-  return {"full", "anchorkv", "anchorkv_compact", "quantized8", "quantized4", "quantized2", "kivi4", "kivi2", "streamingllm", "snapkv", "h2o"};
-}
-
-std::unique_ptr<KVCache> make_cache(const std::string& method, double theta, int threads) {
-  if (method == "full") return std::make_unique<FullKVCache>();
-  if (method == "anchorkv") {
-    AnchorKVConfig cfg;
-    cfg.theta = theta;
-    cfg.threads = threads;
-    return std::make_unique<AnchorKVCache>(cfg);
-  }
-  if (method == "anchorkv_compact") {
-    AnchorKVConfig cfg;
-    cfg.theta = theta;
-    cfg.threads = threads;
-    cfg.metadata = MetadataLayout::kCompact;
-    return std::make_unique<AnchorKVCache>(cfg);
-  }
-  if (method == "quantized8") return std::make_unique<QuantizedKVCache>(8);
-  if (method == "quantized4") return std::make_unique<QuantizedKVCache>(4);
-  if (method == "quantized2") return std::make_unique<QuantizedKVCache>(2);
-  if (method == "streamingllm") return std::make_unique<StreamingLLMCache>(theta);
-  if (method == "snapkv") return std::make_unique<SnapKVCache>(theta);
-  if (method == "h2o") return std::make_unique<H2OCache>(theta);
-  if (method == "kivi2") return std::make_unique<KIVICache>(2);
-  if (method == "kivi4") return std::make_unique<KIVICache>(4);
-  core::fail(ErrorCode::kInvalidArgument, "anchorkv::eval::make_cache", "unknown method '" + method + "'");
-}
 
 std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& thetas,
                                 const std::vector<std::string>& methods, int threads,
@@ -49,7 +19,7 @@ std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& th
   int done = 0;
   for (double theta : thetas) {
     for (const std::string& m : methods) {
-      auto cache = make_cache(m, theta, threads);
+      auto cache = cache::make_cache(m, theta, threads);
       const auto t0 = std::chrono::steady_clock::now();
       KVPair kv = cache->update_and_fetch(w.keys(), w.values());
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -14,13 +14,6 @@
 
 namespace anchorkv::eval {
 
-// Known methods: full, anchorkv, anchorkv_compact (8-byte metadata), quantized8, quantized4, quantized2, kivi4, kivi2,
-// streamingllm, snapkv, h2o.
-std::vector<std::string> all_methods();
-// A cache for `method` at budget theta (fraction of fp16 bytes). Throws
-// Error(kInvalidArgument) naming an unknown method.
-std::unique_ptr<KVCache> make_cache(const std::string& method, double theta, int threads);
-
 struct CompareRow {
   std::string method;
   double theta = 0;

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "../test_util.h"
+#include "cache/registry.h"
 #include "anchorkv/anchorkv.h"
 #include "eval/compare.h"
 
@@ -203,7 +204,7 @@ TEST(Compare, BudgetsMatchWithinTwoPercentAndErrorFallsWithBudget) {
     }
     prev[r.method] = r.error.mean;
   }
-  EXPECT_THROW(eval::make_cache("nope", 0.1, 1), Error);
+  EXPECT_THROW(cache::make_cache("nope", 0.1, 1), Error);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "anchorkv/status.h"
 #include "commands.h"
 #include "core/error.h"
+#include "cache/registry.h"
 #include "eval/compare.h"
 
 namespace anchorkv::cli {
@@ -88,14 +89,14 @@ struct Options {
 
 void run(Options opt) {
   if (opt.methods.size() == 1 && opt.methods[0] == "all") {
-    opt.methods = eval::all_methods();
+    opt.methods = cache::cache_names();
     if (opt.keys == "pre")  // eviction loses positions: those methods need post-RoPE keys
       std::erase_if(opt.methods, [](const std::string& m) { return m == "streamingllm" || m == "snapkv" || m == "h2o"; });
   }
   if (opt.keys == "pre" && opt.workload == "synthetic")
     core::fail(ErrorCode::kInvalidArgument, "anchorkv compare",
                "--keys pre needs a dump (the synthetic workload has its own --rope switch)");
-  for (const auto& m : opt.methods) eval::make_cache(m, 0.05, 1);  // validates names up front
+  for (const auto& m : opt.methods) cache::find_cache_kind(m);  // validates names up front
   const bool synthetic = opt.workload == "synthetic";
   std::string source = "Synthetic workload";
   eval::Workload w;
@@ -170,7 +171,7 @@ void register_compare(CLI::App& app) {
   sub->add_option("--held-out", opt->held_out, "dump positions whose queries are held out")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--theta", opt->thetas, "byte budgets (fraction of fp16)")->delimiter(',');
-  sub->add_option("--methods", opt->methods, "methods or 'all': " + fmt::format("{}", fmt::join(eval::all_methods(), ",")))
+  sub->add_option("--methods", opt->methods, "methods or 'all': " + fmt::format("{}", fmt::join(cache::cache_names(), ",")))
       ->delimiter(',');
   sub->add_option("--seq,-S", opt->spec.S, "prefill length")->check(CLI::Range(2, 1 << 22));
   sub->add_option("--heads,-H", opt->spec.H, "KV heads")->check(CLI::Range(1, 256));

@@ -6,6 +6,7 @@
 
 #include "anchorkv/anchorkv.h"
 #include "commands.h"
+#include "eval/tasks.h"
 #include "eval/compare.h"
 #include "model/llama.h"
 
@@ -24,7 +25,7 @@ struct Options {
 
 void run(const Options& opt) {
   const model::LlamaWeights w = model::load_model(opt.model);
-  model::LlamaModel m = make_model(w, opt.cache, opt.theta, opt.threads);
+  model::LlamaModel m = eval::make_model(w, opt.cache, opt.theta, opt.threads);
   std::vector<float> logits;
   if (opt.incremental) {  // one token at a time (decode path)
     for (int32_t t : opt.tokens) {

@@ -18,7 +18,8 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
-#include "eval/compare.h"
+#include "cache/registry.h"
+#include "eval/tasks.h"
 #include "io/gguf.h"
 #include "io/kvdump.h"
 #include "model/llama.h"
@@ -55,43 +56,7 @@ std::vector<int32_t> prompt_tokens(const std::string& model, const std::string& 
 
 }  // namespace
 
-CacheSpec parse_cache_spec(const std::string& spec) {
-  CacheSpec c;
-  c.name = spec;
-  const std::string suffix = ":pre";
-  if (spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    c.name = spec.substr(0, spec.size() - suffix.size());
-    c.keys = model::KeyRope::kPreRope;
-    if (c.name == "snapkv" || c.name == "h2o" || c.name == "streamingllm")
-      core::fail(ErrorCode::kInvalidArgument, "anchorkv",
-                 "cache '" + spec + "': " + c.name +
-                     " evicts tokens and loses their positions, so it needs post-RoPE keys");
-  }
-  eval::make_cache(c.name, 0.1, 1);  // validates the name now
-  return c;
-}
-
-model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta,
-                             int threads) {
-  const CacheSpec c = parse_cache_spec(spec);
-  return model::LlamaModel(
-      w, [name = c.name, theta, threads](int64_t) { return eval::make_cache(name, theta, threads); }, threads,
-      c.keys);
-}
-
 namespace {
-
-struct CacheTotals {
-  int64_t bytes = 0, full = 0;
-};
-CacheTotals totals(const model::LlamaModel& m) {
-  CacheTotals t;
-  for (const auto& c : m.caches()) {
-    t.bytes += c->nbytes();
-    t.full += c->full_seq_bytes();
-  }
-  return t;
-}
 
 // ---------------------------------------------------------------- run
 
@@ -110,7 +75,7 @@ void run(const RunOptions& o) {
   if (is_gguf(o.model))
     tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
   const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
-  model::LlamaModel m = make_model(w, o.cache, o.theta, o.threads);
+  model::LlamaModel m = eval::make_model(w, o.cache, o.theta, o.threads);
   model::Sampler sampler(o.sampler);
   auto t0 = Clock::now();
   std::vector<float> logits = m.forward(prompt);
@@ -129,7 +94,7 @@ void run(const RunOptions& o) {
     logits = m.forward({next});
   }
   const double decode_s = since(t0);
-  const CacheTotals t = totals(m);
+  const eval::CacheTotals t = eval::cache_totals(m);
   std::fprintf(
       stderr,
       "\n\n[%s cache] prompt %zu tokens: prefill %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
@@ -168,7 +133,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   while (static_cast<int64_t>(prompt.size()) < o.ctx)  // pad (or fill) with seeded random tokens
     prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(w.config.vocab)));
   prompt.resize(static_cast<size_t>(o.ctx));
-  for (const auto& c : o.caches) parse_cache_spec(c);
+  for (const auto& c : o.caches) cache::parse_cache_spec(c);
   struct Sample {
     std::vector<double> prefill, decode;
     double ratio = 1;
@@ -178,11 +143,11 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   const bool tty = isatty(fileno(stderr));
   for (int rep = 0; rep < o.reps; ++rep)
     for (const auto& c : o.caches) {
-      model::LlamaModel m = make_model(w, c, o.theta, o.threads);
+      model::LlamaModel m = eval::make_model(w, c, o.theta, o.threads);
       auto t0 = Clock::now();
       std::vector<float> logits = m.forward(prompt);
       const double pre_s = since(t0);
-      const CacheTotals t = totals(m);
+      const eval::CacheTotals t = eval::cache_totals(m);
       t0 = Clock::now();
       for (int64_t i = 0; i < o.n; ++i) {
         const auto next =
@@ -249,46 +214,6 @@ struct EvalOptions {
   int threads = 0;
 };
 
-// (cache spec, theta) pairs: caches without a byte budget run once (theta 0).
-// Every spec is validated before any work starts.
-std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& caches,
-                                                       const std::vector<double>& thetas) {
-  std::vector<std::pair<std::string, double>> runs;
-  for (const auto& c : caches) {
-    const std::string name = parse_cache_spec(c).name;
-    if (name == "full" || name.rfind("quantized", 0) == 0 || name.rfind("kivi", 0) == 0)
-      runs.emplace_back(c, 0.0);
-    else
-      for (double th : thetas) runs.emplace_back(c, th);
-  }
-  return runs;
-}
-
-struct Continuation {
-  std::vector<std::vector<double>> logp;  // per predicted position: log-probabilities
-  double prefill_s = 0, decode_s = 0;
-  CacheTotals bytes;
-};
-
-Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
-                          const std::string& cache, double theta, int threads) {
-  model::LlamaModel m = make_model(w, cache, theta, threads);
-  Continuation c;
-  const int64_t V = w.config.vocab;
-  auto t0 = Clock::now();
-  std::vector<float> logits = m.forward(std::vector<int32_t>(toks.begin(), toks.begin() + P));
-  c.prefill_s = since(t0);
-  c.bytes = totals(m);  // right after the (compressed) prefix
-  t0 = Clock::now();
-  c.logp.push_back(model::log_softmax(logits.data(), V));
-  for (int64_t t = P; t + 1 < static_cast<int64_t>(toks.size()); ++t) {
-    logits = m.forward({toks[t]});
-    c.logp.push_back(model::log_softmax(logits.data(), V));
-  }
-  c.decode_s = since(t0);
-  return c;
-}
-
 void evaluate(const EvalOptions& o) {
   const model::LlamaWeights w = model::load_model(o.model);
   std::vector<int32_t> toks = o.tokens;
@@ -306,9 +231,8 @@ void evaluate(const EvalOptions& o) {
   const int64_t P = std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.prefix_frac * N)), 2, N - 1);
   if (N < 3) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "need at least 3 tokens of text");
   const bool tty = isatty(fileno(stderr));
-  std::vector<std::pair<std::string, double>> runs;
-  for (const auto& [c, th] : cache_runs(o.caches, o.thetas)) runs.emplace_back(c, th);
-  const Continuation ref = continuation(w, toks, P, "full", 0, o.threads);
+  const auto runs = eval::cache_runs(o.caches, o.thetas);
+  const eval::Continuation ref = eval::continuation(w, toks, P, "full", 0, o.threads);
   fmt::print(
       "{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
       o.model, N, P, N - P);
@@ -317,36 +241,22 @@ void evaluate(const EvalOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
   for (const auto& [cache, theta] : runs) {
-    const Continuation c = cache == "full" ? ref : continuation(w, toks, P, cache, theta, o.threads);
-    double nll = 0, kl = 0;
-    int64_t agree = 0;
-    const int64_t n = static_cast<int64_t>(c.logp.size());
-    for (int64_t i = 0; i < n; ++i) {
-      const auto& p = ref.logp[i];
-      const auto& q = c.logp[i];
-      nll -= q[toks[P + i]];
-      double k = 0;
-      for (size_t v = 0; v < p.size(); ++v) k += std::exp(p[v]) * (p[v] - q[v]);
-      kl += k;
-      agree += std::max_element(p.begin(), p.end()) - p.begin() ==
-               std::max_element(q.begin(), q.end()) - q.begin();
-    }
-    const double ratio =
-        c.bytes.bytes > 0 ? static_cast<double>(c.bytes.full) / static_cast<double>(c.bytes.bytes) : 1.0;
-    const double ppl = std::exp(nll / static_cast<double>(n));
+    const eval::Continuation c = cache == "full" ? ref : eval::continuation(w, toks, P, cache, theta, o.threads);
+    const eval::ContinuationScore sc = eval::score_continuation(ref, c, toks, P);
+    const double ratio = c.bytes.ratio();
+    const double prefill_tok_s = static_cast<double>(P) / c.prefill_s;
+    const double decode_tok_s = static_cast<double>(sc.n - 1) / std::max(c.decode_s, 1e-9);
     fmt::print("  {:<21} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
-               theta > 0 ? fmt::format("{}", theta) : "-", ratio, ppl, kl / static_cast<double>(n),
-               100.0 * static_cast<double>(agree) / static_cast<double>(n),
-               nll / static_cast<double>(n) / std::log(2.0), static_cast<double>(P) / c.prefill_s,
-               static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9));
+               theta > 0 ? fmt::format("{}", theta) : "-", ratio, sc.perplexity, sc.kl_mean, 100.0 * sc.top1,
+               sc.bits_per_token, prefill_tok_s, decode_tok_s);
     rows.push_back({{"cache", cache},
                     {"theta", theta},
                     {"compression_ratio_after_prefix", ratio},
-                    {"perplexity", ppl},
-                    {"kl_mean", kl / static_cast<double>(n)},
-                    {"top1_agreement", static_cast<double>(agree) / static_cast<double>(n)},
-                    {"prefill_tok_s", static_cast<double>(P) / c.prefill_s},
-                    {"decode_tok_s", static_cast<double>(n - 1) / std::max(c.decode_s, 1e-9)}});
+                    {"perplexity", sc.perplexity},
+                    {"kl_mean", sc.kl_mean},
+                    {"top1_agreement", sc.top1},
+                    {"prefill_tok_s", prefill_tok_s},
+                    {"decode_tok_s", decode_tok_s}});
     if (tty) std::fprintf(stderr, "[%d/%zu]\r", ++done, runs.size());
   }
   if (!o.json_path.empty()) {
@@ -355,44 +265,14 @@ void evaluate(const EvalOptions& o) {
   }
 }
 
-// Passkey retrieval: filler text with "The pass key is N" at a depth, then
-// "What is the pass key? The pass key is" and a greedy answer of a few tokens.
+// Passkey retrieval accuracy per cache and context length (eval/tasks.h).
 void passkey(const EvalOptions& o) {
   if (!is_gguf(o.model))
     core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "passkey needs a GGUF model (a tokenizer)");
   const model::LlamaWeights w = model::load_model(o.model);
   const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
-  const std::string filler =
-      "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
-  const std::string question = "What is the pass key? The pass key is";
-  std::vector<std::pair<std::string, double>> runs;
-  for (const auto& [c, th] : cache_runs(o.caches, o.thetas)) runs.emplace_back(c, th);
-  core::Rng rng(2026);
-  struct Trial {
-    int64_t ctx;
-    double depth;
-    std::string key;
-    std::vector<int32_t> prompt;
-  };
-  std::vector<Trial> trials;
-  const int64_t filler_tokens = static_cast<int64_t>(tok.encode(filler, false).size());
-  for (int64_t ctx : o.ctxs)
-    for (double depth : o.depths)
-      for (int t = 0; t < o.trials; ++t) {
-        const std::string key = std::to_string(10000 + rng.below(90000));
-        const std::string needle = "The pass key is " + key + ". Remember it. " + key + " is the pass key. ";
-        const int64_t budget = ctx - static_cast<int64_t>(tok.encode(needle + question, false).size()) - 1;
-        const int64_t reps = std::max<int64_t>(1, budget / filler_tokens);
-        const int64_t at = std::llround(depth * static_cast<double>(reps));
-        std::string text;
-        for (int64_t r = 0; r < reps; ++r) {
-          if (r == at) text += needle;
-          text += filler;
-        }
-        if (at >= reps) text += needle;
-        text += question;
-        trials.push_back({ctx, depth, key, tok.encode(text, true)});
-      }
+  const auto runs = eval::cache_runs(o.caches, o.thetas);
+  const std::vector<eval::PasskeyTrial> trials = eval::passkey_trials(tok, o.ctxs, o.depths, o.trials);
   fmt::print("{}: passkey retrieval, {} trials per (context, depth), greedy answer of 8 tokens\n\n", o.model,
              o.trials);
   std::string head = fmt::format("  {:<21} {:>5}", "cache", "theta");
@@ -401,18 +281,8 @@ void passkey(const EvalOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& [cache, theta] : runs) {
     std::map<int64_t, std::pair<int, int>> acc;  // ctx -> (correct, total)
-    for (const Trial& t : trials) {
-      model::LlamaModel m = make_model(w, cache, theta, o.threads);
-      std::vector<float> logits = m.forward(t.prompt);
-      std::vector<int32_t> answer;
-      for (int i = 0; i < 8; ++i) {
-        const int32_t next =
-            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        answer.push_back(next);
-        logits = m.forward({next});
-      }
-      const bool ok = tok.decode(answer).find(t.key) != std::string::npos;
-      acc[t.ctx].first += ok;
+    for (const eval::PasskeyTrial& t : trials) {
+      acc[t.ctx].first += eval::passkey_answered(w, tok, t, cache, theta, o.threads);
       acc[t.ctx].second += 1;
     }
     std::string line = fmt::format("  {:<21} {:>5}", cache, theta > 0 ? fmt::format("{}", theta) : "-");
@@ -464,7 +334,7 @@ void dump_kv(const DumpOptions& o) {
   d.rope_base = c.rope_base;
   d.rope_style = c.rope_style == RopeStyle::kNeox ? 1u : 0u;
   d.layers.resize(static_cast<size_t>(c.n_layers));
-  model::LlamaModel m = make_model(w, "full", 0, o.threads);
+  model::LlamaModel m = eval::make_model(w, "full", 0, o.threads);
   const int64_t T = static_cast<int64_t>(toks.size()), hd = c.head_dim;
   // [T, H, hd] token-major -> [H, T, hd]
   auto head_major = [&](const float* x, int64_t H) {
@@ -541,7 +411,8 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--tokens", r->tokens, "prompt as token ids")->delimiter(',');
   run_cmd->add_option(
       "--cache", r->cache,
-      "cache per layer: full, anchorkv, snapkv, h2o, kivi2, ... (NAME:pre = keys stored before RoPE)");
+      "cache per layer: " + fmt::format("{}", fmt::join(cache::cache_names(), ", ")) +
+          " (NAME:pre = keys stored before RoPE; not for caches that evict)");
   run_cmd->add_option("--theta", r->theta, "cache byte budget");
   run_cmd->add_option("-n", r->n, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   run_cmd->add_option("--temperature", r->sampler.temperature, "0 = greedy");
@@ -565,7 +436,9 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--depths", e->depths, "passkey depths (0..1)")->delimiter(',');
   ev->add_option("--trials", e->trials, "passkey trials per (context, depth)")->check(CLI::Range(1, 1000));
   ev->add_option("--prefix-frac", e->prefix_frac, "share of the tokens fed as the (compressed) prefill");
-  ev->add_option("--caches", e->caches, "caches to compare (NAME:pre = keys stored before RoPE)")
+  ev->add_option("--caches", e->caches,
+                 "caches to compare: " + fmt::format("{}", fmt::join(cache::cache_names(), ", ")) +
+                     " (NAME:pre = keys stored before RoPE; not for caches that evict)")
       ->delimiter(',');
   ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
   ev->add_option("--json", e->json_path, "write JSON here");

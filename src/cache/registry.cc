@@ -1,0 +1,90 @@
+#include "cache/registry.h"
+
+#include "anchorkv/baselines.h"
+#include "core/error.h"
+
+namespace anchorkv::cache {
+namespace {
+
+CacheKind anchorkv_kind(std::string name, std::string description, MetadataLayout layout) {
+  return {std::move(name), std::move(description), false, true, [layout](double theta, int threads) {
+            AnchorKVConfig cfg;
+            cfg.theta = theta;
+            cfg.threads = threads;
+            cfg.metadata = layout;
+            return std::make_unique<AnchorKVCache>(cfg);
+          }};
+}
+
+template <class Cache, class... Args>
+CacheKind fixed_kind(std::string name, std::string description, Args... args) {
+  return {std::move(name), std::move(description), false, false,
+          [=](double, int) { return std::make_unique<Cache>(args...); }};
+}
+
+template <class Cache>
+CacheKind eviction_kind(std::string name, std::string description) {
+  return {std::move(name), std::move(description), true, true,
+          [](double theta, int) { return std::make_unique<Cache>(theta); }};
+}
+
+std::vector<CacheKind> build_kinds() {
+  std::vector<CacheKind> k;
+  k.push_back({"full", "exact fp16 K/V (the reference)", false, false,
+               [](double, int) { return std::make_unique<FullKVCache>(); }});
+  k.push_back(anchorkv_kind("anchorkv", "AnchorKV, seed metadata layout (16 bytes per token)", MetadataLayout::kSeed));
+  k.push_back(anchorkv_kind("anchorkv_compact", "AnchorKV, compact metadata (8 bytes per token + 4 per anchor)",
+                            MetadataLayout::kCompact));
+  k.push_back(fixed_kind<QuantizedKVCache>("quantized8", "8-bit group quantization of every token", 8));
+  k.push_back(fixed_kind<QuantizedKVCache>("quantized4", "4-bit group quantization of every token", 4));
+  k.push_back(fixed_kind<QuantizedKVCache>("quantized2", "2-bit group quantization of every token", 2));
+  k.push_back(fixed_kind<KIVICache>("kivi4", "KIVI 4-bit (keys per channel, values per token, fp16 window)", 4));
+  k.push_back(fixed_kind<KIVICache>("kivi2", "KIVI 2-bit", 2));
+  k.push_back(eviction_kind<StreamingLLMCache>("streamingllm", "attention sinks + recent window (evicts)"));
+  k.push_back(eviction_kind<SnapKVCache>("snapkv", "observation-window scoring at prefill (evicts)"));
+  k.push_back(eviction_kind<H2OCache>("h2o", "heavy hitters + recent window (evicts)"));
+  return k;
+}
+
+}  // namespace
+
+const std::vector<CacheKind>& cache_kinds() {
+  static const std::vector<CacheKind> kinds = build_kinds();
+  return kinds;
+}
+
+std::vector<std::string> cache_names() {
+  std::vector<std::string> names;
+  for (const auto& k : cache_kinds()) names.push_back(k.name);
+  return names;
+}
+
+const CacheKind& find_cache_kind(const std::string& name) {
+  for (const auto& k : cache_kinds())
+    if (k.name == name) return k;
+  std::string known;
+  for (const auto& n : cache_names()) known += (known.empty() ? "" : ", ") + n;
+  core::fail(ErrorCode::kInvalidArgument, "anchorkv::make_cache", "unknown cache '" + name + "' (known: " + known + ")");
+}
+
+std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int threads) {
+  return find_cache_kind(name).make(theta, threads);
+}
+
+CacheSpec parse_cache_spec(const std::string& spec) {
+  static const std::string suffix = ":pre";
+  CacheSpec c;
+  c.spec = spec;
+  std::string name = spec;
+  if (spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    name = spec.substr(0, spec.size() - suffix.size());
+    c.pre_rope = true;
+  }
+  c.kind = &find_cache_kind(name);
+  if (c.pre_rope && c.kind->evicts)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+               "cache '" + spec + "': " + name + " evicts tokens and loses their positions, so it needs post-RoPE keys");
+  return c;
+}
+
+}  // namespace anchorkv::cache

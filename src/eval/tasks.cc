@@ -1,0 +1,131 @@
+#include "eval/tasks.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "cache/registry.h"
+#include "core/rng.h"
+#include "model/sampler.h"
+
+namespace anchorkv::eval {
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int32_t argmax(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+}  // namespace
+
+model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
+  const cache::CacheSpec c = cache::parse_cache_spec(spec);
+  return model::LlamaModel(
+      w, [kind = c.kind, theta, threads](int64_t) { return kind->make(theta, threads); }, threads,
+      c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
+}
+
+std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& specs,
+                                                       const std::vector<double>& thetas) {
+  std::vector<std::pair<std::string, double>> runs;
+  for (const auto& s : specs) {
+    if (cache::parse_cache_spec(s).kind->byte_budgeted)
+      for (double th : thetas) runs.emplace_back(s, th);
+    else
+      runs.emplace_back(s, 0.0);
+  }
+  return runs;
+}
+
+CacheTotals cache_totals(const model::LlamaModel& m) {
+  CacheTotals t;
+  for (const auto& c : m.caches()) {
+    t.bytes += c->nbytes();
+    t.full += c->full_seq_bytes();
+  }
+  return t;
+}
+
+Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
+                          const std::string& spec, double theta, int threads) {
+  model::LlamaModel m = make_model(w, spec, theta, threads);
+  Continuation c;
+  const int64_t V = w.config.vocab;
+  auto t0 = Clock::now();
+  std::vector<float> logits = m.forward(std::vector<int32_t>(toks.begin(), toks.begin() + P));
+  c.prefill_s = since(t0);
+  c.bytes = cache_totals(m);
+  t0 = Clock::now();
+  c.logp.push_back(model::log_softmax(logits.data(), V));
+  for (int64_t t = P; t + 1 < static_cast<int64_t>(toks.size()); ++t) {
+    logits = m.forward({toks[t]});
+    c.logp.push_back(model::log_softmax(logits.data(), V));
+  }
+  c.decode_s = since(t0);
+  return c;
+}
+
+ContinuationScore score_continuation(const Continuation& ref, const Continuation& c,
+                                     const std::vector<int32_t>& toks, int64_t P) {
+  double nll = 0, kl = 0;
+  int64_t agree = 0;
+  const int64_t n = static_cast<int64_t>(c.logp.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& p = ref.logp[i];
+    const auto& q = c.logp[i];
+    nll -= q[toks[P + i]];
+    double k = 0;
+    for (size_t v = 0; v < p.size(); ++v) k += std::exp(p[v]) * (p[v] - q[v]);
+    kl += k;
+    agree += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
+  }
+  ContinuationScore s;
+  s.n = n;
+  s.perplexity = std::exp(nll / static_cast<double>(n));
+  s.kl_mean = kl / static_cast<double>(n);
+  s.top1 = static_cast<double>(agree) / static_cast<double>(n);
+  s.bits_per_token = nll / static_cast<double>(n) / std::log(2.0);
+  return s;
+}
+
+std::vector<PasskeyTrial> passkey_trials(const model::Tokenizer& tok, const std::vector<int64_t>& ctxs,
+                                         const std::vector<double>& depths, int trials_per_cell) {
+  const std::string filler =
+      "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+  const std::string question = "What is the pass key? The pass key is";
+  core::Rng rng(2026);
+  std::vector<PasskeyTrial> trials;
+  const int64_t filler_tokens = static_cast<int64_t>(tok.encode(filler, false).size());
+  for (int64_t ctx : ctxs)
+    for (double depth : depths)
+      for (int t = 0; t < trials_per_cell; ++t) {
+        const std::string key = std::to_string(10000 + rng.below(90000));
+        const std::string needle = "The pass key is " + key + ". Remember it. " + key + " is the pass key. ";
+        const int64_t budget = ctx - static_cast<int64_t>(tok.encode(needle + question, false).size()) - 1;
+        const int64_t reps = std::max<int64_t>(1, budget / filler_tokens);
+        const int64_t at = std::llround(depth * static_cast<double>(reps));
+        std::string text;
+        for (int64_t r = 0; r < reps; ++r) {
+          if (r == at) text += needle;
+          text += filler;
+        }
+        if (at >= reps) text += needle;
+        text += question;
+        trials.push_back({ctx, depth, key, tok.encode(text, true)});
+      }
+  return trials;
+}
+
+bool passkey_answered(const model::LlamaWeights& w, const model::Tokenizer& tok, const PasskeyTrial& trial,
+                      const std::string& spec, double theta, int threads) {
+  model::LlamaModel m = make_model(w, spec, theta, threads);
+  std::vector<float> logits = m.forward(trial.prompt);
+  std::vector<int32_t> answer;
+  for (int i = 0; i < 8; ++i) {
+    answer.push_back(argmax(logits));
+    logits = m.forward({answer.back()});
+  }
+  return tok.decode(answer).find(trial.key) != std::string::npos;
+}
+
+}  // namespace anchorkv::eval

@@ -1,0 +1,64 @@
+// Model-level evaluation tasks on any cache: the continuation after a
+// compressed prefix scored against the full cache (perplexity, KL, top-1),
+// and passkey retrieval. The CLI only parses flags and prints these.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+namespace anchorkv::eval {
+
+// A model whose every layer holds the cache `spec` ("NAME[:pre]", cache/registry.h).
+model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads);
+
+// (cache spec, theta) pairs to run: caches without a byte budget run once
+// (theta 0). Every spec is validated before any work starts.
+std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& specs,
+                                                       const std::vector<double>& thetas);
+
+struct CacheTotals {
+  int64_t bytes = 0, full = 0;  // stored bytes, fp16 bytes for the same tokens (all layers)
+  double ratio() const { return bytes > 0 ? static_cast<double>(full) / static_cast<double>(bytes) : 1.0; }
+};
+CacheTotals cache_totals(const model::LlamaModel& m);
+
+// Log-probabilities of every position after a prefix of P tokens: the prefix
+// is one prefill (compressed or evicted by the cache), then each later token
+// is decoded one at a time.
+struct Continuation {
+  std::vector<std::vector<double>> logp;  // per predicted position
+  double prefill_s = 0, decode_s = 0;
+  CacheTotals bytes;  // right after the prefix
+};
+Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
+                          const std::string& spec, double theta, int threads);
+
+struct ContinuationScore {
+  double perplexity = 0, kl_mean = 0, top1 = 0, bits_per_token = 0;
+  int64_t n = 0;
+};
+// Scores `c` on the true next tokens toks[P + i], against the reference `ref`
+// (KL(ref || c) in nats, top-1 agreement).
+ContinuationScore score_continuation(const Continuation& ref, const Continuation& c,
+                                     const std::vector<int32_t>& toks, int64_t P);
+
+// Passkey retrieval: filler text with "The pass key is N" at a depth, then
+// "What is the pass key? The pass key is"; a greedy answer of 8 tokens is
+// right when it contains the key.
+struct PasskeyTrial {
+  int64_t ctx = 0;
+  double depth = 0;
+  std::string key;
+  std::vector<int32_t> prompt;
+};
+std::vector<PasskeyTrial> passkey_trials(const model::Tokenizer& tok, const std::vector<int64_t>& ctxs,
+                                         const std::vector<double>& depths, int trials_per_cell);
+bool passkey_answered(const model::LlamaWeights& w, const model::Tokenizer& tok, const PasskeyTrial& trial,
+                      const std::string& spec, double theta, int threads);
+
+}  // namespace anchorkv::eval
