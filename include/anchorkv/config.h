@@ -8,26 +8,26 @@
 
 namespace anchorkv {
 
-// How the residual byte budget is shared (spec §4.4).
+// How the residual byte budget is shared (docs/spec.md §4.4).
 enum class ResidualAllocation : uint8_t {
   kPooledAcrossHeads,  // seed / paper §3.4: one budget per batch element, all heads compete
   kPerHead,            // the budget formula applied to each (batch, head) row alone
 };
 
-// Per-token scale of the residual codec (spec §4.5).
+// Per-token scale of the residual codec (docs/spec.md §4.5).
 enum class ResidualScale : uint8_t {
   kAbsMax,  // seed: max |coordinate|, coordinates land in [-1, 1]
   kRms,     // ||R r|| / sqrt(D): unit-variance coordinates, matching the Gaussian codebook
 };
 
-// When the exact tokens fed so far are compressed (spec §3, §6).
+// When the exact tokens fed so far are compressed (docs/spec.md §3, §6).
 enum class CompressTrigger : uint8_t {
   kFirstPrefill,  // seed: the first call with S > 1 is compressed, on its own
   kFirstDecode,   // chunked prefill: every call with S > 1 is appended exactly; the
                   // first S == 1 call after them compresses all tokens stored so far
 };
 
-// Per-token metadata layout of compressed tokens (spec §5).
+// Per-token metadata layout of compressed tokens (docs/spec.md §5).
 enum class MetadataLayout : uint8_t {
   kSeed,     // seed accounting: an int32-sized index and an fp32 coefficient per side (16 bytes/token)
   kCompact,  // uint16 index + fp16 coefficient per side (8 bytes/token) + the anchor positions (4 bytes

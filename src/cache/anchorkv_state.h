@@ -26,7 +26,7 @@ struct AnchorKVState {
   bool seen_prefill_call = false;  // a call with S > 1 happened
 
   // Seed accounting, updated at each change.
-  int64_t segment_bytes = 0;  // sum over rows of the spec §5 formula
+  int64_t segment_bytes = 0;  // sum over rows of docs/spec.md §5 formula
   int64_t n_anchor_total = 0;
   int64_t n_residual_total = 0;
   CompressionStats stats;  // of the last compression

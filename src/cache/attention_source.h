@@ -31,6 +31,8 @@ struct CompressedRegion {
 };
 
 struct AttentionSource {
+  AttentionSource() = default;
+  AttentionSource(int64_t b, int64_t h, int64_t d, int64_t n) : B(b), H(h), D(d), n_total(n) {}
   int64_t B = 0, H = 0, D = 0;
   int64_t n_total = 0;  // positions per row attention sees (kept tokens for evicting caches)
   std::vector<DenseRegion> dense_before;  // regions before the segment, in position order

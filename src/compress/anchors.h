@@ -1,4 +1,4 @@
-// Anchor selection (spec §4.1).
+// Anchor selection (docs/spec.md §4.1).
 #pragma once
 
 #include <cstdint>

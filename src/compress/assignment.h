@@ -1,4 +1,4 @@
-// Assignment and projection (spec §4.2), one side (K or V) of one row.
+// Assignment and projection (docs/spec.md §4.2), one side (K or V) of one row.
 //   a(t)  = argmax_a |<x_t, x_a>| / (||x_t|| ||x_a|| + 1e-12)   (ties: lower anchor ordinal)
 //   gamma = <x_t, x_a(t)> / (||x_a(t)||^2 + 1e-12)
 //   r_t   = x_t - gamma * x_a(t)

@@ -1,4 +1,4 @@
-// Byte budget (spec §4.4, paper Eq. 9) and residual allocation.
+// Byte budget (docs/spec.md §4.4, paper Eq. 9) and residual allocation.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Residual codec (spec §4.5): seeded orthogonal rotation, one fp16 scale per
+// Residual codec (docs/spec.md §4.5): seeded orthogonal rotation, one fp16 scale per
 // token, nearest Lloyd-Max level of N(0,1) per coordinate, packed codes.
 //   encode: z = R r; s = fp16(absmax(z)) or fp16(||z|| / sqrt(D)) (saturating);
 //           code_i = nearest level of z_i / s (all codes of the level nearest 0 when s == 0)

@@ -1,6 +1,6 @@
 // The compressed form of one (batch, head) row of a prefill segment, and its
-// reconstruction (spec §4.6, paper Eq. 3). Storage is exactly the seed's
-// accounting (spec §5), byte for byte (docs/storage.md):
+// reconstruction (docs/spec.md §4.6, paper Eq. 3). Storage is exactly the seed's
+// accounting (docs/spec.md §5), byte for byte (docs/storage.md):
 //   anchor_k, anchor_v  [n_anchor, D] fp16           n_anchor * D * 4 bytes
 //   meta                [n_other] uint64             8 bytes per non-anchor token:
 //       bits  0..19  anchor ordinal for K

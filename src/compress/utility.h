@@ -1,4 +1,4 @@
-// Observation window and residual utilities (spec §4.3, paper Eq. 6).
+// Observation window and residual utilities (docs/spec.md §4.3, paper Eq. 6).
 //
 // m proxy queries q_w = the trailing m keys (see n_proxy_queries),
 // alpha = softmax(q_w K^T / sqrt(D)) over all S positions, y_w = sum_t alpha_wt V_t,

@@ -23,7 +23,7 @@ void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, 
                         int64_t D, float* out, int64_t ldo);
 
 // argmax_j |dots[j]| / (token_norm * norms[j] + eps), the first maximum on
-// ties (assignment, spec §4.2). Same IEEE operations in both versions, so the
+// ties (assignment, docs/spec.md §4.2). Same IEEE operations in both versions, so the
 // results are identical.
 int64_t abs_cosine_argmax(const float* dots, int64_t k, float token_norm, const float* norms, float eps);
 int64_t abs_cosine_argmax_ref(const float* dots, int64_t k, float token_norm, const float* norms, float eps);

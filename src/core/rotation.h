@@ -1,4 +1,4 @@
-// Seeded orthogonal transform R for the residual codec (spec §4.5).
+// Seeded orthogonal transform R for the residual codec (docs/spec.md §4.5).
 //
 // D a power of two: R = H_D * diag(s) / sqrt(D), s_i = +-1 from the seed
 //   (random signs, then the normalized fast Walsh-Hadamard transform).

@@ -26,6 +26,7 @@ struct ByteMap {
       int32_t len = 0;
       UBool err = false;
       U8_APPEND(reinterpret_cast<uint8_t*>(buf), len, 4, cp, err);
+      (void)err;  // cp < 512 always fits in 4 bytes
       to_char[b].assign(buf, static_cast<size_t>(len));
       to_byte.emplace(to_char[b], b);
     }

@@ -1,0 +1,52 @@
+// anchorkv::Runtime: the public face of the model runtime (include/anchorkv/runtime.h).
+#include "anchorkv/runtime.h"
+
+#include <optional>
+
+#include "core/error.h"
+#include "eval/tasks.h"
+#include "io/gguf.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+namespace anchorkv {
+
+struct Runtime::Impl {
+  model::LlamaWeights weights;
+  std::optional<model::Tokenizer> tokenizer;
+  std::unique_ptr<model::LlamaModel> model;  // holds a reference to `weights`: Impl never moves
+};
+
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Runtime::~Runtime() = default;
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+
+Runtime Runtime::load(const std::string& model_path, const std::string& cache, double theta, int threads) {
+  auto impl = std::make_unique<Impl>();
+  impl->weights = model::load_model(model_path);
+  const bool gguf = model_path.size() >= 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
+  if (gguf) impl->tokenizer = model::Tokenizer::from_gguf(io::GgufFile::open(model_path));
+  impl->model = std::make_unique<model::LlamaModel>(eval::make_model(impl->weights, cache, theta, threads));
+  return Runtime(std::move(impl));
+}
+
+std::vector<int32_t> Runtime::tokenize(const std::string& text, bool add_bos) const {
+  if (!impl_->tokenizer)
+    core::fail(ErrorCode::kUnsupported, "anchorkv::Runtime::tokenize", "this model carries no tokenizer");
+  return impl_->tokenizer->encode(text, add_bos);
+}
+
+std::string Runtime::detokenize(const std::vector<int32_t>& tokens) const {
+  if (!impl_->tokenizer)
+    core::fail(ErrorCode::kUnsupported, "anchorkv::Runtime::detokenize", "this model carries no tokenizer");
+  return impl_->tokenizer->decode(tokens);
+}
+
+std::vector<float> Runtime::forward(const std::vector<int32_t>& tokens) { return impl_->model->forward(tokens); }
+int64_t Runtime::position() const { return impl_->model->position(); }
+int64_t Runtime::vocab() const { return impl_->weights.config.vocab; }
+int64_t Runtime::cache_bytes() const { return eval::cache_totals(*impl_->model).bytes; }
+int64_t Runtime::cache_full_bytes() const { return eval::cache_totals(*impl_->model).full; }
+
+}  // namespace anchorkv
