@@ -64,169 +64,218 @@ std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorK
 
 // ---------------------------------------------------------------- fast path
 
-std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config, CompressionStats* stats) {
-  const int64_t S = in.S, D = in.D, R = in.rows();
-  const int threads = config.threads;
-  const AnchorPlan plan = plan_anchors(S, config);
-  const int64_t m = n_proxy_queries(S, config.window);
-  const int64_t n_chunks = (S + kChunk - 1) / kChunk;
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+namespace {
 
+// The fast analysis in three parallel stages; each stage's work item is one
+// row or one (row, chunk of kChunk tokens), so results never depend on the
+// thread count.
+class FastAnalysis {
+ public:
+  FastAnalysis(const SegmentInput& in, const AnchorKVConfig& config)
+      : in_(in), config_(config), plan_(plan_anchors(in.S, config)), S_(in.S), D_(in.D), R_(in.rows()),
+        m_(n_proxy_queries(in.S, config.window)), n_chunks_((in.S + kChunk - 1) / kChunk),
+        inv_sqrt_d_(1.0f / std::sqrt(static_cast<float>(in.D))), work_(static_cast<size_t>(R_)),
+        out_(static_cast<size_t>(R_)) {
+    for (auto& w : work_) w.alpha.resize(static_cast<size_t>(S_ * m_));
+  }
+
+  std::vector<RowAnalysis> run(CompressionStats* stats) {
+    const int threads = config_.threads;
+    auto t0 = Clock::now();
+    core::parallel_for(R_ * n_chunks_, threads, [&](int64_t task) { proxy_logits(task / n_chunks_, task % n_chunks_); });
+    core::parallel_for(R_, threads, [&](int64_t row) { softmax_over_positions(row); });
+    const double scores_s = seconds_since(t0);
+    t0 = Clock::now();
+    core::parallel_for(R_, threads, [&](int64_t row) { anchors_and_outputs(row); });
+    const double anchors_s = seconds_since(t0);
+    t0 = Clock::now();
+    core::parallel_for(R_ * n_chunks_, threads, [&](int64_t task) { assign_chunk(task / n_chunks_, task % n_chunks_); });
+    if (stats) {
+      stats->scores_s = scores_s;
+      stats->anchors_s = anchors_s;
+      stats->assign_s = seconds_since(t0);
+    }
+    return std::move(out_);
+  }
+
+ private:
   struct RowWork {
-    core::UninitVector<float> alpha;  // [S, m]
-    std::vector<float> y;        // [m, D]
-    std::vector<int32_t> ordinal;  // [S] anchor ordinal or -1
-    std::vector<float> ak, av;   // [k, D] anchors
+    core::UninitVector<float> alpha;                // [S, m]
+    std::vector<float> y;                           // [m, D]
+    std::vector<int32_t> ordinal;                   // [S] anchor ordinal or -1
+    std::vector<float> ak, av;                      // [k, D] anchors
     std::vector<float> k_norm, k_sq, v_norm, v_sq;  // [k]
   };
-  std::vector<RowWork> work(static_cast<size_t>(R));
-  std::vector<RowAnalysis> out(static_cast<size_t>(R));
-  for (auto& w : work) w.alpha.resize(static_cast<size_t>(S * m));
+  // Per-thread scratch of one chunk, reused across tasks (fresh pages are costly).
+  struct ChunkScratch {
+    core::UninitVector<float> dots, r, qr, dist;
+  };
 
-  // Stage 1: proxy-query logits, [S, m] per row.
-  auto t0 = Clock::now();
-  core::parallel_for(R * n_chunks, threads, [&](int64_t task) {
-    const int64_t row = task / n_chunks, c = task % n_chunks;
-    const int64_t a = c * kChunk, b = std::min(S, a + kChunk);
-    const float* K = in.key_row(row);
-    float* L = work[row].alpha.data() + a * m;
-    core::dot_matrix(K + a * D, b - a, D, K + (S - m) * D, m, D, D, L, m);
-    for (int64_t i = 0; i < (b - a) * m; ++i) L[i] *= inv_sqrt_d;
-  });
-  // Softmax over positions for each proxy query (column of [S, m]).
-  core::parallel_for(R, threads, [&](int64_t row) {
-    float* A = work[row].alpha.data();
-    std::vector<float> mx(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
-    std::vector<double> sum(static_cast<size_t>(m), 0.0);
-    for (int64_t t = 0; t < S; ++t)
-      for (int64_t w = 0; w < m; ++w) mx[w] = A[t * m + w] > mx[w] ? A[t * m + w] : mx[w];
-    for (int64_t t = 0; t < S; ++t)
-      for (int64_t w = 0; w < m; ++w) {
-        float& x = A[t * m + w];
-        x = std::exp(x - mx[w]);
-        sum[w] += x;
-      }
-    std::vector<float> inv(static_cast<size_t>(m));
-    for (int64_t w = 0; w < m; ++w) inv[w] = static_cast<float>(1.0 / sum[w]);
-    for (int64_t t = 0; t < S; ++t)
-      for (int64_t w = 0; w < m; ++w) A[t * m + w] *= inv[w];
-  });
-  const double scores_s = seconds_since(t0);
+  void proxy_logits(int64_t row, int64_t c);
+  void softmax_over_positions(int64_t row);
+  void anchors_and_outputs(int64_t row);
+  void anchor_rows(int64_t row);
+  void assign_chunk(int64_t row, int64_t c);
+  void assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& sc);
+  void assign_values(int64_t row, int64_t a, int64_t n, ChunkScratch& sc);
 
-  // Stage 2: anchors and observation outputs y_w, per row.
-  t0 = Clock::now();
-  core::parallel_for(R, threads, [&](int64_t row) {
-    RowWork& rw = work[row];
-    const float* A = rw.alpha.data();
-    std::vector<float> scores(static_cast<size_t>(S), 0.0f);
-    if (plan.w > 0) {
-      for (int64_t t = 0; t < S; ++t) {
-        double s = 0;
-        for (int64_t i = m - plan.w; i < m; ++i) s += A[t * m + i];
-        scores[t] = static_cast<float>(s / static_cast<double>(plan.w));
-      }
-    }
-    out[row].anchors = select_anchors(plan, scores, row_seed(config.seed, row));
-    const auto& anchors = out[row].anchors;
-    const int64_t k = static_cast<int64_t>(anchors.size());
-    const float* K = in.key_row(row);
-    const float* V = in.value_row(row);
-    rw.ordinal.assign(static_cast<size_t>(S), -1);
-    rw.ak.resize(static_cast<size_t>(k * D));
-    rw.av.resize(static_cast<size_t>(k * D));
-    rw.k_norm.resize(static_cast<size_t>(k));
-    rw.k_sq.resize(static_cast<size_t>(k));
-    rw.v_norm.resize(static_cast<size_t>(k));
-    rw.v_sq.resize(static_cast<size_t>(k));
-    for (int64_t j = 0; j < k; ++j) {
-      rw.ordinal[anchors[j]] = static_cast<int32_t>(j);
-      std::copy_n(K + anchors[j] * D, D, &rw.ak[j * D]);
-      std::copy_n(V + anchors[j] * D, D, &rw.av[j * D]);
-      rw.k_sq[j] = core::dot(&rw.ak[j * D], &rw.ak[j * D], D);
-      rw.v_sq[j] = core::dot(&rw.av[j * D], &rw.av[j * D], D);
-      rw.k_norm[j] = std::sqrt(rw.k_sq[j]);
-      rw.v_norm[j] = std::sqrt(rw.v_sq[j]);
-    }
-    rw.y.assign(static_cast<size_t>(m * D), 0.0f);
-    for (int64_t t = 0; t < S; ++t)
-      for (int64_t w = 0; w < m; ++w) core::axpy(A[t * m + w], V + t * D, &rw.y[w * D], D);
-    RowAnalysis& ra = out[row];
-    ra.k.anchor.resize(static_cast<size_t>(S));
-    ra.k.coef.resize(static_cast<size_t>(S));
-    ra.v.anchor.resize(static_cast<size_t>(S));
-    ra.v.coef.resize(static_cast<size_t>(S));
-    ra.utility.key.resize(static_cast<size_t>(S));
-    ra.utility.value.resize(static_cast<size_t>(S));
-  });
-  const double anchors_s = seconds_since(t0);
+  const SegmentInput& in_;
+  const AnchorKVConfig& config_;
+  const AnchorPlan plan_;
+  const int64_t S_, D_, R_, m_, n_chunks_;
+  const float inv_sqrt_d_;
+  std::vector<RowWork> work_;
+  std::vector<RowAnalysis> out_;
+};
 
-  // Stage 3: assignment, projection and utilities, per (row, chunk).
-  t0 = Clock::now();
-  core::parallel_for(R * n_chunks, threads, [&](int64_t task) {
-    const int64_t row = task / n_chunks, c = task % n_chunks;
-    const int64_t a = c * kChunk, b = std::min(S, a + kChunk), n = b - a;
-    const RowWork& rw = work[row];
-    RowAnalysis& ra = out[row];
-    const int64_t k = static_cast<int64_t>(ra.anchors.size());
-    const float* K = in.key_row(row);
-    const float* V = in.value_row(row);
-    // Per-thread scratch, reused across tasks (fresh pages are costly).
-    thread_local core::UninitVector<float> dots, r, qr, dist;
-    dots.resize(static_cast<size_t>(n * k));
-    r.resize(static_cast<size_t>(n * D));
-    qr.resize(static_cast<size_t>(n * m));
-    dist.resize(static_cast<size_t>(n * m));
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Stage 1: proxy-query logits, [S, m] per row.
+void FastAnalysis::proxy_logits(int64_t row, int64_t c) {
+  const int64_t a = c * kChunk, b = std::min(S_, a + kChunk);
+  const float* K = in_.key_row(row);
+  float* L = work_[row].alpha.data() + a * m_;
+  core::dot_matrix(K + a * D_, b - a, D_, K + (S_ - m_) * D_, m_, D_, D_, L, m_);
+  for (int64_t i = 0; i < (b - a) * m_; ++i) L[i] *= inv_sqrt_d_;
+}
 
-    // Keys.
-    core::dot_matrix(K + a * D, n, D, rw.ak.data(), k, D, D, dots.data(), k);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = a + i;
-      float* ri = &r[i * D];
-      if (rw.ordinal[t] >= 0) {
-        ra.k.anchor[t] = rw.ordinal[t];
-        ra.k.coef[t] = 1.0f;
-        std::fill_n(ri, D, 0.0f);
-        continue;
-      }
-      const float norm = std::sqrt(core::dot(K + t * D, K + t * D, D));
-      choose_anchor(&dots[i * k], k, norm, rw.k_norm.data(), rw.k_sq.data(), &ra.k.anchor[t], &ra.k.coef[t], true);
-      residual(K + t * D, &rw.ak[ra.k.anchor[t] * D], ra.k.coef[t], D, ri);
+// Softmax over positions for each proxy query (column of [S, m]).
+void FastAnalysis::softmax_over_positions(int64_t row) {
+  float* A = work_[row].alpha.data();
+  const int64_t S = S_, m = m_;
+  std::vector<float> mx(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
+  std::vector<double> sum(static_cast<size_t>(m), 0.0);
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t w = 0; w < m; ++w) mx[w] = A[t * m + w] > mx[w] ? A[t * m + w] : mx[w];
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t w = 0; w < m; ++w) {
+      float& x = A[t * m + w];
+      x = std::exp(x - mx[w]);
+      sum[w] += x;
     }
-    core::dot_matrix(r.data(), n, D, K + (S - m) * D, m, D, D, qr.data(), m);
-    for (auto& x : qr) x *= inv_sqrt_d;
-    core::sq_dist_matrix(V + a * D, n, D, rw.y.data(), m, D, D, dist.data(), m);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = a + i;
-      ra.utility.key[t] = rw.ordinal[t] >= 0
-                              ? kNegInf
-                              : static_cast<float>(key_utility(&rw.alpha[t * m], &qr[i * m], &dist[i * m], m, 1));
+  std::vector<float> inv(static_cast<size_t>(m));
+  for (int64_t w = 0; w < m; ++w) inv[w] = static_cast<float>(1.0 / sum[w]);
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t w = 0; w < m; ++w) A[t * m + w] *= inv[w];
+}
+
+// Stage 2: anchors and observation outputs y_w, per row.
+void FastAnalysis::anchors_and_outputs(int64_t row) {
+  RowWork& rw = work_[row];
+  const float* A = rw.alpha.data();
+  const int64_t S = S_, m = m_, D = D_;
+  std::vector<float> scores(static_cast<size_t>(S), 0.0f);
+  if (plan_.w > 0) {
+    for (int64_t t = 0; t < S; ++t) {
+      double s = 0;
+      for (int64_t i = m - plan_.w; i < m; ++i) s += A[t * m + i];
+      scores[t] = static_cast<float>(s / static_cast<double>(plan_.w));
     }
-    // Values.
-    core::dot_matrix(V + a * D, n, D, rw.av.data(), k, D, D, dots.data(), k);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = a + i;
-      if (rw.ordinal[t] >= 0) {
-        ra.v.anchor[t] = rw.ordinal[t];
-        ra.v.coef[t] = 1.0f;
-        ra.utility.value[t] = kNegInf;
-        continue;
-      }
-      const float norm = std::sqrt(core::dot(V + t * D, V + t * D, D));
-      choose_anchor(&dots[i * k], k, norm, rw.v_norm.data(), rw.v_sq.data(), &ra.v.anchor[t], &ra.v.coef[t], true);
-      float* ri = &r[i * D];
-      residual(V + t * D, &rw.av[ra.v.anchor[t] * D], ra.v.coef[t], D, ri);
-      ra.utility.value[t] =
-          static_cast<float>(value_weight(&rw.alpha[t * m], m, 1) * core::dot(ri, ri, D));
-    }
-  });
-  const double assign_s = seconds_since(t0);
-  if (stats) {
-    stats->scores_s = scores_s;
-    stats->anchors_s = anchors_s;
-    stats->assign_s = assign_s;
   }
-  return out;
+  out_[row].anchors = select_anchors(plan_, scores, row_seed(config_.seed, row));
+  anchor_rows(row);
+  const float* V = in_.value_row(row);
+  rw.y.assign(static_cast<size_t>(m * D), 0.0f);
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t w = 0; w < m; ++w) core::axpy(A[t * m + w], V + t * D, &rw.y[w * D], D);
+  RowAnalysis& ra = out_[row];
+  for (auto* v : {&ra.k.coef, &ra.v.coef, &ra.utility.key, &ra.utility.value}) v->resize(static_cast<size_t>(S));
+  ra.k.anchor.resize(static_cast<size_t>(S));
+  ra.v.anchor.resize(static_cast<size_t>(S));
+}
+
+// The anchors' K and V rows, norms and ordinals of a row.
+void FastAnalysis::anchor_rows(int64_t row) {
+  RowWork& rw = work_[row];
+  const auto& anchors = out_[row].anchors;
+  const int64_t k = static_cast<int64_t>(anchors.size()), D = D_;
+  const float* K = in_.key_row(row);
+  const float* V = in_.value_row(row);
+  rw.ordinal.assign(static_cast<size_t>(S_), -1);
+  rw.ak.resize(static_cast<size_t>(k * D));
+  rw.av.resize(static_cast<size_t>(k * D));
+  for (auto* v : {&rw.k_norm, &rw.k_sq, &rw.v_norm, &rw.v_sq}) v->resize(static_cast<size_t>(k));
+  for (int64_t j = 0; j < k; ++j) {
+    rw.ordinal[anchors[j]] = static_cast<int32_t>(j);
+    std::copy_n(K + anchors[j] * D, D, &rw.ak[j * D]);
+    std::copy_n(V + anchors[j] * D, D, &rw.av[j * D]);
+    rw.k_sq[j] = core::dot(&rw.ak[j * D], &rw.ak[j * D], D);
+    rw.v_sq[j] = core::dot(&rw.av[j * D], &rw.av[j * D], D);
+    rw.k_norm[j] = std::sqrt(rw.k_sq[j]);
+    rw.v_norm[j] = std::sqrt(rw.v_sq[j]);
+  }
+}
+
+// Stage 3: assignment, projection and utilities, per (row, chunk).
+void FastAnalysis::assign_chunk(int64_t row, int64_t c) {
+  const int64_t a = c * kChunk, n = std::min(S_, a + kChunk) - a;
+  const int64_t k = static_cast<int64_t>(out_[row].anchors.size());
+  thread_local ChunkScratch sc;
+  sc.dots.resize(static_cast<size_t>(n * k));
+  sc.r.resize(static_cast<size_t>(n * D_));
+  sc.qr.resize(static_cast<size_t>(n * m_));
+  sc.dist.resize(static_cast<size_t>(n * m_));
+  assign_keys(row, a, n, sc);
+  assign_values(row, a, n, sc);
+}
+
+void FastAnalysis::assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& sc) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const RowWork& rw = work_[row];
+  RowAnalysis& ra = out_[row];
+  const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
+  const float* K = in_.key_row(row);
+  const float* V = in_.value_row(row);
+  core::dot_matrix(K + a * D, n, D, rw.ak.data(), k, D, D, sc.dots.data(), k);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = a + i;
+    float* ri = &sc.r[i * D];
+    if (rw.ordinal[t] >= 0) {
+      ra.k.anchor[t] = rw.ordinal[t];
+      ra.k.coef[t] = 1.0f;
+      std::fill_n(ri, D, 0.0f);
+      continue;
+    }
+    const float norm = std::sqrt(core::dot(K + t * D, K + t * D, D));
+    choose_anchor(&sc.dots[i * k], k, norm, rw.k_norm.data(), rw.k_sq.data(), &ra.k.anchor[t], &ra.k.coef[t], true);
+    residual(K + t * D, &rw.ak[ra.k.anchor[t] * D], ra.k.coef[t], D, ri);
+  }
+  core::dot_matrix(sc.r.data(), n, D, K + (S_ - m) * D, m, D, D, sc.qr.data(), m);
+  for (auto& x : sc.qr) x *= inv_sqrt_d_;
+  core::sq_dist_matrix(V + a * D, n, D, rw.y.data(), m, D, D, sc.dist.data(), m);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = a + i;
+    ra.utility.key[t] = rw.ordinal[t] >= 0
+                            ? kNegInf
+                            : static_cast<float>(key_utility(&rw.alpha[t * m], &sc.qr[i * m], &sc.dist[i * m], m, 1));
+  }
+}
+
+void FastAnalysis::assign_values(int64_t row, int64_t a, int64_t n, ChunkScratch& sc) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const RowWork& rw = work_[row];
+  RowAnalysis& ra = out_[row];
+  const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
+  const float* V = in_.value_row(row);
+  core::dot_matrix(V + a * D, n, D, rw.av.data(), k, D, D, sc.dots.data(), k);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = a + i;
+    if (rw.ordinal[t] >= 0) {
+      ra.v.anchor[t] = rw.ordinal[t];
+      ra.v.coef[t] = 1.0f;
+      ra.utility.value[t] = kNegInf;
+      continue;
+    }
+    const float norm = std::sqrt(core::dot(V + t * D, V + t * D, D));
+    choose_anchor(&sc.dots[i * k], k, norm, rw.v_norm.data(), rw.v_sq.data(), &ra.v.anchor[t], &ra.v.coef[t], true);
+    float* ri = &sc.r[i * D];
+    residual(V + t * D, &rw.av[ra.v.anchor[t] * D], ra.v.coef[t], D, ri);
+    ra.utility.value[t] = static_cast<float>(value_weight(&rw.alpha[t * m], m, 1) * core::dot(ri, ri, D));
+  }
+}
+
+}  // namespace
+
+std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config, CompressionStats* stats) {
+  return FastAnalysis(in, config).run(stats);
 }
 
 // ---------------------------------------------------------------- shared

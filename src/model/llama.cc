@@ -304,6 +304,42 @@ void add_bias(float* y, int64_t T, const std::vector<float>& b) {
 }
 }  // namespace
 
+namespace {
+
+// A prefill chunk attends over exact K/V (what the cache held before it, then
+// the chunk itself) with rotated keys; the cache compresses or evicts
+// afterwards, for the decode steps (the paper compresses "at the end of
+// prefill"; SnapKV/H2O score then evict). kr: the chunk's rotated keys,
+// token-major [T, Hk, hd].
+Tensor prefill_attention(const KVCache& cache, bool pre, const RopeOptions& rope, const float* kr, int64_t T,
+                         int64_t Hk, int64_t hd, const TensorView& kv_k, const TensorView& kv_v,
+                         const TensorView& q_view, const AttentionOptions& ao) {
+  FullKVCache exact;
+  if (cache.offset() > 0) {
+    const KVPair past = cache.fetch();
+    if (pre) {  // stored unrotated: rotate each to its position (cache position = token position)
+      std::vector<float> pk = past.keys.to_f32();
+      const int64_t P = past.keys.shape()[2];
+      for (int64_t h = 0; h < Hk; ++h)
+        for (int64_t p = 0; p < P; ++p) kernels::rope_rotate_at(&pk[(h * P + p) * hd], hd, rope, p);
+      exact.update(TensorView::f32(pk.data(), {1, Hk, P, hd}), past.values.view());
+    } else {
+      exact.update(past.keys.view(), past.values.view());
+    }
+  }
+  if (pre) {
+    std::vector<float> kx(static_cast<size_t>(T * Hk * hd));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hk; ++h) std::copy_n(&kr[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
+    exact.update(TensorView::f32(kx.data(), {1, Hk, T, hd}), kv_v);
+  } else {
+    exact.update(kv_k, kv_v);
+  }
+  return attend(q_view, exact, ao);
+}
+
+}  // namespace
+
 std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
   const LlamaConfig& c = w_.config;
   const int64_t T = static_cast<int64_t>(tokens.size()), D = c.dim, hd = c.head_dim, Hq = c.n_heads,
@@ -377,32 +413,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     ao.reference = reference_;
     Tensor y;
     if (T > 1) {
-      // A prefill chunk attends over exact K/V (what the cache held before it, then the
-      // chunk itself) with rotated keys; the cache compresses or evicts afterwards, for
-      // the decode steps (the paper compresses "at the end of prefill"; SnapKV/H2O score
-      // then evict).
-      FullKVCache exact;
-      if (cache.offset() > 0) {
-        const KVPair past = cache.fetch();
-        if (pre) {  // stored unrotated: rotate each to its position (cache position = token position)
-          std::vector<float> pk = past.keys.to_f32();
-          const int64_t P = past.keys.shape()[2];
-          for (int64_t h = 0; h < Hk; ++h)
-            for (int64_t p = 0; p < P; ++p) kernels::rope_rotate_at(&pk[(h * P + p) * hd], hd, rope, p);
-          exact.update(TensorView::f32(pk.data(), {1, Hk, P, hd}), past.values.view());
-        } else {
-          exact.update(past.keys.view(), past.values.view());
-        }
-      }
-      if (pre) {
-        std::vector<float> kx(k.size());
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t h = 0; h < Hk; ++h) std::copy_n(&kr[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
-        exact.update(TensorView::f32(kx.data(), {1, Hk, T, hd}), kv_v);
-      } else {
-        exact.update(kv_k, kv_v);
-      }
-      y = attend(q_view, exact, ao);
+      y = prefill_attention(cache, pre, rope, kr, T, Hk, hd, kv_k, kv_v, q_view, ao);
       cache.update(kv_k, kv_v);
     } else {
       cache.update(kv_k, kv_v);
