@@ -5,5 +5,6 @@
 #include "anchorkv/baselines.h"
 #include "anchorkv/cache.h"
 #include "anchorkv/config.h"
+#include "anchorkv/stats.h"
 #include "anchorkv/status.h"
 #include "anchorkv/tensor.h"

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "anchorkv/config.h"
+#include "anchorkv/stats.h"
 #include "anchorkv/tensor.h"
 
 namespace anchorkv {
@@ -79,18 +80,6 @@ class FullKVCache final : public KVCache {
   FullKVCache();
   // Drop the last n positions of every row (n <= offset()).
   void trim(int64_t n);
-};
-
-// Per-stage wall time of the last compression, seconds.
-struct CompressionStats {
-  double scores_s = 0;    // proxy-query logits + softmax
-  double anchors_s = 0;   // anchor selection + observation outputs y_w
-  double assign_s = 0;    // assignment, projection, residual utilities
-  double allocate_s = 0;  // budget and top-N allocation
-  double encode_s = 0;    // residual codec
-  double total_s = 0;
-  int64_t rows = 0;    // (batch, head) rows compressed
-  int64_t tokens = 0;  // tokens per row
 };
 
 // AnchorKV anchor-residual cache (docs/spec.md). Never evicts.

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "anchorkv/cache.h"
 #include "anchorkv/config.h"
+#include "anchorkv/stats.h"
 #include "compress/assignment.h"
 #include "compress/codec.h"
 #include "compress/segment.h"

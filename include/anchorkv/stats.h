@@ -1,0 +1,20 @@
+// What a compression reports about itself (AnchorKVCache::last_compression_stats).
+#pragma once
+
+#include <cstdint>
+
+namespace anchorkv {
+
+// Per-stage wall time of the last compression, seconds.
+struct CompressionStats {
+  double scores_s = 0;    // proxy-query logits + softmax
+  double anchors_s = 0;   // anchor selection + observation outputs y_w
+  double assign_s = 0;    // assignment, projection, residual utilities
+  double allocate_s = 0;  // budget and top-N allocation
+  double encode_s = 0;    // residual codec
+  double total_s = 0;
+  int64_t rows = 0;    // (batch, head) rows compressed
+  int64_t tokens = 0;  // tokens per row
+};
+
+}  // namespace anchorkv
