@@ -70,7 +70,6 @@ class KVCache {
 
  private:
   friend struct internal::CacheAccess;
-  void append(const TensorView& keys, const TensorView& values, const char* method);
   std::unique_ptr<internal::CacheCore> core_;
 };
 

@@ -40,10 +40,11 @@ struct NewSegment {
 };
 
 // Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable). Touches no state.
-NewSegment compress_segment(const AnchorKVState& st, int64_t S, const float* K, const float* V) {
+NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape& shape, int64_t S, const float* K,
+                            const float* V) {
   const AnchorKVConfig& cfg = st.config;
-  const int64_t D = st.D;
-  compress::SegmentInput in{st.B, st.H, S, D, K, V};
+  const int64_t D = shape.D;
+  compress::SegmentInput in{shape.B, shape.H, S, D, K, V};
   NewSegment seg;
   seg.codec =
       st.codec ? st.codec
@@ -69,14 +70,14 @@ void commit_segment(AnchorKVState& st, NewSegment&& seg) noexcept {
   st.stats = seg.stats;
 }
 
-NewSegment compress_head(const AnchorKVState& st) {
-  const int64_t S = st.head.tokens, D = st.D;
-  core::UninitVector<float> K(static_cast<size_t>(st.rows() * S * D)), V(K.size());
-  core::parallel_for(st.rows(), st.config.threads, [&](int64_t r) {
+NewSegment compress_head(const AnchorKVState& st, const internal::CacheShape& shape) {
+  const int64_t S = st.head.tokens, D = shape.D;
+  core::UninitVector<float> K(static_cast<size_t>(shape.rows() * S * D)), V(K.size());
+  core::parallel_for(shape.rows(), st.config.threads, [&](int64_t r) {
     core::f16_to_f32_n(st.head.k[r].data(), &K[static_cast<size_t>(r * S * D)], S * D);
     core::f16_to_f32_n(st.head.v[r].data(), &V[static_cast<size_t>(r * S * D)], S * D);
   });
-  return compress_segment(st, S, K.data(), V.data());
+  return compress_segment(st, shape, S, K.data(), V.data());
 }
 
 class AnchorKVStore final : public internal::CacheStore {
@@ -88,18 +89,14 @@ class AnchorKVStore final : public internal::CacheStore {
   void store(const cache::StagedInput& in, const internal::CacheShape& shape) override {
     AnchorKVState& st = st_;
     const int64_t S = in.S();
-    // Shape facts are read by compression; assigning them again is harmless.
-    st.B = shape.B;
-    st.H = shape.H;
-    st.D = shape.D;
     const CompressTrigger trigger = st.config.trigger;
     if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
-      NewSegment seg = compress_segment(st, S, in.k.data(), in.v.data());
-      st.tail.resize_rows(st.rows());
+      NewSegment seg = compress_segment(st, shape, S, in.k.data(), in.v.data());
+      st.tail.resize_rows(shape.rows());
       commit_segment(st, std::move(seg));
     } else if (!st.compressed() && trigger == CompressTrigger::kFirstDecode && S == 1 && st.seen_prefill_call &&
                st.head.tokens > 0) {
-      NewSegment seg = compress_head(st);
+      NewSegment seg = compress_head(st, shape);
       cache::ExactRows tail;
       tail.append(in);
       commit_segment(st, std::move(seg));
@@ -113,22 +110,22 @@ class AnchorKVStore final : public internal::CacheStore {
     if (S > 1) st.seen_prefill_call = true;
   }
 
-  void compress_now() {
+  void compress_now(const internal::CacheShape& shape) {
     AnchorKVState& st = st_;
     constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
     if (st.compressed())
       core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
     if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
-    NewSegment seg = compress_head(st);
+    NewSegment seg = compress_head(st, shape);
     commit_segment(st, std::move(seg));
     st.head.clear();
-    st.tail.resize_rows(st.rows());
+    st.tail.resize_rows(shape.rows());
   }
 
   KVPair fetch(const internal::CacheShape&) const override;
 
-  int64_t nbytes(const internal::CacheShape&) const override {
-    return st_.segment_bytes + (st_.head.tokens + st_.tail.tokens) * st_.rows() * st_.D * 4;
+  int64_t nbytes(const internal::CacheShape& shape) const override {
+    return st_.segment_bytes + (st_.head.tokens + st_.tail.tokens) * shape.rows() * shape.D * 4;
   }
 
   cache::AttentionSource attention_source(const internal::CacheShape& shape) const override {
@@ -178,7 +175,10 @@ KVPair AnchorKVStore::fetch(const internal::CacheShape& shape) const {
 AnchorKVCache::AnchorKVCache(const AnchorKVConfig& config)
     : KVCache((config.validate(), std::make_unique<AnchorKVStore>(config))), config_(config) {}
 
-void AnchorKVCache::compress_now() { internal::CacheAccess::write<AnchorKVStore>(*this).store.compress_now(); }
+void AnchorKVCache::compress_now() {
+  auto w = internal::CacheAccess::write<AnchorKVStore>(*this);
+  w.store.compress_now(w.shape);
+}
 
 bool AnchorKVCache::is_compressed() const {
   return internal::CacheAccess::read<AnchorKVStore>(*this).store.state().compressed();

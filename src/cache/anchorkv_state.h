@@ -18,7 +18,6 @@ namespace anchorkv::internal {
 
 struct AnchorKVState {
   AnchorKVConfig config;
-  int64_t B = 0, H = 0, D = 0;  // set by the first call
   cache::ExactRows head, tail;
   std::vector<compress::CompressedRow> segment;  // [B * H] or empty
   int64_t segment_tokens = 0;                    // per row
@@ -32,7 +31,6 @@ struct AnchorKVState {
   CompressionStats stats;  // of the last compression
 
   bool compressed() const { return !segment.empty(); }
-  int64_t rows() const { return B * H; }
   int64_t tokens_per_row() const { return head.tokens + segment_tokens + tail.tokens; }
   // Sum of the sizes of every buffer the cache holds for K/V.
   int64_t buffer_bytes() const;

@@ -14,7 +14,7 @@ class FullStore final : public internal::CacheStore {
   const char* api_name() const override { return "anchorkv::FullKVCache"; }
   void store(const cache::StagedInput& in, const internal::CacheShape&) override { rows_.append(in); }
   KVPair fetch(const internal::CacheShape& s) const override { return rows_.to_pair(s.B, s.H, s.D); }
-  int64_t nbytes(const internal::CacheShape& s) const override { return s.seen * s.rows() * s.D * 4; }
+  int64_t nbytes(const internal::CacheShape& s) const override { return s.full_bytes(); }
   bool is_trimmable() const override { return true; }
   cache::AttentionSource attention_source(const internal::CacheShape& s) const override {
     cache::AttentionSource src{s.B, s.H, s.D, rows_.tokens};

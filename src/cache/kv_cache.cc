@@ -32,10 +32,6 @@ void store_call(internal::WriteLocked<internal::CacheStore>& w, const TensorView
 }
 }  // namespace
 
-void KVCache::append(const TensorView& keys, const TensorView& values, const char* method) {
-  auto w = CacheAccess::write(*this);
-  store_call(w, keys, values, method);
-}
 
 KVPair KVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
   // One writer lock for both halves: the result is the state right after this call.
@@ -44,7 +40,10 @@ KVPair KVCache::update_and_fetch(const TensorView& keys, const TensorView& value
   return w.store.fetch(w.shape);
 }
 
-void KVCache::update(const TensorView& keys, const TensorView& values) { append(keys, values, "update"); }
+void KVCache::update(const TensorView& keys, const TensorView& values) {
+  auto w = CacheAccess::write(*this);
+  store_call(w, keys, values, "update");
+}
 
 KVPair KVCache::fetch() const {
   auto r = CacheAccess::read(*this);
@@ -61,8 +60,7 @@ int64_t KVCache::nbytes() const {
 }
 
 int64_t KVCache::full_seq_bytes() const {
-  auto r = CacheAccess::read(*this);
-  return r.shape.seen * r.shape.rows() * r.shape.D * 4;
+  return CacheAccess::read(*this).shape.full_bytes();
 }
 
 int64_t KVCache::tokens_total() const {
@@ -79,7 +77,7 @@ double KVCache::compression_ratio() const {
   auto r = CacheAccess::read(*this);
   const int64_t stored = r.store.nbytes(r.shape);
   if (stored <= 0) return 1.0;
-  return static_cast<double>(r.shape.seen * r.shape.rows() * r.shape.D * 4) / static_cast<double>(stored);
+  return static_cast<double>(r.shape.full_bytes()) / static_cast<double>(stored);
 }
 
 }  // namespace anchorkv

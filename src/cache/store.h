@@ -18,6 +18,7 @@ struct CacheShape {
   int64_t B = 0, H = 0, D = 0;
   int64_t seen = 0;
   int64_t rows() const { return B * H; }
+  int64_t full_bytes() const { return seen * rows() * D * 4; }  // fp16 K + V of every position seen
 };
 
 class CacheStore {

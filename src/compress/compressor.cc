@@ -116,6 +116,9 @@ class FastAnalysis {
   void anchors_and_outputs(int64_t row);
   void anchor_rows(int64_t row);
   void assign_chunk(int64_t row, int64_t c);
+  void assign_side(const float* X, const float* anchor_rows, const float* norm, const float* sq,
+                   const std::vector<int32_t>& ordinal, int64_t k, int64_t a, int64_t n, SideAssignment& side,
+                   ChunkScratch& sc);
   void assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& sc);
   void assign_values(int64_t row, int64_t a, int64_t n, ChunkScratch& sc);
 
@@ -217,30 +220,38 @@ void FastAnalysis::assign_chunk(int64_t row, int64_t c) {
   assign_values(row, a, n, sc);
 }
 
+// Assigns tokens [a, a + n) of one side (K or V) to their anchors; sc.r gets
+// the residuals (zero for anchors, which map to themselves with gamma 1).
+void FastAnalysis::assign_side(const float* X, const float* anchor_rows, const float* norm, const float* sq,
+                               const std::vector<int32_t>& ordinal, int64_t k, int64_t a, int64_t n,
+                               SideAssignment& side, ChunkScratch& sc) {
+  const int64_t D = D_;
+  core::dot_matrix(X + a * D, n, D, anchor_rows, k, D, D, sc.dots.data(), k);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = a + i;
+    float* ri = &sc.r[i * D];
+    if (ordinal[t] >= 0) {
+      side.anchor[t] = ordinal[t];
+      side.coef[t] = 1.0f;
+      std::fill_n(ri, D, 0.0f);
+      continue;
+    }
+    const float x_norm = std::sqrt(core::dot(X + t * D, X + t * D, D));
+    choose_anchor(&sc.dots[i * k], k, x_norm, norm, sq, &side.anchor[t], &side.coef[t], true);
+    residual(X + t * D, &anchor_rows[side.anchor[t] * D], side.coef[t], D, ri);
+  }
+}
+
 void FastAnalysis::assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& sc) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const RowWork& rw = work_[row];
   RowAnalysis& ra = out_[row];
   const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
   const float* K = in_.key_row(row);
-  const float* V = in_.value_row(row);
-  core::dot_matrix(K + a * D, n, D, rw.ak.data(), k, D, D, sc.dots.data(), k);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = a + i;
-    float* ri = &sc.r[i * D];
-    if (rw.ordinal[t] >= 0) {
-      ra.k.anchor[t] = rw.ordinal[t];
-      ra.k.coef[t] = 1.0f;
-      std::fill_n(ri, D, 0.0f);
-      continue;
-    }
-    const float norm = std::sqrt(core::dot(K + t * D, K + t * D, D));
-    choose_anchor(&sc.dots[i * k], k, norm, rw.k_norm.data(), rw.k_sq.data(), &ra.k.anchor[t], &ra.k.coef[t], true);
-    residual(K + t * D, &rw.ak[ra.k.anchor[t] * D], ra.k.coef[t], D, ri);
-  }
+  assign_side(K, rw.ak.data(), rw.k_norm.data(), rw.k_sq.data(), rw.ordinal, k, a, n, ra.k, sc);
   core::dot_matrix(sc.r.data(), n, D, K + (S_ - m) * D, m, D, D, sc.qr.data(), m);
   for (auto& x : sc.qr) x *= inv_sqrt_d_;
-  core::sq_dist_matrix(V + a * D, n, D, rw.y.data(), m, D, D, sc.dist.data(), m);
+  core::sq_dist_matrix(in_.value_row(row) + a * D, n, D, rw.y.data(), m, D, D, sc.dist.data(), m);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = a + i;
     ra.utility.key[t] = rw.ordinal[t] >= 0
@@ -254,21 +265,13 @@ void FastAnalysis::assign_values(int64_t row, int64_t a, int64_t n, ChunkScratch
   const RowWork& rw = work_[row];
   RowAnalysis& ra = out_[row];
   const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
-  const float* V = in_.value_row(row);
-  core::dot_matrix(V + a * D, n, D, rw.av.data(), k, D, D, sc.dots.data(), k);
+  assign_side(in_.value_row(row), rw.av.data(), rw.v_norm.data(), rw.v_sq.data(), rw.ordinal, k, a, n, ra.v, sc);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = a + i;
-    if (rw.ordinal[t] >= 0) {
-      ra.v.anchor[t] = rw.ordinal[t];
-      ra.v.coef[t] = 1.0f;
-      ra.utility.value[t] = kNegInf;
-      continue;
-    }
-    const float norm = std::sqrt(core::dot(V + t * D, V + t * D, D));
-    choose_anchor(&sc.dots[i * k], k, norm, rw.v_norm.data(), rw.v_sq.data(), &ra.v.anchor[t], &ra.v.coef[t], true);
-    float* ri = &sc.r[i * D];
-    residual(V + t * D, &rw.av[ra.v.anchor[t] * D], ra.v.coef[t], D, ri);
-    ra.utility.value[t] = static_cast<float>(value_weight(&rw.alpha[t * m], m, 1) * core::dot(ri, ri, D));
+    const float* ri = &sc.r[i * D];
+    ra.utility.value[t] = rw.ordinal[t] >= 0
+                              ? kNegInf
+                              : static_cast<float>(value_weight(&rw.alpha[t * m], m, 1) * core::dot(ri, ri, D));
   }
 }
 

@@ -58,9 +58,9 @@ void reconstruct_f32(const AnchorKVCache& c, std::vector<float>& K, std::vector<
   K = dense.keys.to_f32();
   V = dense.values.to_f32();
   if (!st.compressed()) return;
-  const int64_t n = st.tokens_per_row(), D = st.D, S = st.segment_tokens;
+  const int64_t n = st.tokens_per_row(), D = dense.keys.shape()[3], S = st.segment_tokens;
   std::vector<float> k(static_cast<size_t>(S * D)), v(k.size());
-  for (int64_t r = 0; r < st.rows(); ++r) {
+  for (int64_t r = 0; r < dense.keys.shape()[0] * dense.keys.shape()[1]; ++r) {
     compress::reconstruct_row(st.segment[r], *st.codec, k.data(), v.data());
     std::copy(k.begin(), k.end(), K.begin() + (r * n + st.head.tokens) * D);
     std::copy(v.begin(), v.end(), V.begin() + (r * n + st.head.tokens) * D);
