@@ -12,6 +12,7 @@ ANCHORKV_PACKAGES=(
   libcli11-dev        # command-line parsing
   nlohmann-json3-dev  # JSON output
   libfmt-dev          # formatting
+  libxxhash-dev       # xxHash64 checksums of cache files (header-only use)
   python3 python3-dev python3-numpy python3-pytest python3-pip
   pybind11-dev        # Python bindings
 )

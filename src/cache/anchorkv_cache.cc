@@ -39,6 +39,17 @@ struct NewSegment {
   CompressionStats stats;
 };
 
+// The seed accounting of the segment's rows (docs/spec.md §5).
+void count_segment(NewSegment& seg, int64_t D, int bits) {
+  const int64_t b_res = compress::residual_bytes(D, bits);
+  seg.bytes = seg.n_anchor = seg.n_residual = 0;
+  for (const auto& row : seg.rows) {
+    seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.compact) + row.n_residual() * b_res;
+    seg.n_anchor += row.n_anchor;
+    seg.n_residual += row.n_residual();
+  }
+}
+
 // Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable). Touches no state.
 NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape& shape, int64_t S, const float* K,
                             const float* V) {
@@ -51,12 +62,7 @@ NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape&
                : std::make_shared<const compress::ResidualCodec>(D, cfg.residual_bits, cfg.scale, cfg.seed);
   seg.rows = compress::compress(in, cfg, *seg.codec, &seg.stats);
   seg.tokens = S;
-  const int64_t b_res = compress::residual_bytes(D, cfg.residual_bits);
-  for (const auto& row : seg.rows) {
-    seg.bytes += compress::base_row_bytes(S, row.n_anchor, D, row.compact) + row.n_residual() * b_res;
-    seg.n_anchor += row.n_anchor;
-    seg.n_residual += row.n_residual();
-  }
+  count_segment(seg, D, cfg.residual_bits);
   return seg;
 }
 
@@ -138,6 +144,10 @@ class AnchorKVStore final : public internal::CacheStore {
     return src;
   }
 
+  void save_config(cache::ByteWriter& w) const override;
+  void save_state(cache::ByteWriter& w, const internal::CacheShape& shape) const override;
+  void load_state(cache::ByteReader& r, const internal::CacheShape& shape) override;
+
   const AnchorKVState& state() const { return st_; }
 
  private:
@@ -170,6 +180,101 @@ KVPair AnchorKVStore::fetch(const internal::CacheShape& shape) const {
   return out;
 }
 
+// ---------------------------------------------------------------- persistence (docs/cachefile.md)
+
+void AnchorKVStore::save_config(cache::ByteWriter& w) const {
+  const AnchorKVConfig& c = st_.config;
+  w.put<double>(c.theta);
+  w.put<int64_t>(c.window);
+  w.put<double>(c.rho);
+  w.put<double>(c.anchor_frac);
+  w.put<int32_t>(c.residual_bits);
+  w.put<uint64_t>(c.seed);
+  for (uint8_t e : {static_cast<uint8_t>(c.allocation), static_cast<uint8_t>(c.scale), static_cast<uint8_t>(c.trigger),
+                    static_cast<uint8_t>(c.metadata)})
+    w.put<uint8_t>(e);
+  w.put<int32_t>(c.threads);
+}
+
+void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
+  w.put<int64_t>(row.length);
+  w.put<int64_t>(row.n_anchor);
+  w.put<uint8_t>(row.compact);
+  w.array(row.anchor_k);
+  w.array(row.anchor_v);
+  w.array(row.meta);
+  w.array(row.meta32);
+  w.array(row.anchor_pos);
+  for (const compress::CompressedSide* side : {&row.k, &row.v}) {
+    w.array(side->coef);
+    w.array(side->coef16);
+    w.array(side->scales);
+    w.array(side->codes);
+  }
+}
+
+compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int64_t code_bytes, bool compact) {
+  compress::CompressedRow row;
+  row.length = r.get<int64_t>("segment.length");
+  row.n_anchor = r.get<int64_t>("segment.n_anchor");
+  row.compact = r.flag("segment.compact");
+  if (row.length != S) r.fail("segment.length", "a row of " + std::to_string(row.length) + " tokens in a segment of " +
+                                                    std::to_string(S));
+  if (row.n_anchor < 1 || row.n_anchor > S) r.fail("segment.n_anchor", "must be in [1, " + std::to_string(S) + "]");
+  if (row.compact != compact) r.fail("segment.compact", "the row's layout differs from the config's");
+  const auto n_anchor = static_cast<uint64_t>(row.n_anchor), n_other = static_cast<uint64_t>(S - row.n_anchor);
+  row.anchor_k = r.array<uint16_t>("segment.anchor_k", n_anchor * static_cast<uint64_t>(D));
+  row.anchor_v = r.array<uint16_t>("segment.anchor_v", n_anchor * static_cast<uint64_t>(D));
+  row.meta = r.array<uint64_t>("segment.meta", compact ? 0 : n_other);
+  row.meta32 = r.array<uint32_t>("segment.meta32", compact ? n_other : 0);
+  row.anchor_pos = r.array<int32_t>("segment.anchor_pos", compact ? n_anchor : 0);
+  for (compress::CompressedSide* side : {&row.k, &row.v}) {
+    side->coef = r.array<float>("segment.coef", compact ? 0 : n_other);
+    side->coef16 = r.array<uint16_t>("segment.coef16", compact ? n_other : 0);
+    side->scales = r.array_any<uint16_t>("segment.scales");
+    side->codes = r.array<uint8_t>("segment.codes", side->scales.size() * static_cast<uint64_t>(code_bytes));
+  }
+  if (std::string e = compress::check_row(row, D, code_bytes); !e.empty()) r.fail("segment", e);
+  return row;
+}
+
+void AnchorKVStore::save_state(cache::ByteWriter& w, const internal::CacheShape&) const {
+  w.put<uint8_t>(st_.seen_prefill_call);
+  cache::save_rows(w, st_.head);
+  cache::save_rows(w, st_.tail);
+  w.put<int64_t>(st_.segment_tokens);
+  w.put<uint64_t>(st_.segment.size());
+  for (const auto& row : st_.segment) save_row(w, row);
+}
+
+void AnchorKVStore::load_state(cache::ByteReader& r, const internal::CacheShape& shape) {
+  const AnchorKVConfig& cfg = st_.config;
+  AnchorKVState st;
+  st.config = cfg;
+  st.seen_prefill_call = r.flag("seen_prefill_call");
+  st.head = cache::load_rows(r, shape.rows(), shape.D, "head");
+  st.tail = cache::load_rows(r, shape.rows(), shape.D, "tail");
+  st.segment_tokens = r.get<int64_t>("segment_tokens");
+  if (st.segment_tokens < 0 || st.segment_tokens > shape.seen) r.fail("segment_tokens", "outside [0, tokens seen]");
+  const uint64_t n_rows = r.get<uint64_t>("segment.rows");
+  if (n_rows != 0 && n_rows != static_cast<uint64_t>(shape.rows()))
+    r.fail("segment.rows", std::to_string(n_rows) + " rows, expected 0 or " + std::to_string(shape.rows()));
+  if ((n_rows == 0) != (st.segment_tokens == 0)) r.fail("segment_tokens", "disagrees with the segment's rows");
+  const int64_t code_bytes = compress::residual_bytes(shape.D, cfg.residual_bits) - 2;
+  NewSegment seg;
+  seg.tokens = st.segment_tokens;
+  for (uint64_t i = 0; i < n_rows; ++i)
+    seg.rows.push_back(load_row(r, st.segment_tokens, shape.D, code_bytes, cfg.metadata == MetadataLayout::kCompact));
+  if (st.head.tokens + st.segment_tokens + st.tail.tokens != shape.seen)
+    r.fail("tail", "head + segment + tail tokens differ from the tokens the cache saw");
+  count_segment(seg, shape.D, cfg.residual_bits);
+  if (n_rows > 0)
+    seg.codec = std::make_shared<const compress::ResidualCodec>(shape.D, cfg.residual_bits, cfg.scale, cfg.seed);
+  commit_segment(st, std::move(seg));
+  st.stats = {};
+  st_ = std::move(st);
+}
+
 }  // namespace
 
 AnchorKVCache::AnchorKVCache(const AnchorKVConfig& config)
@@ -191,6 +296,22 @@ int64_t AnchorKVCache::n_residual_total() const {
 }
 CompressionStats AnchorKVCache::last_compression_stats() const {
   return internal::CacheAccess::read<AnchorKVStore>(*this).store.state().stats;
+}
+
+std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader& r) {
+  AnchorKVConfig c;
+  c.theta = r.get<double>("config.theta");
+  c.window = r.get<int64_t>("config.window");
+  c.rho = r.get<double>("config.rho");
+  c.anchor_frac = r.get<double>("config.anchor_frac");
+  c.residual_bits = r.get<int32_t>("config.residual_bits");
+  c.seed = r.get<uint64_t>("config.seed");
+  c.allocation = static_cast<ResidualAllocation>(r.get<uint8_t>("config.allocation"));
+  c.scale = static_cast<ResidualScale>(r.get<uint8_t>("config.scale"));
+  c.trigger = static_cast<CompressTrigger>(r.get<uint8_t>("config.trigger"));
+  c.metadata = static_cast<MetadataLayout>(r.get<uint8_t>("config.metadata"));
+  c.threads = r.get<int32_t>("config.threads");
+  return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
 }
 
 const internal::AnchorKVState& internal::unlocked_state(const AnchorKVCache& cache) {

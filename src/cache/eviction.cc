@@ -42,6 +42,21 @@ class EvictionStore : public internal::CacheStore {
   KVPair fetch(const CacheShape& s) const override { return kept_.to_pair(s.B, s.H, s.D); }
   int64_t nbytes(const CacheShape&) const override { return kept_.buffer_bytes(); }
   int64_t kept_per_row(const CacheShape&) const override { return kept_.tokens; }
+  void save_state(cache::ByteWriter& w, const CacheShape&) const override {
+    w.put<uint8_t>(selected_);
+    w.put<int64_t>(capacity_);
+    cache::save_rows(w, kept_);
+  }
+  void load_state(cache::ByteReader& r, const CacheShape& s) override {
+    const bool selected = r.flag("selected");
+    const int64_t capacity = r.get<int64_t>("capacity");
+    cache::ExactRows kept = cache::load_rows(r, s.rows(), s.D, "kept");
+    if (capacity < 0 || capacity > s.seen || kept.tokens > s.seen)
+      r.fail("capacity", "kept tokens and capacity must fit the tokens seen");
+    selected_ = selected;
+    capacity_ = capacity;
+    kept_ = std::move(kept);
+  }
   // Positions are the kept tokens' order: a decode query sees them all.
   cache::AttentionSource attention_source(const CacheShape& s) const override {
     cache::AttentionSource src{s.B, s.H, s.D, kept_.tokens};
@@ -94,6 +109,10 @@ class StreamingLLMStore final : public EvictionStore {
   StreamingLLMStore(double theta, int64_t sinks) : EvictionStore(theta), sinks_(sinks) {}
   std::string name() const override { return "streamingllm"; }
   const char* api_name() const override { return "anchorkv::StreamingLLMCache"; }
+  void save_config(cache::ByteWriter& w) const override {
+    w.put<double>(theta_);
+    w.put<int64_t>(sinks_);
+  }
 
  private:
   std::vector<int32_t> select(const float*, int64_t S, int64_t, int64_t budget) const override {
@@ -125,6 +144,11 @@ class SnapKVStore final : public EvictionStore {
       : EvictionStore(theta), window_(window), kernel_(kernel) {}
   std::string name() const override { return "snapkv"; }
   const char* api_name() const override { return "anchorkv::SnapKVCache"; }
+  void save_config(cache::ByteWriter& w) const override {
+    w.put<double>(theta_);
+    w.put<int64_t>(window_);
+    w.put<int64_t>(kernel_);
+  }
 
  private:
   std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const override;
@@ -173,6 +197,24 @@ class H2OStore final : public EvictionStore {
   H2OStore(double theta, double recent_share) : EvictionStore(theta), recent_share_(recent_share) {}
   std::string name() const override { return "h2o"; }
   const char* api_name() const override { return "anchorkv::H2OCache"; }
+  void save_config(cache::ByteWriter& w) const override {
+    w.put<double>(theta_);
+    w.put<double>(recent_share_);
+  }
+  void save_state(cache::ByteWriter& w, const CacheShape& s) const override {
+    EvictionStore::save_state(w, s);
+    w.put<uint64_t>(score_.size());
+    for (const auto& sc : score_) w.array(sc);
+  }
+  void load_state(cache::ByteReader& r, const CacheShape& s) override {
+    H2OStore h(theta_, recent_share_);
+    h.EvictionStore::load_state(r, s);
+    const uint64_t R = r.get<uint64_t>("scores");
+    if (R != 0 && R != static_cast<uint64_t>(s.rows())) r.fail("scores", "wrong number of rows");
+    if (R == 0 && h.kept_.tokens > 0) r.fail("scores", "no scores for the kept tokens");
+    for (uint64_t i = 0; i < R; ++i) h.score_.push_back(r.array<float>("scores", static_cast<uint64_t>(h.kept_.tokens)));
+    *this = std::move(h);
+  }
   int64_t nbytes(const CacheShape&) const override {
     int64_t n = kept_.buffer_bytes();
     for (const auto& sc : score_) n += static_cast<int64_t>(sc.size() * sizeof(float));
@@ -272,6 +314,25 @@ void H2OStore::decode(const cache::StagedInput& in, const CacheShape& shape) {
 }
 
 }  // namespace
+
+std::unique_ptr<KVCache> internal::streamingllm_cache_from_config(cache::ByteReader& r) {
+  const double theta = r.get<double>("config.theta");
+  const int64_t sinks = r.get<int64_t>("config.sinks");
+  return internal::rebuild(r, "config", [&] { return std::make_unique<StreamingLLMCache>(theta, sinks); });
+}
+
+std::unique_ptr<KVCache> internal::snapkv_cache_from_config(cache::ByteReader& r) {
+  const double theta = r.get<double>("config.theta");
+  const int64_t window = r.get<int64_t>("config.window");
+  const int64_t kernel = r.get<int64_t>("config.kernel");
+  return internal::rebuild(r, "config", [&] { return std::make_unique<SnapKVCache>(theta, window, kernel); });
+}
+
+std::unique_ptr<KVCache> internal::h2o_cache_from_config(cache::ByteReader& r) {
+  const double theta = r.get<double>("config.theta");
+  const double recent_share = r.get<double>("config.recent_share");
+  return internal::rebuild(r, "config", [&] { return std::make_unique<H2OCache>(theta, recent_share); });
+}
 
 StreamingLLMCache::StreamingLLMCache(double theta, int64_t sinks)
     : KVCache([&] {

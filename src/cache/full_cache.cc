@@ -22,6 +22,14 @@ class FullStore final : public internal::CacheStore {
     return src;
   }
 
+  void save_config(cache::ByteWriter&) const override {}
+  void save_state(cache::ByteWriter& w, const internal::CacheShape&) const override { cache::save_rows(w, rows_); }
+  void load_state(cache::ByteReader& r, const internal::CacheShape& s) override {
+    rows_ = cache::load_rows(r, s.rows(), s.D, "rows");
+    if (rows_.tokens != s.seen) r.fail("rows", "holds " + std::to_string(rows_.tokens) + " tokens, the cache saw " +
+                                                   std::to_string(s.seen));
+  }
+
   void trim(int64_t n, int64_t D) {
     for (auto* side : {&rows_.k, &rows_.v})
       for (auto& row : *side) row.resize(row.size() - static_cast<size_t>(n * D));
@@ -35,6 +43,10 @@ class FullStore final : public internal::CacheStore {
 }  // namespace
 
 FullKVCache::FullKVCache() : KVCache(std::make_unique<FullStore>()) {}
+
+std::unique_ptr<KVCache> internal::full_cache_from_config(cache::ByteReader&) {
+  return std::make_unique<FullKVCache>();
+}
 
 void FullKVCache::trim(int64_t n) {
   auto w = internal::CacheAccess::write<FullStore>(*this);

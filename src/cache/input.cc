@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "cache/serial.h"
 #include "core/error.h"
 #include "core/convert.h"
 #include "core/half.h"
@@ -130,6 +131,33 @@ int64_t ExactRows::buffer_bytes() const {
   for (const auto& x : k) n += static_cast<int64_t>(x.size() * sizeof(uint16_t));
   for (const auto& x : v) n += static_cast<int64_t>(x.size() * sizeof(uint16_t));
   return n;
+}
+
+void save_rows(ByteWriter& w, const ExactRows& rows) {
+  w.put<uint64_t>(static_cast<uint64_t>(rows.tokens));
+  w.put<uint64_t>(rows.k.size());
+  for (size_t r = 0; r < rows.k.size(); ++r) {
+    w.array(rows.k[r]);
+    w.array(rows.v[r]);
+  }
+}
+
+ExactRows load_rows(ByteReader& r, int64_t rows, int64_t D, const char* field) {
+  ExactRows out;
+  const uint64_t tokens = r.get<uint64_t>(field);
+  const uint64_t n_rows = r.get<uint64_t>(field);
+  // Rows are sized only once tokens were stored; an empty store may hold none.
+  if (n_rows != static_cast<uint64_t>(rows) && !(n_rows == 0 && tokens == 0))
+    r.fail(field, "holds " + std::to_string(n_rows) + " rows, expected " + std::to_string(rows));
+  if (D > 0 && tokens > r.left() / static_cast<uint64_t>(D))
+    r.fail(field, std::to_string(tokens) + " tokens do not fit in the section");
+  out.tokens = static_cast<int64_t>(tokens);
+  out.resize_rows(static_cast<int64_t>(n_rows));
+  for (uint64_t i = 0; i < n_rows; ++i) {
+    out.k[i] = r.array<uint16_t>(field, tokens * static_cast<uint64_t>(D));
+    out.v[i] = r.array<uint16_t>(field, tokens * static_cast<uint64_t>(D));
+  }
+  return out;
 }
 
 }  // namespace anchorkv::cache

@@ -48,4 +48,11 @@ struct ExactRows {
   KVPair to_pair(int64_t B, int64_t H, int64_t D) const;
 };
 
+class ByteWriter;
+class ByteReader;
+// ExactRows in the cache-file format: u64 tokens, then per row K and V arrays.
+void save_rows(ByteWriter& w, const ExactRows& rows);
+// Reads rows x [tokens, D] (every size checked against rows and D).
+ExactRows load_rows(ByteReader& r, int64_t rows, int64_t D, const char* field);
+
 }  // namespace anchorkv::cache

@@ -39,6 +39,19 @@ namespace {
 
 using internal::CacheShape;
 
+// Groups a cache file may carry (keeps every size product far from overflow).
+constexpr int64_t kMaxSavedGroup = int64_t{1} << 20;
+
+// Per-row buffers are sized at the first call: a saved store holds 0 rows
+// (nothing stored yet) or B * H.
+uint64_t checked_rows(cache::ByteReader& r, const CacheShape& s) {
+  const uint64_t R = r.get<uint64_t>("rows");
+  if (R != 0 && R != static_cast<uint64_t>(s.rows()))
+    r.fail("rows", std::to_string(R) + " rows, expected 0 or " + std::to_string(s.rows()));
+  if (R == 0 && s.seen > 0) r.fail("rows", "no rows for a cache that holds tokens");
+  return R;
+}
+
 // ============================================================== quantized
 
 class QuantizedStore final : public internal::CacheStore {
@@ -81,6 +94,34 @@ class QuantizedStore final : public internal::CacheStore {
     return out;
   }
 
+  void save_config(cache::ByteWriter& w) const override {
+    w.put<int32_t>(bits_);
+    w.put<int64_t>(group_);
+  }
+  void save_state(cache::ByteWriter& w, const CacheShape&) const override {
+    w.put<uint64_t>(codes_k_.size());
+    for (size_t r = 0; r < codes_k_.size(); ++r) {
+      w.array(codes_k_[r]);
+      w.array(codes_v_[r]);
+      w.array(params_k_[r]);
+      w.array(params_v_[r]);
+    }
+  }
+  void load_state(cache::ByteReader& r, const CacheShape& s) override {
+    const uint64_t R = checked_rows(r, s);
+    const auto codes = static_cast<uint64_t>(s.seen * code_bytes(s.D)), params = static_cast<uint64_t>(s.seen * 2 * groups(s.D));
+    QuantizedStore q(bits_, group_);
+    for (auto* rows : {&q.codes_k_, &q.codes_v_}) rows->resize(R);
+    for (auto* rows : {&q.params_k_, &q.params_v_}) rows->resize(R);
+    for (uint64_t i = 0; i < R; ++i) {
+      q.codes_k_[i] = r.array<uint8_t>("codes_k", codes);
+      q.codes_v_[i] = r.array<uint8_t>("codes_v", codes);
+      q.params_k_[i] = r.array<uint16_t>("params_k", params);
+      q.params_v_[i] = r.array<uint16_t>("params_v", params);
+    }
+    *this = std::move(q);
+  }
+
   int64_t nbytes(const CacheShape&) const override {
     int64_t n = 0;
     for (size_t r = 0; r < codes_k_.size(); ++r)
@@ -118,6 +159,24 @@ class KIVIStore final : public internal::CacheStore {
   }
 
   KVPair fetch(const CacheShape& s) const override;
+
+  void save_config(cache::ByteWriter& w) const override {
+    w.put<int32_t>(bits_);
+    w.put<int64_t>(group_);
+    w.put<int64_t>(residual_);
+  }
+  void save_state(cache::ByteWriter& w, const CacheShape&) const override {
+    w.put<int64_t>(quantized_);
+    cache::save_rows(w, window_);
+    w.put<uint64_t>(k_codes_.size());
+    for (size_t r = 0; r < k_codes_.size(); ++r) {
+      w.array(k_codes_[r]);
+      w.array(k_params_[r]);
+      w.array(v_codes_[r]);
+      w.array(v_params_[r]);
+    }
+  }
+  void load_state(cache::ByteReader& r, const CacheShape& s) override;
 
   int64_t nbytes(const CacheShape&) const override {
     int64_t n = window_.buffer_bytes();
@@ -173,6 +232,27 @@ void KIVIStore::quantize_oldest_group(int64_t R, int64_t D) {
   quantized_ += G;
 }
 
+void KIVIStore::load_state(cache::ByteReader& r, const CacheShape& s) {
+  KIVIStore q(bits_, group_, residual_);
+  q.quantized_ = r.get<int64_t>("quantized");
+  if (q.quantized_ < 0 || q.quantized_ > s.seen || q.quantized_ % group_ != 0)
+    r.fail("quantized", "must be a multiple of the group within the tokens seen");
+  q.window_ = cache::load_rows(r, s.rows(), s.D, "window");
+  if (q.quantized_ + q.window_.tokens != s.seen) r.fail("window", "quantized + window tokens differ from the tokens seen");
+  const uint64_t R = checked_rows(r, s);
+  const auto groups = static_cast<uint64_t>(q.quantized_ / group_), n = static_cast<uint64_t>(q.quantized_);
+  const auto D = static_cast<uint64_t>(s.D);
+  for (auto* rows : {&q.k_codes_, &q.v_codes_}) rows->resize(R);
+  for (auto* rows : {&q.k_params_, &q.v_params_}) rows->resize(R);
+  for (uint64_t i = 0; i < R; ++i) {
+    q.k_codes_[i] = r.array<uint8_t>("k_codes", groups * static_cast<uint64_t>(k_group_code_bytes(s.D)));
+    q.k_params_[i] = r.array<uint16_t>("k_params", groups * 2 * D);
+    q.v_codes_[i] = r.array<uint8_t>("v_codes", n * static_cast<uint64_t>(v_token_code_bytes(s.D)));
+    q.v_params_[i] = r.array<uint16_t>("v_params", n * 2 * static_cast<uint64_t>(v_groups(s.D)));
+  }
+  *this = std::move(q);
+}
+
 KVPair KIVIStore::fetch(const CacheShape& s) const {
   const int64_t n = s.seen, D = s.D, G = group_, kcb = k_group_code_bytes(D), vcb = v_token_code_bytes(D),
                 vg = v_groups(D);
@@ -213,6 +293,21 @@ std::unique_ptr<internal::CacheStore> make_kivi(int bits, int64_t group, int64_t
 }
 
 }  // namespace
+
+std::unique_ptr<KVCache> internal::quantized_cache_from_config(cache::ByteReader& r) {
+  const int bits = r.get<int32_t>("config.bits");
+  const int64_t group = r.get<int64_t>("config.group_size");
+  if (group < 1 || group > kMaxSavedGroup) r.fail("config.group_size", "outside [1, 2^20]");
+  return internal::rebuild(r, "config", [&] { return std::make_unique<QuantizedKVCache>(bits, group); });
+}
+
+std::unique_ptr<KVCache> internal::kivi_cache_from_config(cache::ByteReader& r) {
+  const int bits = r.get<int32_t>("config.bits");
+  const int64_t group = r.get<int64_t>("config.group");
+  const int64_t residual = r.get<int64_t>("config.residual");
+  if (group < 1 || group > kMaxSavedGroup) r.fail("config.group", "outside [1, 2^20]");
+  return internal::rebuild(r, "config", [&] { return std::make_unique<KIVICache>(bits, group, residual); });
+}
 
 int64_t QuantizedKVCache::token_side_bytes(int64_t D, int bits, int64_t group_size) {
   return (D * bits + 7) / 8 + 4 * ((D + group_size - 1) / group_size);

@@ -4,11 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "anchorkv/cache.h"
 #include "cache/attention_source.h"
 #include "cache/input.h"
+#include "cache/serial.h"
+#include "core/error.h"
 
 namespace anchorkv::internal {
 
@@ -43,6 +46,39 @@ class CacheStore {
   virtual cache::AttentionSource attention_source(const CacheShape& shape) const {
     return cache::dense_source(fetch(shape));
   }
+
+  // Persistence (docs/cachefile.md). save_config writes the parameters the
+  // cache is rebuilt from; save_state everything it holds, as stored;
+  // load_state fills a freshly built store, every count checked against
+  // `shape` before anything is allocated.
+  virtual void save_config(cache::ByteWriter&) const { unsupported(); }
+  virtual void save_state(cache::ByteWriter&, const CacheShape&) const { unsupported(); }
+  virtual void load_state(cache::ByteReader&, const CacheShape&) { unsupported(); }
+
+ private:
+  [[noreturn]] void unsupported() const {
+    core::fail(ErrorCode::kUnsupported, "anchorkv::save_caches", std::string(api_name()) + " cannot be saved");
+  }
 };
+
+// Empty caches rebuilt from a saved config, one per family (defined beside
+// each family's store). Invalid parameters throw Error(kCorruptFile) through `r`.
+std::unique_ptr<KVCache> full_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> anchorkv_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> quantized_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> kivi_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> streamingllm_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> snapkv_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> h2o_cache_from_config(cache::ByteReader& r);
+
+// Runs `make` and turns an invalid-config error into a corrupt-file error on `field`.
+template <class F>
+auto rebuild(cache::ByteReader& r, const char* field, F&& make) {
+  try {
+    return make();
+  } catch (const Error& e) {
+    r.fail(field, e.what());
+  }
+}
 
 }  // namespace anchorkv::internal

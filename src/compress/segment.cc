@@ -54,6 +54,63 @@ std::vector<int32_t> CompressedRow::anchor_positions() const {
 
 namespace {
 
+std::string check_side(const CompressedSide& s, int64_t n_other, bool compact, int64_t n_flagged, int64_t code_bytes,
+                       const char* name) {
+  const auto n = static_cast<size_t>(n_other);
+  if ((compact ? s.coef16.size() : s.coef.size()) != n || (compact ? s.coef.size() : s.coef16.size()) != 0)
+    return std::string(name) + " coefficients: wrong count for the layout";
+  if (static_cast<int64_t>(s.scales.size()) != n_flagged)
+    return std::string(name) + ": " + std::to_string(s.scales.size()) + " residual scales for " +
+           std::to_string(n_flagged) + " flagged tokens";
+  if (static_cast<int64_t>(s.codes.size()) != n_flagged * code_bytes) return std::string(name) + " codes: wrong size";
+  return "";
+}
+
+// Anchors before each entry (seed layout) must not decrease or exceed n_anchor;
+// compact anchor positions must ascend inside the row.
+std::string check_positions(const CompressedRow& row) {
+  if (row.compact) {
+    if (static_cast<int64_t>(row.anchor_pos.size()) != row.n_anchor) return "anchor_pos: wrong count";
+    for (int64_t j = 0; j < row.n_anchor; ++j)
+      if (row.anchor_pos[j] < 0 || row.anchor_pos[j] >= row.length || (j > 0 && row.anchor_pos[j] <= row.anchor_pos[j - 1]))
+        return "anchor_pos: positions must ascend inside the row";
+    return "";
+  }
+  if (!row.anchor_pos.empty() || !row.meta32.empty()) return "compact buffers in a seed-layout row";
+  int64_t before = 0;
+  for (uint64_t w : row.meta) {
+    const int64_t b = unpack_meta(w).anchors_before;
+    if (b < before || b > row.n_anchor) return "meta: anchors_before must not decrease or exceed n_anchor";
+    before = b;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
+  if (row.length < 1 || row.n_anchor < 1 || row.n_anchor > row.length) return "n_anchor must be in [1, length]";
+  const int64_t n_other = row.length - row.n_anchor;
+  if (static_cast<int64_t>(row.anchor_k.size()) != row.n_anchor * D ||
+      static_cast<int64_t>(row.anchor_v.size()) != row.n_anchor * D)
+    return "anchors: wrong size";
+  if (row.n_other() != n_other || (row.compact ? !row.meta.empty() : !row.meta32.empty()))
+    return "metadata: wrong count for the layout";
+  if (std::string e = check_positions(row); !e.empty()) return e;
+  int64_t flagged_k = 0, flagged_v = 0;
+  for (int64_t e = 0; e < n_other; ++e) {
+    const Meta m = row.compact ? unpack_meta32(row.meta32[e]) : unpack_meta(row.meta[e]);
+    if (m.anchor_k >= row.n_anchor || m.anchor_v >= row.n_anchor)
+      return "metadata: anchor ordinal beyond n_anchor at entry " + std::to_string(e);
+    flagged_k += m.res_k;
+    flagged_v += m.res_v;
+  }
+  if (std::string e = check_side(row.k, n_other, row.compact, flagged_k, code_bytes, "keys"); !e.empty()) return e;
+  return check_side(row.v, n_other, row.compact, flagged_v, code_bytes, "values");
+}
+
+namespace {
+
 // Walks the row in position order, calling emit_anchor(p, j) or emit_token(p, e, meta, slot_k, slot_v).
 template <class A, class T>
 void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {

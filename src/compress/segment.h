@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "compress/codec.h"
@@ -134,6 +135,13 @@ class EntryMetaReader {
   bool need_before_;
   int64_t before_;
 };
+
+// Whether a row read from outside (a cache file) is well formed for head dim
+// D and `code_bytes` bytes per residual: every buffer of the right size for
+// its layout, every anchor ordinal < n_anchor, anchor positions consistent,
+// one residual slot per flagged token. Returns "" or what is wrong; nothing
+// the kernels read can then fall outside the buffers.
+std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes);
 
 // Decode one row into out_k / out_v ([length, D] f32).
 void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float* out_k, float* out_v);

@@ -1,15 +1,11 @@
 #include "io/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <set>
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/mapped_file.h"
 
 namespace anchorkv::io {
 
@@ -79,11 +75,8 @@ bool ggml_block(GgmlType t, int64_t* elems, int64_t* bytes) {
 struct GgufFile::Mapping {
   const uint8_t* data = nullptr;
   size_t size = 0;
-  void* mapped = nullptr;     // mmap'd region, or
+  core::MappedFile file;      // the mapped file, or
   std::vector<uint8_t> copy;  // an owned copy
-  ~Mapping() {
-    if (mapped) munmap(mapped, size);
-  }
 };
 
 GgufFile::GgufFile(GgufFile&&) noexcept = default;
@@ -94,26 +87,9 @@ GgufFile GgufFile::open(const std::string& path) {
   GgufFile f;
   f.name_ = path;
   f.map_ = std::make_unique<Mapping>();
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) core::fail(ErrorCode::kIo, kOp, "cannot open '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    core::fail(ErrorCode::kIo, kOp, "cannot stat '" + path + "': " + std::strerror(e));
-  }
-  f.map_->size = static_cast<size_t>(st.st_size);
-  if (f.map_->size > 0) {
-    void* p = mmap(nullptr, f.map_->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int e = errno;
-      ::close(fd);
-      core::fail(ErrorCode::kIo, kOp, "cannot map '" + path + "': " + std::strerror(e));
-    }
-    f.map_->mapped = p;
-    f.map_->data = static_cast<const uint8_t*>(p);
-  }
-  ::close(fd);
+  f.map_->file = core::MappedFile::open(path, kOp);
+  f.map_->data = f.map_->file.data();
+  f.map_->size = f.map_->file.size();
   f.parse();
   return f;
 }
