@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -96,6 +97,25 @@ py::tuple fetch(const KVCache& cache) {
   return py::make_tuple(to_numpy(std::move(out.keys)), to_numpy(std::move(out.values)));
 }
 
+std::vector<const KVCache*> native_caches(const py::list& caches) {
+  std::vector<const KVCache*> out;
+  for (const py::handle& c : caches) out.push_back(&c.cast<const KVCache&>());
+  return out;
+}
+
+PromptCacheMeta make_meta(std::vector<int32_t> tokens, std::vector<float> logits,
+                          std::map<std::string, std::string> entries) {
+  return {std::move(tokens), std::move(logits), std::move(entries)};
+}
+
+// (caches, tokens, logits, entries) for Python; the caches become their most
+// derived registered class.
+py::tuple loaded_to_python(LoadedCaches&& l) {
+  py::list caches;
+  for (auto& c : l.caches) caches.append(py::cast(std::move(c)));
+  return py::make_tuple(caches, l.meta.tokens, l.meta.logits, l.meta.entries);
+}
+
 // The methods every cache shares.
 template <class C, class... Extra>
 void bind_common(py::class_<C, Extra...>& cls, const char* op) {
@@ -116,12 +136,15 @@ void bind_common(py::class_<C, Extra...>& cls, const char* op) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Native core of the anchorkv package (C++ library bindings).";
 
-  // Library errors: bad input -> ValueError, misuse of state -> RuntimeError.
+  // Library errors: bad input -> ValueError, misuse of state -> RuntimeError,
+  // the operating system -> OSError.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::kInvalidState || e.code() == ErrorCode::kUnsupported)
+      if (e.code() == ErrorCode::kIo)
+        PyErr_SetString(PyExc_OSError, e.what());
+      else if (e.code() == ErrorCode::kInvalidState || e.code() == ErrorCode::kUnsupported)
         PyErr_SetString(PyExc_RuntimeError, e.what());
       else
         PyErr_SetString(PyExc_ValueError, e.what());
@@ -185,8 +208,51 @@ PYBIND11_MODULE(_core, m) {
       py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false,
       py::arg("threads") = 0);
 
+  m.def(
+      "serialize_caches",
+      [](const py::list& caches, std::vector<int32_t> tokens, std::vector<float> logits,
+         std::map<std::string, std::string> entries) {
+        const auto native = native_caches(caches);
+        const PromptCacheMeta meta = make_meta(std::move(tokens), std::move(logits), std::move(entries));
+        std::vector<uint8_t> bytes;
+        {
+          py::gil_scoped_release release;
+          bytes = serialize_caches(native, meta);
+        }
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      },
+      py::arg("caches"), py::arg("tokens"), py::arg("logits"), py::arg("entries"));
+  m.def(
+      "save_caches",
+      [](const std::string& path, const py::list& caches, std::vector<int32_t> tokens, std::vector<float> logits,
+         std::map<std::string, std::string> entries) {
+        const auto native = native_caches(caches);
+        const PromptCacheMeta meta = make_meta(std::move(tokens), std::move(logits), std::move(entries));
+        py::gil_scoped_release release;
+        save_caches(path, native, meta);
+      },
+      py::arg("path"), py::arg("caches"), py::arg("tokens"), py::arg("logits"), py::arg("entries"));
+  m.def("load_caches", [](const std::string& path) {
+    LoadedCaches l;
+    {
+      py::gil_scoped_release release;
+      l = load_caches(path);
+    }
+    return loaded_to_python(std::move(l));
+  });
+  m.def("load_caches_from_bytes", [](const py::bytes& data) {
+    const std::string_view bytes = data;
+    LoadedCaches l;
+    {
+      py::gil_scoped_release release;
+      l = load_caches_from_memory(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "<state>");
+    }
+    return loaded_to_python(std::move(l));
+  });
+
   py::class_<AnchorKVCache, KVCache>(m, "AnchorKVCache")
       .def(py::init<const AnchorKVConfig&>())
+      .def_property_readonly("config", [](const AnchorKVCache& c) { return c.config(); })
       .def("update_and_fetch",
            [](AnchorKVCache& c, const py::handle& k, const py::handle& v) {
              return update(c, k, v, "anchorkv::AnchorKVCache::update_and_fetch");

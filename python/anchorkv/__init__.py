@@ -34,6 +34,8 @@ __all__ = [
     "KIVICache",
     "H2OCache",
     "attend",
+    "save_prompt_cache",
+    "load_prompt_cache",
 ]
 
 _SCALES = {"rms": _core.ResidualScale.rms, "absmax": _core.ResidualScale.absmax}
@@ -84,6 +86,18 @@ class KVCacheConfig:
 
     def __post_init__(self):
         self._native()  # validates; raises ValueError / TypeError naming the field
+
+    @staticmethod
+    def _from_native(c: "_core.AnchorKVConfig") -> "KVCacheConfig":
+        def name_of(table, value):
+            return next(k for k, v in table.items() if v == value)
+
+        return KVCacheConfig(
+            anchorkv_theta=c.theta, anchorkv_window=c.window, anchorkv_rho=c.rho, anchorkv_anchor_frac=c.anchor_frac,
+            anchorkv_residual_bits=c.residual_bits, anchorkv_seed=c.seed, anchorkv_scale=name_of(_SCALES, c.scale),
+            anchorkv_allocation=name_of(_ALLOCATIONS, c.allocation),
+            anchorkv_compress_at=name_of(_TRIGGERS, c.trigger), anchorkv_metadata=name_of(_METADATA, c.metadata),
+            anchorkv_threads=c.threads)
 
     def _native(self) -> "_core.AnchorKVConfig":
         c = _core.AnchorKVConfig()
@@ -145,6 +159,34 @@ class _NativeCache:
     tokens_kept = _forward("tokens_kept", "Token positions still inside the softmax (all heads summed).")
     tokens_total = _forward("tokens_total", "Total token positions ever passed in (all heads summed).")
 
+    @property
+    def state(self) -> np.ndarray:
+        """Everything the cache holds, as stored (a one-layer cache file, docs/cachefile.md), uint8.
+
+        Assigning a state taken from a cache of the same class restores it exactly.
+        """
+        return np.frombuffer(_core.serialize_caches([self._cache], [], [], {}), dtype=np.uint8)
+
+    @state.setter
+    def state(self, value) -> None:
+        caches, _, _, _ = _core.load_caches_from_bytes(np.asarray(value, dtype=np.uint8).tobytes())
+        if len(caches) != 1 or type(caches[0]) is not type(self._cache):
+            raise ValueError(f"[anchorkv.{type(self).__name__}.state] the state holds another kind of cache")
+        self._adopt(caches[0])
+
+    @property
+    def meta_state(self) -> Tuple[str, ...]:
+        """(class name, native class name): what a loader needs besides ``state``."""
+        return (type(self).__name__, type(self._cache).__name__)
+
+    @meta_state.setter
+    def meta_state(self, value) -> None:
+        if tuple(value)[:1] != (type(self).__name__,):
+            raise ValueError(f"[anchorkv.{type(self).__name__}.meta_state] written by {tuple(value)[:1]}")
+
+    def _adopt(self, native) -> None:
+        self._cache = native
+
 
 class AnchorKVKVCache(_NativeCache):
     """AnchorKV anchor-residual KV cache for one layer. Never evicts a token.
@@ -163,6 +205,10 @@ class AnchorKVKVCache(_NativeCache):
     def compress_now(self) -> None:
         """Compress every exactly-stored token now (chunked prefill by hand)."""
         self._cache.compress_now()
+
+    def _adopt(self, native) -> None:
+        self._cache = native
+        self.config = KVCacheConfig._from_native(native.config)
 
     def is_trimmable(self) -> bool:
         """False: trimming would desynchronise the compressed state."""
@@ -266,6 +312,60 @@ class KVCacheBuilder:
         config = config if config is not None else KVCacheConfig()
         return [AnchorKVKVCache(config) for _ in range(n_layers)]
 
+    @staticmethod
+    def for_model(model, config: Optional[KVCacheConfig] = None) -> List[AnchorKVKVCache]:
+        """One AnchorKV cache per layer of ``model`` (an object with ``layers``, or ``n_layers``, or an int)."""
+        if hasattr(model, "layers"):
+            n_layers = len(model.layers)
+        elif hasattr(model, "n_layers"):
+            n_layers = model.n_layers
+        else:
+            n_layers = model
+        return KVCacheBuilder.for_layers(n_layers, config)
+
+
+_WRAPPERS = {}
+
+
+def _wrap(native):
+    """A Python cache object around a native cache of any class."""
+    cls = _WRAPPERS[type(native)]
+    obj = cls.__new__(cls)
+    if cls is FullKVCache:
+        obj.config = None
+    obj._adopt(native)
+    return obj
+
+
+def save_prompt_cache(file_name: str, cache: List, metadata: Optional[dict] = None) -> None:
+    """Save every layer's cache to ``file_name`` (mlx_lm's name and meaning), as stored.
+
+    ``metadata``: a dict of str -> str kept with the caches. The write is
+    atomic: a crash mid-save leaves the previous file intact.
+    """
+    metadata = {} if metadata is None else metadata
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise TypeError("[anchorkv.save_prompt_cache] metadata must map str to str")
+    natives = []
+    for c in cache:
+        native = getattr(c, "_cache", None)
+        if native is None:
+            raise TypeError(f"[anchorkv.save_prompt_cache] not an anchorkv cache: {type(c).__name__}")
+        natives.append(native)
+    _core.save_caches(str(file_name), natives, [], [], dict(metadata))
+
+
+def load_prompt_cache(file_name: str, return_metadata: bool = False):
+    """Load the caches saved by ``save_prompt_cache`` (mlx_lm's name and meaning).
+
+    Returns the list of caches, and the metadata dict too when
+    ``return_metadata``. A damaged file raises ValueError naming the section
+    and field; a file from a newer version RuntimeError; a missing one OSError.
+    """
+    natives, _, _, entries = _core.load_caches(str(file_name))
+    caches = [_wrap(n) for n in natives]
+    return (caches, dict(entries)) if return_metadata else caches
+
 
 def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.float32, threads: int = 0) -> np.ndarray:
     """Attention of ``query`` [B, Hq, Sq, D] over ``cache`` without building its dense K/V.
@@ -281,3 +381,14 @@ def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.flo
         raise ValueError(f"[anchorkv.attend] dtype must be float32 or float16, got {dtype}")
     return _core.attend(query, native, 0.0 if scale is None else float(scale), np.dtype(dtype) == np.float16,
                         int(threads))
+
+
+_WRAPPERS.update({
+    _core.AnchorKVCache: AnchorKVKVCache,
+    _core.FullKVCache: FullKVCache,
+    _core.QuantizedKVCache: QuantizedKVCache,
+    _core.StreamingLLMCache: StreamingLLMCache,
+    _core.SnapKVCache: SnapKVCache,
+    _core.KIVICache: KIVICache,
+    _core.H2OCache: H2OCache,
+})

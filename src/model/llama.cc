@@ -288,6 +288,18 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int
   for (int64_t l = 0; l < w_.config.n_layers; ++l) caches_.push_back(make_cache(l));
 }
 
+void LlamaModel::restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t position) {
+  constexpr const char* op = "anchorkv::LlamaModel::restore";
+  if (static_cast<int64_t>(caches.size()) != w_.config.n_layers)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               std::to_string(caches.size()) + " caches for " + std::to_string(w_.config.n_layers) + " layers");
+  for (const auto& c : caches)
+    if (!c || c->offset() != position)
+      core::fail(ErrorCode::kInvalidArgument, op, "every cache must hold " + std::to_string(position) + " positions");
+  caches_ = std::move(caches);
+  pos_ = position;
+}
+
 namespace {
 void rmsnorm(const float* x, const float* g, int64_t D, double eps, float* out) {
   double ss = 0;

@@ -97,6 +97,11 @@ class LlamaModel {
   // all_logits, else [1, vocab] for the last token.
   std::vector<float> forward(const std::vector<int32_t>& tokens, bool all_logits = false);
   int64_t position() const { return pos_; }
+  // Continues from saved caches (one per layer, each holding `position`
+  // positions, keys stored as this model stores them). Throws
+  // Error(kInvalidArgument) and changes nothing if they do not fit.
+  void restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t position);
+  KeyRope keys() const { return keys_; }
   const LlamaConfig& config() const { return w_.config; }
   const std::vector<std::unique_ptr<KVCache>>& caches() const { return caches_; }
 

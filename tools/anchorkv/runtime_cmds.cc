@@ -19,6 +19,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "cache/registry.h"
+#include "eval/prompt_cache.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
 #include "io/kvdump.h"
@@ -67,7 +68,42 @@ struct RunOptions {
   int64_t n = 128;
   model::SamplerOptions sampler;
   int threads = 0;
+  std::string prompt_cache;
 };
+
+// The prompt's logits: from a prompt cache when --prompt-cache names one whose
+// tokens start the prompt (then only the rest is prefilled), else by a full
+// prefill; the file is (re)written whenever tokens were prefilled.
+struct Prefill {
+  std::vector<float> logits;
+  double seconds = 0;      // of the forward pass (not the cache file)
+  int64_t prefilled = 0;   // tokens run through the model
+};
+Prefill prefill(const RunOptions& o, const model::LlamaWeights& w, const std::vector<int32_t>& prompt,
+                model::LlamaModel& m) {
+  const auto t0 = Clock::now();
+  if (o.prompt_cache.empty()) {
+    std::vector<float> logits = m.forward(prompt);
+    return {std::move(logits), since(t0), static_cast<int64_t>(prompt.size())};
+  }
+  const std::string identity = eval::model_identity(o.model, w);
+  eval::PromptCacheHit hit = eval::try_restore(o.prompt_cache, identity, o.cache, o.theta, prompt, m);
+  if (hit.used)
+    std::fprintf(stderr, "[prompt cache] loaded %lld tokens from %s (%lld bytes on disk) in %.2f ms\n",
+                 static_cast<long long>(hit.tokens), o.prompt_cache.c_str(), static_cast<long long>(hit.file_bytes),
+                 hit.load_s * 1e3);
+  else
+    std::fprintf(stderr, "[prompt cache] not used: %s\n", hit.why_not.c_str());
+  if (hit.used && hit.tokens == static_cast<int64_t>(prompt.size())) return {std::move(hit.logits), 0.0, 0};
+  const auto t1 = Clock::now();
+  std::vector<float> logits = m.forward(std::vector<int32_t>(prompt.begin() + hit.tokens, prompt.end()));
+  const double seconds = since(t1);
+  const auto t2 = Clock::now();
+  const int64_t bytes = eval::save_prompt(o.prompt_cache, identity, o.cache, o.theta, prompt, logits, m);
+  std::fprintf(stderr, "[prompt cache] saved %zu tokens to %s: %lld bytes on disk in %.2f ms\n", prompt.size(),
+               o.prompt_cache.c_str(), static_cast<long long>(bytes), since(t2) * 1e3);
+  return {std::move(logits), seconds, static_cast<int64_t>(prompt.size()) - hit.tokens};
+}
 
 void run(const RunOptions& o) {
   const model::LlamaWeights w = model::load_model(o.model);
@@ -77,10 +113,9 @@ void run(const RunOptions& o) {
   const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
   model::LlamaModel m = eval::make_model(w, o.cache, o.theta, o.threads);
   model::Sampler sampler(o.sampler);
+  Prefill pre = prefill(o, w, prompt, m);
+  std::vector<float>& logits = pre.logits;
   auto t0 = Clock::now();
-  std::vector<float> logits = m.forward(prompt);
-  const double prefill_s = since(t0);
-  t0 = Clock::now();
   int64_t generated = 0;
   for (; generated < o.n; ++generated) {
     const int32_t next = sampler.sample(logits.data(), w.config.vocab);
@@ -97,10 +132,11 @@ void run(const RunOptions& o) {
   const eval::CacheTotals t = eval::cache_totals(m);
   std::fprintf(
       stderr,
-      "\n\n[%s cache] prompt %zu tokens: prefill %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
+      "\n\n[%s cache] prompt %zu tokens, %lld prefilled: %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
       "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n"
       "[weights] %.1f MiB in memory\n",
-      o.cache.c_str(), prompt.size(), static_cast<double>(prompt.size()) / prefill_s,
+      o.cache.c_str(), prompt.size(), static_cast<long long>(pre.prefilled),
+      pre.prefilled > 0 ? static_cast<double>(pre.prefilled) / pre.seconds : 0.0,
       static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
       o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
       t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0,
@@ -420,6 +456,8 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--top-p", r->sampler.top_p, "nucleus mass (1 = all)");
   run_cmd->add_option("--seed", r->sampler.seed, "sampling seed");
   run_cmd->add_option("--threads", r->threads, "threads (0 = all cores)");
+  run_cmd->add_option("--prompt-cache", r->prompt_cache,
+                      "cache file (docs/cachefile.md): reused when its tokens start the prompt, written otherwise");
   run_cmd->callback([r] { run(*r); });
 
   auto e = std::make_shared<EvalOptions>();

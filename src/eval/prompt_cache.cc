@@ -1,0 +1,132 @@
+#include "eval/prompt_cache.h"
+
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+
+#include "anchorkv/cachefile.h"
+#include "anchorkv/status.h"
+#include "io/gguf.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace anchorkv::eval {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void hash_value(XXH64_state_t* h, const io::GgufValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) {
+    XXH64_update(h, s->data(), s->size());
+  } else if (const auto* a = std::get_if<std::shared_ptr<io::GgufArray>>(&v)) {
+    for (const auto& item : (*a)->items) hash_value(h, item);
+  } else {
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_arithmetic_v<T>) XXH64_update(h, &x, sizeof(x));
+        },
+        v);
+  }
+}
+
+uint64_t gguf_hash(const std::string& path) {
+  const io::GgufFile f = io::GgufFile::open(path);
+  XXH64_state_t* h = XXH64_createState();
+  XXH64_reset(h, 0);
+  for (const auto& [key, value] : f.metadata()) {  // includes the tokenizer's vocabulary and merges
+    XXH64_update(h, key.data(), key.size());
+    hash_value(h, value);
+  }
+  for (const io::GgufTensor& t : f.tensors()) {
+    XXH64_update(h, t.name.data(), t.name.size());
+    XXH64_update(h, &t.type, sizeof(t.type));
+    XXH64_update(h, t.dims.data(), t.dims.size() * sizeof(int64_t));
+    XXH64_update(h, &t.offset, sizeof(t.offset));
+  }
+  const uint64_t out = XXH64_digest(h);
+  XXH64_freeState(h);
+  return out;
+}
+
+}  // namespace
+
+std::string model_identity(const std::string& model_path, const model::LlamaWeights& w) {
+  const auto& c = w.config;
+  const bool gguf = model_path.size() >= 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
+  uint64_t h = 0;
+  if (gguf) {
+    h = gguf_hash(model_path);
+  } else {  // llama2.c: the header is the config; the size pins the rest
+    const uint64_t size = std::filesystem::file_size(model_path);
+    h = XXH64(&size, sizeof(size), 0);
+  }
+  std::ostringstream os;
+  os << (c.architecture.empty() ? "llama" : c.architecture) << " layers=" << c.n_layers << " dim=" << c.dim
+     << " heads=" << c.n_heads << "/" << c.n_kv_heads << " head_dim=" << c.head_dim << " vocab=" << c.vocab
+     << " rope_base=" << c.rope_base << " hash=" << std::hex << h;
+  return os.str();
+}
+
+PromptCacheHit try_restore(const std::string& path, const std::string& identity, const std::string& spec, double theta,
+                           const std::vector<int32_t>& prompt, model::LlamaModel& m) {
+  PromptCacheHit hit;
+  if (!std::filesystem::exists(path)) {
+    hit.why_not = "no file yet";
+    return hit;
+  }
+  const auto t0 = Clock::now();
+  LoadedCaches l;
+  try {
+    l = load_caches(path);
+  } catch (const Error& e) {
+    hit.why_not = e.what();
+    return hit;
+  }
+  const auto& meta = l.meta.entries;
+  auto entry = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
+  std::ostringstream th;
+  th << theta;
+  const std::vector<int32_t>& toks = l.meta.tokens;
+  if (entry("model") != identity)
+    hit.why_not = "written for another model (" + entry("model") + ")";
+  else if (entry("cache") != spec || entry("theta") != th.str())
+    hit.why_not = "written with cache " + entry("cache") + " theta " + entry("theta");
+  else if (toks.empty() || toks.size() > prompt.size() || !std::equal(toks.begin(), toks.end(), prompt.begin()))
+    hit.why_not = "its " + std::to_string(toks.size()) + " tokens are not a prefix of the prompt";
+  else if (toks.size() == prompt.size() && static_cast<int64_t>(l.meta.logits.size()) != m.config().vocab)
+    hit.why_not = "it covers the whole prompt but holds no logits for the next token";
+  if (!hit.why_not.empty()) return hit;
+  try {
+    m.restore(std::move(l.caches), static_cast<int64_t>(toks.size()));
+  } catch (const Error& e) {
+    hit.why_not = e.what();
+    return hit;
+  }
+  hit.used = true;
+  hit.tokens = static_cast<int64_t>(toks.size());
+  hit.logits = std::move(l.meta.logits);
+  hit.load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  hit.file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
+  return hit;
+}
+
+int64_t save_prompt(const std::string& path, const std::string& identity, const std::string& spec, double theta,
+                    const std::vector<int32_t>& tokens, const std::vector<float>& logits, const model::LlamaModel& m) {
+  PromptCacheMeta meta;
+  meta.tokens = tokens;
+  meta.logits = logits;
+  std::ostringstream th;
+  th << theta;
+  meta.entries = {{"model", identity},
+                  {"cache", spec},
+                  {"theta", th.str()},
+                  {"keys", m.keys() == model::KeyRope::kPreRope ? "pre" : "post"}};
+  std::vector<const KVCache*> caches;
+  for (const auto& c : m.caches()) caches.push_back(c.get());
+  save_caches(path, caches, meta);
+  return static_cast<int64_t>(std::filesystem::file_size(path));
+}
+
+}  // namespace anchorkv::eval

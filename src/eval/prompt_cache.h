@@ -1,0 +1,40 @@
+// Prompt caches for the runtime: a model's caches after a prompt, saved with
+// what is needed to trust them later (the model's identity, how keys were
+// stored, the cache spec) and reused when a later prompt starts with the same
+// tokens. File format: docs/cachefile.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace anchorkv::eval {
+
+// Architecture, dimensions and an xxHash64 of the tensor metadata (names,
+// types, shapes) and tokenizer (a GGUF's metadata; a llama2.c checkpoint's
+// header and size).
+std::string model_identity(const std::string& model_path, const model::LlamaWeights& w);
+
+struct PromptCacheHit {
+  bool used = false;        // the file's caches are now the model's
+  std::string why_not;      // when not used: the reason, for the user
+  int64_t tokens = 0;       // positions restored
+  std::vector<float> logits;  // after the last restored token (may be empty)
+  double load_s = 0;
+  int64_t file_bytes = 0;
+};
+
+// Restores `m` from `path` when the file exists, was written for the same
+// model, cache spec and theta, and its tokens are a prefix of `prompt`.
+// A missing, foreign or damaged file is not an error: it is reported in
+// why_not and `m` is unchanged.
+PromptCacheHit try_restore(const std::string& path, const std::string& identity, const std::string& spec, double theta,
+                           const std::vector<int32_t>& prompt, model::LlamaModel& m);
+
+// Saves `m`'s caches, covering `tokens`, atomically. Returns the bytes written.
+int64_t save_prompt(const std::string& path, const std::string& identity, const std::string& spec, double theta,
+                    const std::vector<int32_t>& tokens, const std::vector<float>& logits, const model::LlamaModel& m);
+
+}  // namespace anchorkv::eval
