@@ -87,7 +87,7 @@ KVDump parse_kvdump(const uint8_t* data, size_t size, const std::string& name) {
     bad("a zero dimension in the header");
   if (h.n_heads % h.n_kv_heads != 0) bad("n_heads is not a multiple of n_kv_heads");
   const uint64_t per = layer_floats(h.n_heads, h.n_kv_heads, h.head_dim, h.n_tokens);
-  uint64_t payload;
+  uint64_t payload = 0;
   if (per == 0 || __builtin_mul_overflow(per, uint64_t{4} * h.n_layers, &payload)) bad("sizes overflow");
   if (payload != h.payload) bad("payload size " + std::to_string(h.payload) + " disagrees with the shape (" +
                                 std::to_string(payload) + ")");

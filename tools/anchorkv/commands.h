@@ -13,5 +13,6 @@ void register_bench(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_runtime(CLI::App& app);
+void register_bench_persist(CLI::App& app);  // after register_bench
 
 }  // namespace anchorkv::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   anchorkv::cli::register_demo(app);
   anchorkv::cli::register_codec_mse(app);
   anchorkv::cli::register_bench(app);
+  anchorkv::cli::register_bench_persist(app);
   anchorkv::cli::register_compare(app);
   anchorkv::cli::register_logits(app);
   anchorkv::cli::register_runtime(app);
