@@ -131,3 +131,38 @@ def test_cli_prompt_cache_gives_the_same_text(tmp_path, cache):
     assert "loaded" in err3 and "saved" in err3
     if cache == "full":  # exact caches give the same text after a partial prefill too
         assert ext == ext_plain
+
+
+@pytest.mark.skipif(not CLI or not TINY.exists(), reason="needs the anchorkv CLI (ANCHORKV_CLI) and the tiny model")
+def test_cli_foreign_files_are_not_used(tmp_path):
+    prompt = "In the beginning God created the heaven and the earth."
+    file = str(tmp_path / "p.akvc")
+    base = [CLI, "run", "-m", str(TINY), "-n", "4", "-p", prompt, "--prompt-cache", file]
+    subprocess.run(base + ["--cache", "anchorkv_compact:pre", "--theta", "0.1"], capture_output=True, check=True)
+    r = subprocess.run(base + ["--cache", "full"], capture_output=True, text=True, check=True)
+    assert "not used: written with cache anchorkv_compact:pre" in r.stderr
+    other = ROOT.parent / "shared" / "models" / "stories260K.bin"
+    if other.exists():
+        r = subprocess.run([CLI, "run", "-m", str(other), "-n", "2", "--tokens", "1,300,301", "--cache", "full",
+                            "--prompt-cache", file], capture_output=True, text=True, check=True)
+        assert "not used: written for another model" in r.stderr
+    pathlib.Path(file).write_bytes(b"AKVCACHE" + b"\0" * 40)  # damaged: reported, then overwritten
+    r = subprocess.run(base + ["--cache", "full"], capture_output=True, text=True, check=True)
+    assert "not used:" in r.stderr and "saved" in r.stderr
+
+
+@pytest.mark.skipif(not CLI or not TINY.exists(), reason="needs the anchorkv CLI (ANCHORKV_CLI) and the tiny model")
+def test_cli_eval_prefix_from_prompt_cache_scores_the_same(tmp_path):
+    import json
+
+    text = ROOT / "tests" / "data" / "genesis1.txt"
+    cmd = [CLI, "eval", "-m", str(TINY), "--text", str(text), "--ctx", "256", "--theta", "0.1", "--caches",
+           "full,anchorkv_compact:pre,snapkv", "--prompt-cache", str(tmp_path / "g")]
+    results = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.json"
+        subprocess.run(cmd + ["--json", str(out)], capture_output=True, check=True)
+        results.append(json.loads(out.read_text())["results"])
+    for first, second in zip(*results):
+        assert first["prefix_from_file"] == 0 and second["prefix_from_file"] > 0
+        assert first["kl_mean"] == second["kl_mean"] and first["perplexity"] == second["perplexity"]

@@ -129,4 +129,31 @@ int64_t save_prompt(const std::string& path, const std::string& identity, const 
   return static_cast<int64_t>(std::filesystem::file_size(path));
 }
 
+CachedPrefill prefill_through(const std::string& path, const std::string& identity, const std::string& spec,
+                              double theta, const std::vector<int32_t>& prompt, model::LlamaModel& m) {
+  CachedPrefill out;
+  out.hit = try_restore(path, identity, spec, theta, prompt, m);
+  if (out.hit.used && out.hit.tokens == static_cast<int64_t>(prompt.size())) {
+    out.logits = std::move(out.hit.logits);
+    return out;
+  }
+  auto t0 = Clock::now();
+  out.logits = m.forward(std::vector<int32_t>(prompt.begin() + out.hit.tokens, prompt.end()));
+  out.forward_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  out.prefilled = static_cast<int64_t>(prompt.size()) - out.hit.tokens;
+  t0 = Clock::now();
+  out.saved_bytes = save_prompt(path, identity, spec, theta, prompt, out.logits, m);
+  out.save_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+std::string prompt_cache_path(const std::string& stem, const std::string& spec, double theta) {
+  std::ostringstream os;
+  os << stem << "-" << spec << "-" << theta << ".akvc";
+  std::string p = os.str();
+  for (size_t i = stem.size(); i < p.size(); ++i)
+    if (p[i] == ':') p[i] = '_';
+  return p;
+}
+
 }  // namespace anchorkv::eval

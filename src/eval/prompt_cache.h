@@ -37,4 +37,21 @@ PromptCacheHit try_restore(const std::string& path, const std::string& identity,
 int64_t save_prompt(const std::string& path, const std::string& identity, const std::string& spec, double theta,
                     const std::vector<int32_t>& tokens, const std::vector<float>& logits, const model::LlamaModel& m);
 
+// Prefill of `prompt` through a prompt cache file: restored when try_restore
+// allows, only the rest run through the model, and the file (re)written
+// whenever tokens were prefilled.
+struct CachedPrefill {
+  std::vector<float> logits;  // after the prompt's last token
+  PromptCacheHit hit;
+  double forward_s = 0;       // of the forward pass only
+  int64_t prefilled = 0;      // tokens run through the model
+  int64_t saved_bytes = 0;    // 0 when the file was not written
+  double save_s = 0;
+};
+CachedPrefill prefill_through(const std::string& path, const std::string& identity, const std::string& spec,
+                              double theta, const std::vector<int32_t>& prompt, model::LlamaModel& m);
+
+// The file for one (spec, theta) under `stem`: "<stem>-<spec>-<theta>.akvc" (':' -> '_').
+std::string prompt_cache_path(const std::string& stem, const std::string& spec, double theta);
+
 }  // namespace anchorkv::eval

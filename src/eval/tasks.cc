@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "cache/registry.h"
+#include "eval/prompt_cache.h"
 #include "core/rng.h"
 #include "model/sampler.h"
 
@@ -47,15 +48,25 @@ CacheTotals cache_totals(const model::LlamaModel& m) {
 }
 
 Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
-                          const std::string& spec, double theta, int threads) {
+                          const std::string& spec, double theta, int threads, const PrefixFiles* files) {
   model::LlamaModel m = make_model(w, spec, theta, threads);
   Continuation c;
   const int64_t V = w.config.vocab;
-  auto t0 = Clock::now();
-  std::vector<float> logits = m.forward(std::vector<int32_t>(toks.begin(), toks.begin() + P));
-  c.prefill_s = since(t0);
+  const std::vector<int32_t> prefix(toks.begin(), toks.begin() + P);
+  std::vector<float> logits;
+  if (files) {
+    CachedPrefill pre =
+        prefill_through(prompt_cache_path(files->stem, spec, theta), files->identity, spec, theta, prefix, m);
+    logits = std::move(pre.logits);
+    c.prefill_s = pre.forward_s;
+    c.prefix_from_file = pre.hit.tokens;
+  } else {
+    const auto t0 = Clock::now();
+    logits = m.forward(prefix);
+    c.prefill_s = since(t0);
+  }
   c.bytes = cache_totals(m);
-  t0 = Clock::now();
+  const auto t0 = Clock::now();
   c.logp.push_back(model::log_softmax(logits.data(), V));
   for (int64_t t = P; t + 1 < static_cast<int64_t>(toks.size()); ++t) {
     logits = m.forward({toks[t]});

@@ -32,11 +32,17 @@ CacheTotals cache_totals(const model::LlamaModel& m);
 // is decoded one at a time.
 struct Continuation {
   std::vector<std::vector<double>> logp;  // per predicted position
-  double prefill_s = 0, decode_s = 0;
-  CacheTotals bytes;  // right after the prefix
+  double prefill_s = 0, decode_s = 0;     // prefill_s: forward time of the prefix (0 when restored)
+  int64_t prefix_from_file = 0;           // prefix tokens restored from a prompt cache
+  CacheTotals bytes;                      // right after the prefix
+};
+// Optional prompt-cache files for the prefixes: one file per (spec, theta)
+// under `stem` (eval/prompt_cache.h), trusted only for the model `identity`.
+struct PrefixFiles {
+  std::string stem, identity;
 };
 Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
-                          const std::string& spec, double theta, int threads);
+                          const std::string& spec, double theta, int threads, const PrefixFiles* files = nullptr);
 
 struct ContinuationScore {
   double perplexity = 0, kl_mean = 0, top1 = 0, bits_per_token = 0;

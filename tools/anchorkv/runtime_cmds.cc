@@ -87,22 +87,17 @@ Prefill prefill(const RunOptions& o, const model::LlamaWeights& w, const std::ve
     return {std::move(logits), since(t0), static_cast<int64_t>(prompt.size())};
   }
   const std::string identity = eval::model_identity(o.model, w);
-  eval::PromptCacheHit hit = eval::try_restore(o.prompt_cache, identity, o.cache, o.theta, prompt, m);
-  if (hit.used)
+  eval::CachedPrefill c = eval::prefill_through(o.prompt_cache, identity, o.cache, o.theta, prompt, m);
+  if (c.hit.used)
     std::fprintf(stderr, "[prompt cache] loaded %lld tokens from %s (%lld bytes on disk) in %.2f ms\n",
-                 static_cast<long long>(hit.tokens), o.prompt_cache.c_str(), static_cast<long long>(hit.file_bytes),
-                 hit.load_s * 1e3);
+                 static_cast<long long>(c.hit.tokens), o.prompt_cache.c_str(), static_cast<long long>(c.hit.file_bytes),
+                 c.hit.load_s * 1e3);
   else
-    std::fprintf(stderr, "[prompt cache] not used: %s\n", hit.why_not.c_str());
-  if (hit.used && hit.tokens == static_cast<int64_t>(prompt.size())) return {std::move(hit.logits), 0.0, 0};
-  const auto t1 = Clock::now();
-  std::vector<float> logits = m.forward(std::vector<int32_t>(prompt.begin() + hit.tokens, prompt.end()));
-  const double seconds = since(t1);
-  const auto t2 = Clock::now();
-  const int64_t bytes = eval::save_prompt(o.prompt_cache, identity, o.cache, o.theta, prompt, logits, m);
-  std::fprintf(stderr, "[prompt cache] saved %zu tokens to %s: %lld bytes on disk in %.2f ms\n", prompt.size(),
-               o.prompt_cache.c_str(), static_cast<long long>(bytes), since(t2) * 1e3);
-  return {std::move(logits), seconds, static_cast<int64_t>(prompt.size()) - hit.tokens};
+    std::fprintf(stderr, "[prompt cache] not used: %s\n", c.hit.why_not.c_str());
+  if (c.saved_bytes > 0)
+    std::fprintf(stderr, "[prompt cache] saved %zu tokens to %s: %lld bytes on disk in %.2f ms\n", prompt.size(),
+                 o.prompt_cache.c_str(), static_cast<long long>(c.saved_bytes), c.save_s * 1e3);
+  return {std::move(c.logits), c.forward_s, c.prefilled};
 }
 
 void run(const RunOptions& o) {
@@ -248,6 +243,7 @@ struct EvalOptions {
   std::vector<std::string> caches = {"full", "anchorkv", "snapkv", "h2o", "streamingllm", "kivi2"};
   std::vector<double> thetas = {0.05, 0.1, 0.2};
   int threads = 0;
+  std::string prompt_cache;  // file stem: one prompt cache per (cache, theta) for the prefix
 };
 
 void evaluate(const EvalOptions& o) {
@@ -268,7 +264,10 @@ void evaluate(const EvalOptions& o) {
   if (N < 3) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "need at least 3 tokens of text");
   const bool tty = isatty(fileno(stderr));
   const auto runs = eval::cache_runs(o.caches, o.thetas);
-  const eval::Continuation ref = eval::continuation(w, toks, P, "full", 0, o.threads);
+  eval::PrefixFiles files;
+  if (!o.prompt_cache.empty()) files = {o.prompt_cache, eval::model_identity(o.model, w)};
+  const eval::PrefixFiles* pf = o.prompt_cache.empty() ? nullptr : &files;
+  const eval::Continuation ref = eval::continuation(w, toks, P, "full", 0, o.threads, pf);
   fmt::print(
       "{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
       o.model, N, P, N - P);
@@ -277,10 +276,12 @@ void evaluate(const EvalOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
   for (const auto& [cache, theta] : runs) {
-    const eval::Continuation c = cache == "full" ? ref : eval::continuation(w, toks, P, cache, theta, o.threads);
+    const eval::Continuation c =
+        cache == "full" ? ref : eval::continuation(w, toks, P, cache, theta, o.threads, pf);
     const eval::ContinuationScore sc = eval::score_continuation(ref, c, toks, P);
     const double ratio = c.bytes.ratio();
-    const double prefill_tok_s = static_cast<double>(P) / c.prefill_s;
+    const int64_t prefilled = P - c.prefix_from_file;  // 0 when the prefix came from a prompt cache
+    const double prefill_tok_s = prefilled > 0 ? static_cast<double>(prefilled) / c.prefill_s : 0.0;
     const double decode_tok_s = static_cast<double>(sc.n - 1) / std::max(c.decode_s, 1e-9);
     fmt::print("  {:<21} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
                theta > 0 ? fmt::format("{}", theta) : "-", ratio, sc.perplexity, sc.kl_mean, 100.0 * sc.top1,
@@ -292,6 +293,7 @@ void evaluate(const EvalOptions& o) {
                     {"kl_mean", sc.kl_mean},
                     {"top1_agreement", sc.top1},
                     {"prefill_tok_s", prefill_tok_s},
+                    {"prefix_from_file", c.prefix_from_file},
                     {"decode_tok_s", decode_tok_s}});
     if (tty) std::fprintf(stderr, "[%d/%zu]\r", ++done, runs.size());
   }
@@ -481,6 +483,8 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
   ev->add_option("--json", e->json_path, "write JSON here");
   ev->add_option("--threads", e->threads, "threads (0 = all cores)");
+  ev->add_option("--prompt-cache", e->prompt_cache,
+                 "file stem: the prefix of each (cache, theta) is kept in STEM-CACHE-THETA.akvc and reused");
   auto dk = std::make_shared<DumpOptions>();
   CLI::App* dump = app.add_subcommand("dump-kv", "Write every layer's Q/K/V of a prompt to an .akv file");
   dump->add_option("--model,-m", dk->model, "model file")->required();
