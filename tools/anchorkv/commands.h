@@ -14,5 +14,6 @@ void register_compare(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_runtime(CLI::App& app);
 void register_bench_persist(CLI::App& app);  // after register_bench
+void register_serve(CLI::App& app);
 
 }  // namespace anchorkv::cli

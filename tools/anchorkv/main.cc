@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   anchorkv::cli::register_codec_mse(app);
   anchorkv::cli::register_bench(app);
   anchorkv::cli::register_bench_persist(app);
+  anchorkv::cli::register_serve(app);
   anchorkv::cli::register_compare(app);
   anchorkv::cli::register_logits(app);
   anchorkv::cli::register_runtime(app);

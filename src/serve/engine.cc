@@ -1,0 +1,196 @@
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "anchorkv/cachefile.h"
+#include "eval/tasks.h"
+
+namespace anchorkv::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Bytes at the end of s that start a UTF-8 character not yet complete.
+size_t incomplete_utf8_tail(const std::string& s) {
+  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
+    const auto c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+// A slot for the lifetime of one request.
+class SlotGuard {
+ public:
+  SlotGuard(std::mutex& m, std::condition_variable& cv, int& busy, int slots) : m_(m), cv_(cv), busy_(busy) {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return busy_ < slots; });
+    ++busy_;
+  }
+  ~SlotGuard() {
+    {
+      std::lock_guard lock(m_);
+      --busy_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex& m_;
+  std::condition_variable& cv_;
+  int& busy_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- TextStream
+
+std::string TextStream::push(const std::string& piece, bool* stopped) {
+  pending_ += piece;
+  size_t first = std::string::npos;
+  for (const auto& s : stop_)
+    if (!s.empty()) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    *stopped = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest tail that could still begin a stop string.
+  size_t hold = 0;
+  for (const auto& s : stop_)
+    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n)
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  hold = std::max(hold, incomplete_utf8_tail(pending_));
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string TextStream::finish() { return std::exchange(pending_, std::string()); }
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options)
+    : weights_(weights), tok_(tokenizer), opt_(std::move(options)) {
+  eval::make_model(weights_, opt_.cache, opt_.theta, 1);  // validates the cache spec now
+}
+
+bool Engine::take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out) {
+  std::lock_guard lock(pool_mutex_);
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->tokens.size() <= prompt.size() && std::equal(it->tokens.begin(), it->tokens.end(), prompt.begin()) &&
+        (best == pool_.end() || it->tokens.size() > best->tokens.size()))
+      best = it;
+  if (best == pool_.end()) {
+    ++metrics_.prefix_misses;
+    return false;
+  }
+  pool_.splice(pool_.begin(), pool_, best);  // most recently used
+  *out = pool_.front();
+  ++metrics_.prefix_hits;
+  return true;
+}
+
+int64_t Engine::PoolEntry::bytes() const {
+  return static_cast<int64_t>(file.size() + logits.size() * sizeof(float));
+}
+
+void Engine::add_to_pool(PoolEntry entry) {
+  const int64_t bytes = entry.bytes();
+  std::lock_guard lock(pool_mutex_);
+  if (bytes > opt_.pool_budget) return;
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->tokens == entry.tokens) {  // the same prompt again: refresh it
+      pool_bytes_ -= it->bytes();
+      pool_.erase(it);
+      break;
+    }
+  while (!pool_.empty() && pool_bytes_ + bytes > opt_.pool_budget) {
+    pool_bytes_ -= pool_.back().bytes();
+    pool_.pop_back();
+    ++metrics_.pool_evictions;
+  }
+  pool_bytes_ += bytes;
+  pool_.push_front(std::move(entry));
+}
+
+GenerateResult Engine::generate(const GenerateRequest& req) {
+  SlotGuard slot(slot_mutex_, slot_free_, busy_slots_, std::max(1, opt_.slots));
+  GenerateResult res;
+  res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  model::LlamaModel m = eval::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
+  std::vector<float> logits;
+  PoolEntry hit;
+  if (take_prefix(req.prompt, &hit)) {
+    LoadedCaches l = load_caches_from_memory(hit.file.data(), hit.file.size(), "prefix pool");
+    m.restore(std::move(l.caches), static_cast<int64_t>(hit.tokens.size()));
+    res.reused_tokens = static_cast<int64_t>(hit.tokens.size());
+    logits = std::move(hit.logits);
+  }
+  auto t0 = Clock::now();
+  if (res.reused_tokens < res.prompt_tokens) {
+    logits = m.forward(std::vector<int32_t>(req.prompt.begin() + res.reused_tokens, req.prompt.end()));
+    if (res.prompt_tokens >= opt_.min_prefix) {
+      std::vector<const KVCache*> caches;
+      for (const auto& c : m.caches()) caches.push_back(c.get());
+      add_to_pool({req.prompt, serialize_caches(caches), logits});
+    }
+  }
+  res.prefill_s = since(t0);
+  t0 = Clock::now();
+  model::Sampler sampler(req.sampler);
+  TextStream stream(req.stop);
+  res.finish_reason = "length";
+  auto emit = [&](const std::string& text) {
+    res.text += text;
+    return text.empty() || !req.on_text || req.on_text(text);
+  };
+  bool stop_string = false;
+  for (int64_t i = 0; i < req.max_tokens; ++i) {
+    const int32_t next = sampler.sample(logits.data(), weights_.config.vocab);
+    if (next == tok_.eos()) {
+      res.finish_reason = "stop";
+      break;
+    }
+    ++res.completion_tokens;
+    if (!emit(stream.push(tok_.piece(next), &stop_string))) {
+      res.finish_reason = "cancelled";
+      break;
+    }
+    if (stop_string) {
+      res.finish_reason = "stop";
+      break;
+    }
+    if (m.position() >= weights_.config.context && weights_.config.context > 0) break;
+    if (i + 1 < req.max_tokens) logits = m.forward({next});
+  }
+  if (res.finish_reason != "cancelled" && !stop_string && !emit(stream.finish())) res.finish_reason = "cancelled";
+  res.decode_s = since(t0);
+  std::lock_guard lock(pool_mutex_);
+  metrics_.requests += 1;
+  metrics_.prompt_tokens += res.prompt_tokens;
+  metrics_.prefilled_tokens += res.prompt_tokens - res.reused_tokens;
+  metrics_.completion_tokens += res.completion_tokens;
+  metrics_.prefill_s += res.prefill_s;
+  metrics_.decode_s += res.decode_s;
+  return res;
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard lock(pool_mutex_);
+  EngineMetrics m = metrics_;
+  m.pool_entries = static_cast<int64_t>(pool_.size());
+  m.pool_bytes = pool_bytes_;
+  return m;
+}
+
+}  // namespace anchorkv::serve

@@ -1,0 +1,107 @@
+// The serving engine behind `anchorkv serve`: generation on any cache with a
+// pool of compressed prompt prefixes. No HTTP here (tools/anchorkv/serve.cc).
+//
+// Each request runs in one of `slots` parallel slots with caches of its own.
+// Before prefilling, the pool is searched for the longest cached prompt that
+// is a prefix of the new one; its caches (kept as cache-file bytes, i.e. the
+// compressed form) are restored and only the rest is prefilled. After the
+// prefill the prompt's caches enter the pool, which holds at most
+// `pool_budget` bytes, evicting the least recently used entries.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+namespace anchorkv::serve {
+
+struct EngineOptions {
+  std::string cache = "anchorkv_compact:pre";  // cache spec per layer (cache/registry.h)
+  double theta = 0.05;
+  int threads = 0;                    // per request's model
+  int slots = 1;                      // requests generating at once
+  int64_t pool_budget = int64_t{1} << 30;  // bytes of cached prefixes
+  int64_t min_prefix = 16;            // shorter prompts are not pooled
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  model::SamplerOptions sampler;
+  std::vector<std::string> stop;  // the text ends before the first of these
+  // Called with each new piece of text (complete UTF-8, stop strings held
+  // back); returning false cancels the request (the client went away).
+  std::function<bool(const std::string&)> on_text;
+};
+
+struct GenerateResult {
+  std::string text;
+  std::string finish_reason;  // "stop", "length" or "cancelled"
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t reused_tokens = 0;  // prompt tokens restored from the pool
+  double prefill_s = 0, decode_s = 0;
+};
+
+struct EngineMetrics {
+  int64_t requests = 0, prompt_tokens = 0, prefilled_tokens = 0, completion_tokens = 0;
+  int64_t prefix_hits = 0, prefix_misses = 0;
+  int64_t pool_entries = 0, pool_bytes = 0, pool_evictions = 0;
+  double prefill_s = 0, decode_s = 0;
+};
+
+class Engine {
+ public:
+  Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options);
+  // Thread-safe; waits for a free slot.
+  GenerateResult generate(const GenerateRequest& request);
+  EngineMetrics metrics() const;
+  const EngineOptions& options() const { return opt_; }
+
+ private:
+  struct PoolEntry {
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> file;  // the caches as a cache file
+    std::vector<float> logits;  // after the last token
+    int64_t bytes() const;      // what it holds: the file and the logits
+  };
+  // The longest pooled prefix of `prompt` (moved to the front), copied out.
+  bool take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out);
+  void add_to_pool(PoolEntry entry);
+
+  const model::LlamaWeights& weights_;
+  const model::Tokenizer& tok_;
+  const EngineOptions opt_;
+  std::mutex slot_mutex_;
+  std::condition_variable slot_free_;
+  int busy_slots_ = 0;
+  mutable std::mutex pool_mutex_;  // guards pool_ and metrics_
+  std::list<PoolEntry> pool_;      // most recently used first
+  int64_t pool_bytes_ = 0;
+  EngineMetrics metrics_;
+};
+
+// Keeps text back until it is complete UTF-8 and cannot be the start of a
+// stop string; finish() returns what remains, cut at a stop string.
+class TextStream {
+ public:
+  explicit TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {}
+  // Appends a piece; returns the text now safe to emit. *stopped when a stop
+  // string appeared (the text before it is returned; nothing follows).
+  std::string push(const std::string& piece, bool* stopped);
+  std::string finish();
+
+ private:
+  std::vector<std::string> stop_;
+  std::string pending_;
+};
+
+}  // namespace anchorkv::serve
