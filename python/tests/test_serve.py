@@ -186,3 +186,11 @@ def test_load_8_clients_20_requests_each(server):
     assert time.time() - t0 < 120
     rss_kb = int(next(l for l in open(f"/proc/{server.proc.pid}/status") if l.startswith("VmRSS")).split()[1])
     assert rss_kb < 1 << 20, f"server holds {rss_kb} kB after the load"
+
+
+def test_questions_about_one_document_reuse_its_prefix(server):
+    doc = [(7 * j) % 250 + 5 for j in range(180)]
+    usage = [server.post("/v1/completions", {"prompt": doc + q, "max_tokens": 1, "temperature": 0}).json()["usage"]
+             for q in ([11, 12], [13, 14], [15, 16])]
+    # The second question finds the shared beginning and pools it; the third restores it.
+    assert usage[2]["prompt_tokens_details"]["cached_tokens"] == len(doc)

@@ -100,6 +100,18 @@ bool Engine::take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out) {
   return true;
 }
 
+int64_t Engine::shared_prefix(const std::vector<int32_t>& prompt) const {
+  std::lock_guard lock(pool_mutex_);
+  size_t best = 0;
+  for (const auto& e : pool_) {
+    const size_t n = std::min(e.tokens.size(), prompt.size());
+    size_t i = 0;
+    while (i < n && e.tokens[i] == prompt[i]) ++i;
+    best = std::max(best, i);
+  }
+  return static_cast<int64_t>(best);
+}
+
 int64_t Engine::PoolEntry::bytes() const {
   return static_cast<int64_t>(file.size() + logits.size() * sizeof(float));
 }
@@ -137,13 +149,20 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
     logits = std::move(hit.logits);
   }
   auto t0 = Clock::now();
+  auto prefill_to = [&](int64_t end) {
+    logits = m.forward(std::vector<int32_t>(req.prompt.begin() + m.position(), req.prompt.begin() + end));
+    if (end < opt_.min_prefix) return;
+    std::vector<const KVCache*> caches;
+    for (const auto& c : m.caches()) caches.push_back(c.get());
+    add_to_pool({std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + end), serialize_caches(caches), logits});
+  };
   if (res.reused_tokens < res.prompt_tokens) {
-    logits = m.forward(std::vector<int32_t>(req.prompt.begin() + res.reused_tokens, req.prompt.end()));
-    if (res.prompt_tokens >= opt_.min_prefix) {
-      std::vector<const KVCache*> caches;
-      for (const auto& c : m.caches()) caches.push_back(c.get());
-      add_to_pool({req.prompt, serialize_caches(caches), logits});
-    }
+    // A prompt that shares a longer beginning with a pooled one than what was
+    // restored (another question about the same document) first prefills up
+    // to that point and pools it, so the next such prompt restores it.
+    const int64_t shared = shared_prefix(req.prompt);
+    if (shared > res.reused_tokens && shared < res.prompt_tokens && shared >= opt_.min_prefix) prefill_to(shared);
+    prefill_to(res.prompt_tokens);
   }
   res.prefill_s = since(t0);
   t0 = Clock::now();

@@ -6,7 +6,10 @@
 // is a prefix of the new one; its caches (kept as cache-file bytes, i.e. the
 // compressed form) are restored and only the rest is prefilled. After the
 // prefill the prompt's caches enter the pool, which holds at most
-// `pool_budget` bytes, evicting the least recently used entries.
+// `pool_budget` bytes, evicting the least recently used entries. A prompt
+// that shares a longer beginning with a pooled prompt (a second question about
+// the same document) is prefilled in two steps and that beginning is pooled
+// too, so later prompts restore it.
 #pragma once
 
 #include <atomic>
@@ -75,6 +78,8 @@ class Engine {
   };
   // The longest pooled prefix of `prompt` (moved to the front), copied out.
   bool take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out);
+  // The longest beginning `prompt` shares with any pooled prompt.
+  int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
   void add_to_pool(PoolEntry entry);
 
   const model::LlamaWeights& weights_;
