@@ -194,3 +194,30 @@ def test_questions_about_one_document_reuse_its_prefix(server):
              for q in ([11, 12], [13, 14], [15, 16])]
     # The second question finds the shared beginning and pools it; the third restores it.
     assert usage[2]["prompt_tokens_details"]["cached_tokens"] == len(doc)
+
+
+def test_spill_to_disk_and_reload_give_identical_completions(tmp_path):
+    spill = tmp_path / "spill"
+    prompts = [[(i * 13 + j) % 240 + 4 for j in range(160)] for i in range(4)]
+    body = {"max_tokens": 12, "temperature": 0.9, "seed": 11}
+    s = Server(*CACHE, "--cache-budget", "100000", "--cache-dir", str(spill))
+    try:
+        first = [s.post("/v1/completions", dict(body, prompt=p)).json()["choices"][0]["text"] for p in prompts]
+        m = s.metrics()
+        assert m["anchorkv_prefix_disk_entries"] >= 1 and m["anchorkv_prefix_pool_bytes"] <= 100000
+        again = s.post("/v1/completions", dict(body, prompt=prompts[0])).json()
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 160
+        assert s.metrics()["anchorkv_prefix_disk_hits_total"] == 1
+        assert again["choices"][0]["text"] == first[0]
+    finally:
+        assert s.stop() == 0
+    # A new server finds the spilled prefixes of the same model and cache.
+    s = Server(*CACHE, "--cache-budget", "100000", "--cache-dir", str(spill))
+    try:
+        assert s.metrics()["anchorkv_prefix_disk_entries"] >= 1
+        hits = [s.post("/v1/completions", dict(body, prompt=p)).json() for p in prompts]
+        reused = [h for h in hits if h["usage"]["prompt_tokens_details"]["cached_tokens"] == 160]
+        assert reused and all(h["choices"][0]["text"] == first[prompts.index(p)]
+                              for h, p in zip(hits, prompts) if h in reused)
+    finally:
+        s.stop()

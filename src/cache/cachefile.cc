@@ -3,16 +3,11 @@
 // holding the cache's class, config, shape and stored state.
 #include "anchorkv/cachefile.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "cache/core.h"
 #include "cache/serial.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 
@@ -199,41 +194,7 @@ LoadedCaches load_caches(const std::string& path) {
 }
 
 void save_caches(const std::string& path, const std::vector<const KVCache*>& caches, const PromptCacheMeta& meta) {
-  const std::vector<uint8_t> bytes = serialize_caches(caches, meta);
-  const std::filesystem::path target(path);
-  std::string tmp = (target.has_parent_path() ? target.parent_path() / "" : std::filesystem::path()).string() + "." +
-                    target.filename().string() + ".tmp.XXXXXX";
-  const int fd = mkstemp(tmp.data());
-  if (fd < 0) core::fail(ErrorCode::kIo, kSaveOp, "cannot create a temporary file beside '" + path + "': " + std::strerror(errno));
-  auto fail_io = [&](const char* what) {
-    const int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    core::fail(ErrorCode::kIo, kSaveOp, std::string(what) + " '" + tmp + "': " + std::strerror(e));
-  };
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail_io("cannot write");
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail_io("cannot sync");
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    core::fail(ErrorCode::kIo, kSaveOp, "cannot close '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    core::fail(ErrorCode::kIo, kSaveOp, "cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(e));
-  }
-  // The rename itself is durable once the folder is synced.
-  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  core::write_file_atomically(path, serialize_caches(caches, meta), kSaveOp);
 }
 
 }  // namespace anchorkv

@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
 
 #include "anchorkv/cachefile.h"
+#include "anchorkv/status.h"
+#include "core/atomic_file.h"
+#include "core/mapped_file.h"
 #include "eval/tasks.h"
 
 namespace anchorkv::serve {
@@ -81,15 +87,42 @@ std::string TextStream::finish() { return std::exchange(pending_, std::string())
 Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options)
     : weights_(weights), tok_(tokenizer), opt_(std::move(options)) {
   eval::make_model(weights_, opt_.cache, opt_.theta, 1);  // validates the cache spec now
+  index_cache_dir();
 }
 
+// Under pool_mutex_: the pooled entry (memory first, then disk) with the
+// longest token list that begins `prompt`.
 bool Engine::take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out) {
   std::lock_guard lock(pool_mutex_);
+  auto begins = [&](const std::vector<int32_t>& t) {
+    return t.size() <= prompt.size() && std::equal(t.begin(), t.end(), prompt.begin());
+  };
   auto best = pool_.end();
   for (auto it = pool_.begin(); it != pool_.end(); ++it)
-    if (it->tokens.size() <= prompt.size() && std::equal(it->tokens.begin(), it->tokens.end(), prompt.begin()) &&
-        (best == pool_.end() || it->tokens.size() > best->tokens.size()))
-      best = it;
+    if (begins(it->tokens) && (best == pool_.end() || it->tokens.size() > best->tokens.size())) best = it;
+  size_t best_disk = disk_.size();
+  for (size_t i = 0; i < disk_.size(); ++i)
+    if (begins(disk_[i].tokens) && disk_[i].tokens.size() > (best == pool_.end() ? 0 : best->tokens.size()) &&
+        (best_disk == disk_.size() || disk_[i].tokens.size() > disk_[best_disk].tokens.size()))
+      best_disk = i;
+  if (best_disk < disk_.size()) {  // back into memory
+    const DiskEntry d = disk_[best_disk];
+    disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(best_disk));
+    try {
+      const core::MappedFile f = core::MappedFile::open(d.path, "anchorkv serve");
+      PoolEntry e{d.tokens, std::vector<uint8_t>(f.data(), f.data() + f.size())};
+      std::filesystem::remove(d.path);
+      ++metrics_.disk_hits;
+      *out = e;
+      pool_bytes_ += static_cast<int64_t>(e.file.size());
+      pool_.push_front(std::move(e));
+      while (pool_bytes_ > opt_.pool_budget && pool_.size() > 1) evict_one();
+      ++metrics_.prefix_hits;
+      return true;
+    } catch (const Error&) {
+      // A spilled file that went away or cannot be read is simply not a hit.
+    }
+  }
   if (best == pool_.end()) {
     ++metrics_.prefix_misses;
     return false;
@@ -103,36 +136,84 @@ bool Engine::take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out) {
 int64_t Engine::shared_prefix(const std::vector<int32_t>& prompt) const {
   std::lock_guard lock(pool_mutex_);
   size_t best = 0;
-  for (const auto& e : pool_) {
-    const size_t n = std::min(e.tokens.size(), prompt.size());
+  auto consider = [&](const std::vector<int32_t>& t) {
+    const size_t n = std::min(t.size(), prompt.size());
     size_t i = 0;
-    while (i < n && e.tokens[i] == prompt[i]) ++i;
+    while (i < n && t[i] == prompt[i]) ++i;
     best = std::max(best, i);
-  }
+  };
+  for (const auto& e : pool_) consider(e.tokens);
+  for (const auto& d : disk_) consider(d.tokens);
   return static_cast<int64_t>(best);
 }
 
-int64_t Engine::PoolEntry::bytes() const {
-  return static_cast<int64_t>(file.size() + logits.size() * sizeof(float));
+void Engine::evict_one() {
+  PoolEntry& e = pool_.back();
+  const auto bytes = static_cast<int64_t>(e.file.size());
+  if (!opt_.cache_dir.empty()) {
+    const std::string path = opt_.cache_dir + "/prefix-" + std::to_string(next_file_++) + ".akvc";
+    try {
+      core::write_file_atomically(path, e.file, "anchorkv serve");
+      disk_.push_back({std::move(e.tokens), path, bytes});
+    } catch (const Error&) {
+      // A full or read-only folder: the entry is dropped as without --cache-dir.
+    }
+  }
+  pool_bytes_ -= bytes;
+  pool_.pop_back();
+  ++metrics_.pool_evictions;
 }
 
 void Engine::add_to_pool(PoolEntry entry) {
-  const int64_t bytes = entry.bytes();
+  const auto bytes = static_cast<int64_t>(entry.file.size());
   std::lock_guard lock(pool_mutex_);
   if (bytes > opt_.pool_budget) return;
   for (auto it = pool_.begin(); it != pool_.end(); ++it)
     if (it->tokens == entry.tokens) {  // the same prompt again: refresh it
-      pool_bytes_ -= it->bytes();
+      pool_bytes_ -= static_cast<int64_t>(it->file.size());
       pool_.erase(it);
       break;
     }
-  while (!pool_.empty() && pool_bytes_ + bytes > opt_.pool_budget) {
-    pool_bytes_ -= pool_.back().bytes();
-    pool_.pop_back();
-    ++metrics_.pool_evictions;
-  }
+  while (!pool_.empty() && pool_bytes_ + bytes > opt_.pool_budget) evict_one();
   pool_bytes_ += bytes;
   pool_.push_front(std::move(entry));
+}
+
+// The model's caches after `tokens` prompt tokens, as a self-describing cache
+// file (it may be spilled and read back after a restart).
+std::vector<uint8_t> Engine::pool_file(const model::LlamaModel& m, int64_t tokens, const std::vector<int32_t>& prompt,
+                                       const std::vector<float>& logits) const {
+  PromptCacheMeta meta;
+  meta.tokens.assign(prompt.begin(), prompt.begin() + tokens);
+  meta.logits = logits;
+  std::ostringstream theta;
+  theta << opt_.theta;
+  meta.entries = {{"model", opt_.model_identity}, {"cache", opt_.cache}, {"theta", theta.str()}};
+  std::vector<const KVCache*> caches;
+  for (const auto& c : m.caches()) caches.push_back(c.get());
+  return serialize_caches(caches, meta);
+}
+
+// Spilled files of an earlier run with the same model and cache become disk entries.
+void Engine::index_cache_dir() {
+  if (opt_.cache_dir.empty()) return;
+  std::filesystem::create_directories(opt_.cache_dir);
+  std::ostringstream theta;
+  theta << opt_.theta;
+  for (const auto& f : std::filesystem::directory_iterator(opt_.cache_dir)) {
+    if (f.path().extension() != ".akvc") continue;
+    try {
+      const LoadedCaches l = load_caches(f.path().string());
+      const auto& e = l.meta.entries;
+      if (e.count("model") && e.at("model") == opt_.model_identity && e.count("cache") && e.at("cache") == opt_.cache &&
+          e.count("theta") && e.at("theta") == theta.str() && !l.meta.tokens.empty())
+        disk_.push_back({l.meta.tokens, f.path().string(), static_cast<int64_t>(f.file_size())});
+    } catch (const Error&) {
+      // Not ours or damaged: left alone.
+    }
+    const std::string stem = f.path().stem().string();
+    if (stem.rfind("prefix-", 0) == 0) next_file_ = std::max<int64_t>(next_file_, std::atoll(stem.c_str() + 7) + 1);
+  }
 }
 
 GenerateResult Engine::generate(const GenerateRequest& req) {
@@ -146,15 +227,13 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
     LoadedCaches l = load_caches_from_memory(hit.file.data(), hit.file.size(), "prefix pool");
     m.restore(std::move(l.caches), static_cast<int64_t>(hit.tokens.size()));
     res.reused_tokens = static_cast<int64_t>(hit.tokens.size());
-    logits = std::move(hit.logits);
+    logits = std::move(l.meta.logits);
   }
   auto t0 = Clock::now();
   auto prefill_to = [&](int64_t end) {
     logits = m.forward(std::vector<int32_t>(req.prompt.begin() + m.position(), req.prompt.begin() + end));
     if (end < opt_.min_prefix) return;
-    std::vector<const KVCache*> caches;
-    for (const auto& c : m.caches()) caches.push_back(c.get());
-    add_to_pool({std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + end), serialize_caches(caches), logits});
+    add_to_pool({std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + end), pool_file(m, end, req.prompt, logits)});
   };
   if (res.reused_tokens < res.prompt_tokens) {
     // A prompt that shares a longer beginning with a pooled one than what was
@@ -209,6 +288,8 @@ EngineMetrics Engine::metrics() const {
   EngineMetrics m = metrics_;
   m.pool_entries = static_cast<int64_t>(pool_.size());
   m.pool_bytes = pool_bytes_;
+  m.disk_entries = static_cast<int64_t>(disk_.size());
+  for (const auto& d : disk_) m.disk_bytes += d.bytes;
   return m;
 }
 

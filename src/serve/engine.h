@@ -34,6 +34,11 @@ struct EngineOptions {
   int slots = 1;                      // requests generating at once
   int64_t pool_budget = int64_t{1} << 30;  // bytes of cached prefixes
   int64_t min_prefix = 16;            // shorter prompts are not pooled
+  // Entries evicted from memory are written here as cache files and loaded
+  // back on a hit (empty: evicted entries are dropped). Files found at start
+  // are indexed when they were written for `model_identity` and this cache.
+  std::string cache_dir;
+  std::string model_identity;
 };
 
 struct GenerateRequest {
@@ -58,6 +63,7 @@ struct EngineMetrics {
   int64_t requests = 0, prompt_tokens = 0, prefilled_tokens = 0, completion_tokens = 0;
   int64_t prefix_hits = 0, prefix_misses = 0;
   int64_t pool_entries = 0, pool_bytes = 0, pool_evictions = 0;
+  int64_t disk_entries = 0, disk_bytes = 0, disk_hits = 0;
   double prefill_s = 0, decode_s = 0;
 };
 
@@ -72,15 +78,23 @@ class Engine {
  private:
   struct PoolEntry {
     std::vector<int32_t> tokens;
-    std::vector<uint8_t> file;  // the caches as a cache file
-    std::vector<float> logits;  // after the last token
-    int64_t bytes() const;      // what it holds: the file and the logits
+    std::vector<uint8_t> file;  // a cache file: the caches, the tokens, the logits after the last one
+  };
+  struct DiskEntry {
+    std::vector<int32_t> tokens;
+    std::string path;
+    int64_t bytes = 0;
   };
   // The longest pooled prefix of `prompt` (moved to the front), copied out.
   bool take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out);
   // The longest beginning `prompt` shares with any pooled prompt.
   int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
   void add_to_pool(PoolEntry entry);
+  // Under pool_mutex_: moves the least recently used entry out of memory.
+  void evict_one();
+  void index_cache_dir();
+  std::vector<uint8_t> pool_file(const model::LlamaModel& m, int64_t tokens, const std::vector<int32_t>& prompt,
+                                 const std::vector<float>& logits) const;
 
   const model::LlamaWeights& weights_;
   const model::Tokenizer& tok_;
@@ -91,6 +105,8 @@ class Engine {
   mutable std::mutex pool_mutex_;  // guards pool_ and metrics_
   std::list<PoolEntry> pool_;      // most recently used first
   int64_t pool_bytes_ = 0;
+  std::vector<DiskEntry> disk_;    // spilled entries (cache_dir)
+  int64_t next_file_ = 0;
   EngineMetrics metrics_;
 };
 

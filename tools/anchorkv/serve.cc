@@ -15,6 +15,7 @@
 
 #include "anchorkv/status.h"
 #include "commands.h"
+#include "eval/prompt_cache.h"
 #include "io/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -291,8 +292,12 @@ std::string Server::metrics_text() const {
   metric("prefix_pool_entries", "gauge", "Prompt prefixes held.", static_cast<double>(m.pool_entries));
   metric("prefix_pool_bytes", "gauge", "Bytes the prefix pool holds (compressed caches).",
          static_cast<double>(m.pool_bytes));
-  metric("prefix_pool_evictions_total", "counter", "Prefixes evicted for the byte budget.",
+  metric("prefix_pool_evictions_total", "counter", "Prefixes evicted from memory for the byte budget.",
          static_cast<double>(m.pool_evictions));
+  metric("prefix_disk_entries", "gauge", "Prefixes spilled to --cache-dir.", static_cast<double>(m.disk_entries));
+  metric("prefix_disk_bytes", "gauge", "Bytes of spilled prefixes.", static_cast<double>(m.disk_bytes));
+  metric("prefix_disk_hits_total", "counter", "Prefixes loaded back from --cache-dir.",
+         static_cast<double>(m.disk_hits));
   return out;
 }
 
@@ -319,6 +324,7 @@ void serve_main(ServeOptions o) {
   o.engine.slots = o.parallel;
   o.engine.threads = o.threads;
   const model::LlamaWeights w = model::load_model(o.model);
+  o.engine.model_identity = eval::model_identity(o.model, w);
   const io::GgufFile f = io::GgufFile::open(o.model);
   const model::Tokenizer tok = model::Tokenizer::from_gguf(f);
   const serve::ChatTemplate chat = serve::pick_chat_template(
@@ -361,7 +367,9 @@ void register_serve(CLI::App& app) {
   sub->add_option("--port", o->port, "port")->check(CLI::Range(1, 65535));
   sub->add_option("--parallel", o->parallel, "requests generating at once")->check(CLI::Range(1, 64));
   sub->add_option("--threads", o->threads, "threads per request (0 = all cores)");
-  sub->add_option("--cache-budget", o->cache_budget, "bytes of pooled prompt prefixes, e.g. 2GiB");
+  sub->add_option("--cache-budget", o->cache_budget, "bytes of pooled prompt prefixes in memory, e.g. 2GiB");
+  sub->add_option("--cache-dir", o->engine.cache_dir,
+                  "spill prefixes evicted from memory here as cache files, and load them back on a hit");
   sub->add_option("--chat-template", o->chat_template, "chatml, llama3 or mistral (default: detected from the GGUF)");
   sub->add_option("--max-body", o->max_body, "largest request body, bytes");
   sub->add_option("--max-prompt", o->max_prompt, "largest prompt, tokens");
