@@ -221,3 +221,41 @@ def test_spill_to_disk_and_reload_give_identical_completions(tmp_path):
                               for h, p in zip(hits, prompts) if h in reused)
     finally:
         s.stop()
+
+
+def test_logprobs(server):
+    j = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3}).json()
+    lp = j["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 6 and len(lp["token_logprobs"]) == 6 and len(lp["text_offset"]) == 6
+    assert "".join(lp["tokens"]) == j["choices"][0]["text"]
+    for tok, p, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert p <= 0 and len(top) == 3
+        assert max(top.values()) == pytest.approx(p)  # greedy: the chosen token is the most likely
+    c = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                              "logprobs": True, "top_logprobs": 2}).json()
+    content = c["choices"][0]["logprobs"]["content"]
+    assert len(content) == c["usage"]["completion_tokens"] and all(len(x["top_logprobs"]) == 2 for x in content)
+    r = server.post("/v1/completions", {"prompt": "x", "logprobs": 3, "stream": True})
+    assert r.status_code == 400
+
+
+def test_random_mutations_of_a_request_never_break_the_server(server):
+    import random
+
+    rng = random.Random(1)
+    base = json.dumps({"prompt": "In the beginning", "max_tokens": 2, "temperature": 0.5, "stop": ["x"],
+                       "seed": 4}).encode()
+    for _ in range(150):
+        b = bytearray(base)
+        for _ in range(rng.randrange(1, 4)):
+            i = rng.randrange(len(b))
+            op = rng.randrange(3)
+            if op == 0:
+                b[i] = rng.randrange(256)
+            elif op == 1:
+                del b[i]
+            else:
+                b.insert(i, rng.choice(b'{}[]",:0123456789-.eE\\ntfa'))
+        r = requests.post(server.url + "/v1/completions", data=bytes(b), timeout=30)
+        assert r.status_code == 200 or (400 <= r.status_code < 500 and r.json()["error"]["message"])
+    assert requests.get(server.url + "/health", timeout=5).ok

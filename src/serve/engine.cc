@@ -84,6 +84,18 @@ std::string TextStream::finish() { return std::exchange(pending_, std::string())
 
 // ---------------------------------------------------------------- Engine
 
+TokenLogprob Engine::token_logprob(const std::vector<float>& logits, int32_t token, int top) const {
+  const std::vector<double> lp = model::log_softmax(logits.data(), weights_.config.vocab);
+  TokenLogprob t{tok_.piece(token), lp[static_cast<size_t>(token)], {}};
+  std::vector<int32_t> ids(lp.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  const auto k = std::min<size_t>(static_cast<size_t>(top), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                    [&](int32_t a, int32_t b) { return lp[a] != lp[b] ? lp[a] > lp[b] : a < b; });
+  for (size_t i = 0; i < k; ++i) t.top.emplace_back(tok_.piece(ids[i]), lp[static_cast<size_t>(ids[i])]);
+  return t;
+}
+
 Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options)
     : weights_(weights), tok_(tokenizer), opt_(std::move(options)) {
   eval::make_model(weights_, opt_.cache, opt_.theta, 1);  // validates the cache spec now
@@ -260,6 +272,7 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
       break;
     }
     ++res.completion_tokens;
+    if (req.top_logprobs >= 0) res.logprobs.push_back(token_logprob(logits, next, req.top_logprobs));
     if (!emit(stream.push(tok_.piece(next), &stop_string))) {
       res.finish_reason = "cancelled";
       break;

@@ -46,13 +46,21 @@ struct GenerateRequest {
   int64_t max_tokens = 16;
   model::SamplerOptions sampler;
   std::vector<std::string> stop;  // the text ends before the first of these
+  int top_logprobs = -1;          // >= 0: record each token's log-probability and this many alternatives
   // Called with each new piece of text (complete UTF-8, stop strings held
   // back); returning false cancels the request (the client went away).
   std::function<bool(const std::string&)> on_text;
 };
 
+struct TokenLogprob {
+  std::string piece;
+  double logprob = 0;
+  std::vector<std::pair<std::string, double>> top;  // most likely first
+};
+
 struct GenerateResult {
   std::string text;
+  std::vector<TokenLogprob> logprobs;  // per generated token, when asked for
   std::string finish_reason;  // "stop", "length" or "cancelled"
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t reused_tokens = 0;  // prompt tokens restored from the pool
@@ -89,6 +97,7 @@ class Engine {
   bool take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out);
   // The longest beginning `prompt` shares with any pooled prompt.
   int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
+  TokenLogprob token_logprob(const std::vector<float>& logits, int32_t token, int top) const;
   void add_to_pool(PoolEntry entry);
   // Under pool_mutex_: moves the least recently used entry out of memory.
   void evict_one();

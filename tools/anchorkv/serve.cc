@@ -79,6 +79,21 @@ Sampling parse_sampling(const json& body, const ServeOptions& o) {
     throw ApiError{400, "'temperature' must be in [0, 10]", "temperature"};
   if (!(s.gen.sampler.top_p > 0 && s.gen.sampler.top_p <= 1)) throw ApiError{400, "'top_p' must be in (0, 1]", "top_p"};
   s.stream = field<bool>(body, "stream", false, &json::is_boolean);
+  // Completions: "logprobs": k (0..5). Chat: "logprobs": true, "top_logprobs": k (0..20).
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    const json& lp = body["logprobs"];
+    if (lp.is_boolean()) {
+      const int64_t k = field<int64_t>(body, "top_logprobs", 0, &json::is_number_integer);
+      if (k < 0 || k > 20) throw ApiError{400, "'top_logprobs' must be in [0, 20]", "top_logprobs"};
+      s.gen.top_logprobs = lp.get<bool>() ? static_cast<int>(k) : -1;
+    } else if (lp.is_number_integer() && lp.get<int64_t>() >= 0 && lp.get<int64_t>() <= 5) {
+      s.gen.top_logprobs = static_cast<int>(lp.get<int64_t>());
+    } else {
+      throw ApiError{400, "'logprobs' must be an integer in [0, 5] (completions) or a boolean (chat)", "logprobs"};
+    }
+    if (s.stream && s.gen.top_logprobs >= 0)
+      throw ApiError{400, "logprobs are returned without streaming only", "logprobs"};
+  }
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& st = body["stop"];
     if (st.is_string()) {
@@ -189,6 +204,32 @@ std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat) const {
   return ids;
 }
 
+// OpenAI's two shapes: completions (tokens, token_logprobs, top_logprobs,
+// text_offset) and chat (content: [{token, logprob, top_logprobs}]).
+json logprobs_json(const serve::GenerateResult& r, bool chat) {
+  if (chat) {
+    json content = json::array();
+    for (const auto& t : r.logprobs) {
+      json top = json::array();
+      for (const auto& [piece, lp] : t.top) top.push_back({{"token", piece}, {"logprob", lp}});
+      content.push_back({{"token", t.piece}, {"logprob", t.logprob}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  size_t offset = 0;
+  for (const auto& t : r.logprobs) {
+    tokens.push_back(t.piece);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [piece, lp] : t.top) top[piece] = lp;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += t.piece.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 json Server::usage(const serve::GenerateResult& r) const {
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", r.completion_tokens},
@@ -234,11 +275,13 @@ void Server::completion(const httplib::Request& req, httplib::Response& res, boo
   };
   if (!s.stream) {
     const serve::GenerateResult r = engine_.generate(s.gen);
+    json c = choice(r.text, r.finish_reason, false);
+    if (s.gen.top_logprobs >= 0) c["logprobs"] = logprobs_json(r, chat);
     res.set_content(dump({{"id", id},
                           {"object", object},
                           {"created", created},
                           {"model", name_},
-                          {"choices", json::array({choice(r.text, r.finish_reason, false)})},
+                          {"choices", json::array({c})},
                           {"usage", usage(r)}}),
                     "application/json");
     return;
