@@ -141,9 +141,17 @@ def test_limits_unknown_paths_and_cancellation(server):
     r = server.post("/v1/completions", {"prompt": "x" * 20000, "max_tokens": 1})
     assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
     # A streaming client that leaves early: the server stops generating and stays up.
+    before = server.metrics()
     with server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True},
                      stream=True) as s:
         next(s.iter_lines())
+    for _ in range(200):
+        after = server.metrics()
+        if after["anchorkv_requests_total"] > before["anchorkv_requests_total"]:
+            break
+        time.sleep(0.05)
+    # Uncancelled it would run to the context limit (~900 tokens here).
+    assert after["anchorkv_completion_tokens_total"] - before["anchorkv_completion_tokens_total"] < 200
     assert requests.get(server.url + "/health", timeout=5).ok
 
 
