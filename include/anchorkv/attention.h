@@ -19,6 +19,8 @@
 // empty cache; the cache is never modified.
 #pragma once
 
+#include <vector>
+
 #include "anchorkv/cache.h"
 #include "anchorkv/tensor.h"
 
@@ -57,5 +59,13 @@ struct AttentionStats {
 
 Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& options = {},
               AttentionStats* stats = nullptr);
+
+// Attention over the positions of several caches one after the other (the
+// first cache's positions, then the second's, ...), e.g. a compressed prefix
+// followed by a prefill chunk held exactly: nothing is densified. Only the
+// first cache may hold a compressed segment; B, H and D must agree. Empty
+// caches are skipped.
+Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches,
+              const AttentionOptions& options = {}, AttentionStats* stats = nullptr);
 
 }  // namespace anchorkv

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "core/error.h"
+
 namespace anchorkv::cache {
 
 DenseRegion dense_region(const ExactRows& rows, int64_t pos0) {
@@ -30,8 +32,27 @@ AttentionSource dense_source(KVPair fetched) {
     r.v.push_back(owned->values.data_as<uint16_t>() + i * s[2] * s[3]);
   }
   src.dense_after.push_back(std::move(r));
-  src.owned = std::move(owned);
+  src.owned.push_back(std::move(owned));
   return src;
+}
+
+void append_source(AttentionSource& into, AttentionSource&& next, const char* op) {
+  if (next.n_total == 0) return;
+  if (into.n_total == 0) {
+    into = std::move(next);
+    return;
+  }
+  if (into.B != next.B || into.H != next.H || into.D != next.D)
+    core::fail(ErrorCode::kShapeMismatch, op, "the caches differ in B, H or D");
+  if (next.segment)
+    core::fail(ErrorCode::kUnsupported, op, "only the first cache may hold a compressed segment");
+  for (auto* regions : {&next.dense_before, &next.dense_after})
+    for (DenseRegion& r : *regions) {
+      r.pos0 += into.n_total;
+      into.dense_after.push_back(std::move(r));
+    }
+  into.n_total += next.n_total;
+  for (auto& o : next.owned) into.owned.push_back(std::move(o));
 }
 
 }  // namespace anchorkv::cache

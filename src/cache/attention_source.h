@@ -38,9 +38,9 @@ struct AttentionSource {
   std::vector<DenseRegion> dense_before;  // regions before the segment, in position order
   std::optional<CompressedRegion> segment;
   std::vector<DenseRegion> dense_after;  // regions after the segment (all regions when there is none)
-  // A dense copy the source points into, for caches with no kernel of their
+  // Dense copies the source points into, for caches with no kernel of their
   // own (the generic path); empty otherwise.
-  std::shared_ptr<const KVPair> owned;
+  std::vector<std::shared_ptr<const KVPair>> owned;
 
   int64_t rows() const { return B * H; }
 };
@@ -50,5 +50,11 @@ DenseRegion dense_region(const ExactRows& rows, int64_t pos0);
 
 // The dense fetch of a cache as a source (the generic path).
 AttentionSource dense_source(KVPair fetched);
+
+// Appends `next`'s positions after `into`'s (the concatenation of two caches'
+// contents). An empty `into` becomes `next`. Throws Error(kShapeMismatch) when
+// B, H or D differ and Error(kUnsupported) when `next` holds a compressed
+// segment behind other positions (attention takes one segment, first).
+void append_source(AttentionSource& into, AttentionSource&& next, const char* op);
 
 }  // namespace anchorkv::cache

@@ -375,7 +375,7 @@ void AttendCall::report(AttentionStats* stats) const {
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
   // Per-thread scratch (largest use) + tile partials + finish buffers.
   bytes += threads * 4 * (kTile * (nq_ + 3) + 3 * D_ + nq_ * (2 + 2 * D_ + k_max_) + 3 * D_ + k_max_);
-  if (src_.owned) bytes += static_cast<int64_t>(src_.owned->keys.nbytes() + src_.owned->values.nbytes());
+  for (const auto& o : src_.owned) bytes += static_cast<int64_t>(o->keys.nbytes() + o->values.nbytes());
   stats->workspace_bytes = bytes;
   stats->chunks_per_row = C_;
   stats->compressed = has_c();
@@ -428,14 +428,30 @@ void AttendCall::finish_query(int64_t r, int64_t g, std::vector<float>& acc, std
 
 }  // namespace
 
-Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt,
+Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches, const AttentionOptions& opt,
               AttentionStats* stats) {
-  const auto locked = internal::CacheAccess::read(cache);  // writers wait until the output is done
-  const cache::AttentionSource src = locked.store.attention_source(locked.shape);
+  // Every cache stays read-locked until the output is written (writers wait).
+  std::vector<internal::ReadLocked<internal::CacheStore>> locked;
+  cache::AttentionSource src;
+  bool evicts = false;
+  std::string evicting;
+  for (const KVCache* c : caches) {
+    if (!c) core::fail(ErrorCode::kInvalidArgument, kOp, "a null cache");
+    locked.push_back(internal::CacheAccess::read(*c));
+    const auto& l = locked.back();
+    if (l.store.kept_per_row(l.shape) < l.shape.seen) {
+      evicts = true;
+      evicting = l.store.name();
+    }
+    cache::append_source(src, l.store.attention_source(l.shape), kOp);
+  }
   check_query(query, src, opt);
-  if (opt.rope.enabled)
-    check_rope(opt.rope, src, locked.store.kept_per_row(locked.shape) < locked.shape.seen, locked.store.name());
+  if (opt.rope.enabled) check_rope(opt.rope, src, evicts, evicting);
   return AttendCall(query, src, opt).run(stats);
+}
+
+Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt, AttentionStats* stats) {
+  return attend(query, std::vector<const KVCache*>{&cache}, opt, stats);
 }
 
 }  // namespace anchorkv

@@ -318,36 +318,30 @@ void add_bias(float* y, int64_t T, const std::vector<float>& b) {
 
 namespace {
 
-// A prefill chunk attends over exact K/V (what the cache held before it, then
-// the chunk itself) with rotated keys; the cache compresses or evicts
-// afterwards, for the decode steps (the paper compresses "at the end of
-// prefill"; SnapKV/H2O score then evict). kr: the chunk's rotated keys,
-// token-major [T, Hk, hd].
-Tensor prefill_attention(const KVCache& cache, bool pre, const RopeOptions& rope, const float* kr, int64_t T,
-                         int64_t Hk, int64_t hd, const TensorView& kv_k, const TensorView& kv_v,
-                         const TensorView& q_view, const AttentionOptions& ao) {
-  FullKVCache exact;
+// A prefill chunk attends over what the cache held before it — read as
+// stored, never densified — followed by the chunk itself held exactly; the
+// cache compresses or evicts the chunk afterwards (the paper compresses "at the
+// end of prefill"; SnapKV/H2O score then evict). For the first chunk (an empty
+// cache) pre-RoPE keys arrive rotated (`k_rot`, token-major [T, Hk, hd]) and
+// attention needs no RoPE; otherwise the chunk is stored like the cache's
+// keys and `ao` carries the RoPE of pre-RoPE caches.
+Tensor prefill_attention(const KVCache& cache, bool pre, const float* k_rot, int64_t T, int64_t Hk, int64_t hd,
+                         const TensorView& kv_k, const TensorView& kv_v, const TensorView& q_view,
+                         const AttentionOptions& ao) {
+  FullKVCache chunk;
   if (cache.offset() > 0) {
-    const KVPair past = cache.fetch();
-    if (pre) {  // stored unrotated: rotate each to its position (cache position = token position)
-      std::vector<float> pk = past.keys.to_f32();
-      const int64_t P = past.keys.shape()[2];
-      for (int64_t h = 0; h < Hk; ++h)
-        for (int64_t p = 0; p < P; ++p) kernels::rope_rotate_at(&pk[(h * P + p) * hd], hd, rope, p);
-      exact.update(TensorView::f32(pk.data(), {1, Hk, P, hd}), past.values.view());
-    } else {
-      exact.update(past.keys.view(), past.values.view());
-    }
+    chunk.update(kv_k, kv_v);
+    return attend(q_view, {&cache, &chunk}, ao);
   }
   if (pre) {
     std::vector<float> kx(static_cast<size_t>(T * Hk * hd));
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < Hk; ++h) std::copy_n(&kr[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
-    exact.update(TensorView::f32(kx.data(), {1, Hk, T, hd}), kv_v);
+      for (int64_t h = 0; h < Hk; ++h) std::copy_n(&k_rot[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
+    chunk.update(TensorView::f32(kx.data(), {1, Hk, T, hd}), kv_v);
   } else {
-    exact.update(kv_k, kv_v);
+    chunk.update(kv_k, kv_v);
   }
-  return attend(q_view, exact, ao);
+  return attend(q_view, chunk, ao);
 }
 
 }  // namespace
@@ -388,10 +382,13 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     add_bias(v.data(), T, L.bv);
     // RoPE at the tokens' positions. Post-RoPE keys: q and k are rotated in
     // place and the cache stores rotated keys. Pre-RoPE keys: the cache stores
-    // k unrotated; decode rotates inside attention, while a prefill chunk's
-    // exact attention (and the observer) use rotated copies.
+    // k unrotated and attention rotates whenever it reads the cache (decode, or
+    // a chunk after earlier tokens); the first chunk (and the observer) use
+    // rotated copies.
     const bool pre = keys_ == KeyRope::kPreRope;
-    const bool rotate = !pre || T > 1 || static_cast<bool>(observer_);
+    KVCache& cache = *caches_[l];
+    const bool rope_in_attention = pre && (T == 1 || cache.offset() > 0);
+    const bool rotate = !rope_in_attention || static_cast<bool>(observer_);
     std::vector<float> k_pre, q_rot, k_rot;
     if (observer_) k_pre = k;
     if (pre && rotate) {
@@ -407,7 +404,6 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       }
     if (observer_) observer_(l, T, qr, k_pre.data(), kr, v.data());
     // [T, H, hd] token-major -> [1, H, T, hd] head-major.
-    const bool rope_in_attention = pre && T == 1;
     const float* q_att = rope_in_attention ? q.data() : qr;
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < Hq; ++h) std::copy_n(&q_att[(t * Hq + h) * hd], hd, &qh[(h * T + t) * hd]);
@@ -416,20 +412,19 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
         std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
       }
     }
-    KVCache& cache = *caches_[l];
     const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}),
                      kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
     const TensorView q_view = TensorView::f32(qh.data(), {1, Hq, T, hd});
     AttentionOptions ao;
     ao.threads = threads_;
     ao.reference = reference_;
+    if (rope_in_attention) ao.rope = rope;  // cache position 0 is token position 0
     Tensor y;
     if (T > 1) {
-      y = prefill_attention(cache, pre, rope, kr, T, Hk, hd, kv_k, kv_v, q_view, ao);
+      y = prefill_attention(cache, pre, kr, T, Hk, hd, kv_k, kv_v, q_view, ao);
       cache.update(kv_k, kv_v);
     } else {
       cache.update(kv_k, kv_v);
-      if (rope_in_attention) ao.rope = rope;  // cache position 0 is token position 0
       y = attend(q_view, cache, ao);
     }
     const float* yp = y.data_as<float>();

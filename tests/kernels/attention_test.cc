@@ -378,3 +378,44 @@ TEST(Attention, MaskedQueriesAfterAnExactHead) {
 
 }  // namespace
 }  // namespace anchorkv
+
+namespace anchorkv {
+namespace {
+
+// A compressed cache followed by a chunk held exactly, attended as one
+// sequence, equals the same cache with the chunk appended (its exact tail).
+TEST(Attention, SeveralCachesAttendAsOneSequence) {
+  const int64_t B = 1, H = 2, Hq = 8, S = 700, T = 5, D = 64;
+  const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
+  const auto Kc = random_kv(B, H, T, D, 3), Vc = random_kv(B, H, T, D, 4);
+  const auto q = random_kv(B, Hq, T, D, 5);
+  for (bool rope : {false, true}) {
+    AnchorKVCache prefix, whole;
+    FullKVCache chunk;
+    prefix.update(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+    whole.update(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+    chunk.update(TensorView::f32(Kc.data(), {B, H, T, D}), TensorView::f32(Vc.data(), {B, H, T, D}));
+    whole.update(TensorView::f32(Kc.data(), {B, H, T, D}), TensorView::f32(Vc.data(), {B, H, T, D}));
+    AttentionOptions o;
+    o.rope.enabled = rope;
+    const TensorView qv = TensorView::f32(q.data(), {B, Hq, T, D});
+    EXPECT_EQ(attend(qv, {&prefix, &chunk}, o).to_f32(), attend(qv, whole, o).to_f32()) << "rope " << rope;
+    FullKVCache empty;
+    EXPECT_EQ(attend(qv, {&empty, &whole}, o).to_f32(), attend(qv, whole, o).to_f32()) << "empty caches are skipped";
+    EXPECT_THROW(attend(qv, {&chunk, &prefix}, o), Error) << "a compressed segment must come first";
+  }
+  FullKVCache other_d;
+  const auto K32 = random_kv(B, H, 4, 32, 6);
+  other_d.update(TensorView::f32(K32.data(), {B, H, 4, 32}), TensorView::f32(K32.data(), {B, H, 4, 32}));
+  AnchorKVCache prefix;
+  prefix.update(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  try {
+    attend(TensorView::f32(q.data(), {B, Hq, 1, D}), {&prefix, &other_d});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kShapeMismatch);
+  }
+}
+
+}  // namespace
+}  // namespace anchorkv
