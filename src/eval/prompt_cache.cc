@@ -6,6 +6,7 @@
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
+#include "core/atomic_file.h"
 #include "io/gguf.h"
 
 #define XXH_INLINE_ALL
@@ -29,6 +30,12 @@ void hash_value(XXH64_state_t* h, const io::GgufValue& v) {
         },
         v);
   }
+}
+
+std::string theta_string(double theta) {
+  std::ostringstream os;
+  os << theta;
+  return os.str();
 }
 
 uint64_t gguf_hash(const std::string& path) {
@@ -84,18 +91,13 @@ PromptCacheHit try_restore(const std::string& path, const std::string& identity,
     hit.why_not = e.what();
     return hit;
   }
-  const auto& meta = l.meta.entries;
-  auto entry = [&](const char* k) { return meta.count(k) ? meta.at(k) : std::string(); };
-  std::ostringstream th;
-  th << theta;
   const std::vector<int32_t>& toks = l.meta.tokens;
-  if (entry("model") != identity)
-    hit.why_not = "written for another model (" + entry("model") + ")";
-  else if (entry("cache") != spec || entry("theta") != th.str())
-    hit.why_not = "written with cache " + entry("cache") + " theta " + entry("theta");
-  else if (toks.empty() || toks.size() > prompt.size() || !std::equal(toks.begin(), toks.end(), prompt.begin()))
+  hit.why_not = key_mismatch(l.meta.entries, {identity, spec, theta});
+  if (hit.why_not.empty() &&
+      (toks.empty() || toks.size() > prompt.size() || !std::equal(toks.begin(), toks.end(), prompt.begin())))
     hit.why_not = "its " + std::to_string(toks.size()) + " tokens are not a prefix of the prompt";
-  else if (toks.size() == prompt.size() && static_cast<int64_t>(l.meta.logits.size()) != m.config().vocab)
+  if (hit.why_not.empty() && toks.size() == prompt.size() &&
+      static_cast<int64_t>(l.meta.logits.size()) != m.config().vocab)
     hit.why_not = "it covers the whole prompt but holds no logits for the next token";
   if (!hit.why_not.empty()) return hit;
   try {
@@ -112,21 +114,31 @@ PromptCacheHit try_restore(const std::string& path, const std::string& identity,
   return hit;
 }
 
-int64_t save_prompt(const std::string& path, const std::string& identity, const std::string& spec, double theta,
-                    const std::vector<int32_t>& tokens, const std::vector<float>& logits, const model::LlamaModel& m) {
-  PromptCacheMeta meta;
-  meta.tokens = tokens;
-  meta.logits = logits;
-  std::ostringstream th;
-  th << theta;
-  meta.entries = {{"model", identity},
-                  {"cache", spec},
-                  {"theta", th.str()},
+std::string key_mismatch(const std::map<std::string, std::string>& entries, const PromptCacheKey& key) {
+  auto entry = [&](const char* k) { return entries.count(k) ? entries.at(k) : std::string(); };
+  if (entry("model") != key.identity) return "written for another model (" + entry("model") + ")";
+  if (entry("cache") != key.spec || entry("theta") != theta_string(key.theta))
+    return "written with cache " + entry("cache") + " theta " + entry("theta");
+  return "";
+}
+
+std::vector<uint8_t> prompt_file(const PromptCacheKey& key, const model::LlamaModel& m, std::vector<int32_t> tokens,
+                                 std::vector<float> logits) {
+  PromptCacheMeta meta{std::move(tokens), std::move(logits), {}};
+  meta.entries = {{"model", key.identity},
+                  {"cache", key.spec},
+                  {"theta", theta_string(key.theta)},
                   {"keys", m.keys() == model::KeyRope::kPreRope ? "pre" : "post"}};
   std::vector<const KVCache*> caches;
   for (const auto& c : m.caches()) caches.push_back(c.get());
-  save_caches(path, caches, meta);
-  return static_cast<int64_t>(std::filesystem::file_size(path));
+  return serialize_caches(caches, meta);
+}
+
+int64_t save_prompt(const std::string& path, const std::string& identity, const std::string& spec, double theta,
+                    const std::vector<int32_t>& tokens, const std::vector<float>& logits, const model::LlamaModel& m) {
+  const std::vector<uint8_t> bytes = prompt_file({identity, spec, theta}, m, tokens, logits);
+  core::write_file_atomically(path, bytes, "anchorkv::save_caches");
+  return static_cast<int64_t>(bytes.size());
 }
 
 CachedPrefill prefill_through(const std::string& path, const std::string& identity, const std::string& spec,

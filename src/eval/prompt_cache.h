@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,17 @@ namespace anchorkv::eval {
 // types, shapes) and tokenizer (a GGUF's metadata; a llama2.c checkpoint's
 // header and size).
 std::string model_identity(const std::string& model_path, const model::LlamaWeights& w);
+
+// What a prompt-cache file is written for and trusted for.
+struct PromptCacheKey {
+  std::string identity, spec;  // model_identity(), cache spec
+  double theta = 0;
+};
+// "" when a file's metadata entries were written for `key`, else why not.
+std::string key_mismatch(const std::map<std::string, std::string>& entries, const PromptCacheKey& key);
+// `m`'s caches as a cache file covering `tokens` (with the logits after them).
+std::vector<uint8_t> prompt_file(const PromptCacheKey& key, const model::LlamaModel& m, std::vector<int32_t> tokens,
+                                 std::vector<float> logits);
 
 struct PromptCacheHit {
   bool used = false;        // the file's caches are now the model's

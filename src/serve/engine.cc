@@ -4,12 +4,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <sstream>
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
 #include "core/atomic_file.h"
 #include "core/mapped_file.h"
+#include "eval/prompt_cache.h"
 #include "eval/tasks.h"
 
 namespace anchorkv::serve {
@@ -191,34 +191,15 @@ void Engine::add_to_pool(PoolEntry entry) {
   pool_.push_front(std::move(entry));
 }
 
-// The model's caches after `tokens` prompt tokens, as a self-describing cache
-// file (it may be spilled and read back after a restart).
-std::vector<uint8_t> Engine::pool_file(const model::LlamaModel& m, int64_t tokens, const std::vector<int32_t>& prompt,
-                                       const std::vector<float>& logits) const {
-  PromptCacheMeta meta;
-  meta.tokens.assign(prompt.begin(), prompt.begin() + tokens);
-  meta.logits = logits;
-  std::ostringstream theta;
-  theta << opt_.theta;
-  meta.entries = {{"model", opt_.model_identity}, {"cache", opt_.cache}, {"theta", theta.str()}};
-  std::vector<const KVCache*> caches;
-  for (const auto& c : m.caches()) caches.push_back(c.get());
-  return serialize_caches(caches, meta);
-}
-
 // Spilled files of an earlier run with the same model and cache become disk entries.
 void Engine::index_cache_dir() {
   if (opt_.cache_dir.empty()) return;
   std::filesystem::create_directories(opt_.cache_dir);
-  std::ostringstream theta;
-  theta << opt_.theta;
   for (const auto& f : std::filesystem::directory_iterator(opt_.cache_dir)) {
     if (f.path().extension() != ".akvc") continue;
     try {
       const LoadedCaches l = load_caches(f.path().string());
-      const auto& e = l.meta.entries;
-      if (e.count("model") && e.at("model") == opt_.model_identity && e.count("cache") && e.at("cache") == opt_.cache &&
-          e.count("theta") && e.at("theta") == theta.str() && !l.meta.tokens.empty())
+      if (eval::key_mismatch(l.meta.entries, key()).empty() && !l.meta.tokens.empty())
         disk_.push_back({l.meta.tokens, f.path().string(), static_cast<int64_t>(f.file_size())});
     } catch (const Error&) {
       // Not ours or damaged: left alone.
@@ -245,7 +226,9 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
   auto prefill_to = [&](int64_t end) {
     logits = m.forward(std::vector<int32_t>(req.prompt.begin() + m.position(), req.prompt.begin() + end));
     if (end < opt_.min_prefix) return;
-    add_to_pool({std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + end), pool_file(m, end, req.prompt, logits)});
+    std::vector<int32_t> tokens(req.prompt.begin(), req.prompt.begin() + end);
+    std::vector<uint8_t> file = eval::prompt_file(key(), m, tokens, logits);
+    add_to_pool({std::move(tokens), std::move(file)});
   };
   if (res.reused_tokens < res.prompt_tokens) {
     // A prompt that shares a longer beginning with a pooled one than what was

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/prompt_cache.h"
 #include "model/llama.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -102,8 +103,7 @@ class Engine {
   // Under pool_mutex_: moves the least recently used entry out of memory.
   void evict_one();
   void index_cache_dir();
-  std::vector<uint8_t> pool_file(const model::LlamaModel& m, int64_t tokens, const std::vector<int32_t>& prompt,
-                                 const std::vector<float>& logits) const;
+  eval::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }
 
   const model::LlamaWeights& weights_;
   const model::Tokenizer& tok_;
