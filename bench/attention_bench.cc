@@ -50,7 +50,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   state.SetLabel(compressed ? "anchorkv (compressed)" : "dense fp16");
 }
 BENCHMARK(BM_DecodeAttention)
-    ->ArgsProduct({{4096, 32768}, {0, 1}})
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -27,9 +27,11 @@ namespace {
 
 constexpr const char* kOp = "anchorkv::attend";
 constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
-constexpr int64_t kTile = 512;       // tokens per kernel call (bounds scratch)
-constexpr int64_t kMaxChunks = 16;   // chunks per region: bounds the partials
-constexpr int64_t kMinChunk = 8192;  // tokens (or entries) per chunk at least
+constexpr int64_t kTile = 512;        // dense tokens per kernel call (bounds scratch)
+constexpr int64_t kEntryTile = 8192;  // compressed entries per kernel call: each call ends in a
+                                      // merge over every anchor, so tiles are long
+constexpr int64_t kMaxChunks = 16;    // chunks per region: bounds the partials
+constexpr int64_t kMinChunk = 8192;   // tokens (or entries) per chunk at least
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t chunk_size(int64_t n) { return std::max<int64_t>(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks); }
@@ -45,6 +47,7 @@ struct Chunk {
 struct RowPrep {
   std::vector<float> ak, av;            // [k, D] anchors f32
   std::vector<float> anchor_dot;        // [nq, k]
+  std::vector<float> anchor_dot4;       // [ceil(nq / 4), k, 4] (see CompressedQueries)
   std::vector<float> rq;                // [nq, D]
   std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
   std::vector<float> cs;                // [nq, k, D] with RoPE (see CompressedQueries)
@@ -86,25 +89,32 @@ void check_query(const TensorView& query, const cache::AttentionSource& src, con
 void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool evicts,
                 const std::string& cache_name) {
   if (evicts)
-    core::fail(ErrorCode::kUnsupported, kOp,
-               "RoPE inside attention needs every token's position; cache '" + cache_name + "' evicts tokens");
+    core::fail(
+        ErrorCode::kUnsupported, kOp,
+        "RoPE inside attention needs every token's position; cache '" + cache_name + "' evicts tokens");
   if (src.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
   if (!(rope.base > 1.0) || !std::isfinite(rope.base))
     core::fail(ErrorCode::kInvalidArgument, kOp, "rope.base must be finite and > 1");
   if (rope.style != RopeStyle::kNormal && rope.style != RopeStyle::kNeox)
     core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
-  if (rope.position_offset < 0) core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
+  if (rope.position_offset < 0)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
   if (rope.position_offset > kMaxRopePosition - src.n_total)
-    core::fail(ErrorCode::kInvalidArgument, kOp,
-               "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
+    core::fail(
+        ErrorCode::kInvalidArgument, kOp,
+        "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
 }
 
 // One attend() call: the source, the query layout and every buffer it uses.
 class AttendCall {
  public:
   AttendCall(const TensorView& query, const cache::AttentionSource& src, const AttentionOptions& opt)
-      : query_(query), src_(src), opt_(opt), rope_(opt.rope.enabled ? &opt.rope : nullptr),
-        seg_(src.segment ? &*src.segment : nullptr), ws_(tls_workspace()) {
+      : query_(query),
+        src_(src),
+        opt_(opt),
+        rope_(opt.rope.enabled ? &opt.rope : nullptr),
+        seg_(src.segment ? &*src.segment : nullptr),
+        ws_(tls_workspace()) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
     Hq_ = query.shape[1], Sq_ = query.shape[2], G_ = Hq_ / H_, nq_ = G_ * Sq_;
     if (rope_) rtab_ = kernels::shared_rope_table(rope_->base, D_, src.n_total + rope_->position_offset);
@@ -191,7 +201,8 @@ void AttendCall::prepare_queries() {
 void AttendCall::plan_chunks() {
   auto add_dense = [&](const cache::DenseRegion& reg) {
     const int64_t c = chunk_size(reg.n);
-    for (int64_t a = 0; a < reg.n; a += c) chunks_.push_back({Chunk::kDense, &reg, a, std::min(reg.n, a + c)});
+    for (int64_t a = 0; a < reg.n; a += c)
+      chunks_.push_back({Chunk::kDense, &reg, a, std::min(reg.n, a + c)});
   };
   for (const auto& reg : src_.dense_before) add_dense(reg);
   if (seg_) {
@@ -241,7 +252,13 @@ void AttendCall::prepare_row(int64_t r) {
   }
   (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D,
                                                              p.anchor_dot.data(), k);
-  p.rq.resize(static_cast<size_t>(nq_ * D));
+  if (!rope_ && !opt_.reference) {  // the quad layout of the fast kernel
+    const int64_t quads = (nq_ + 3) / 4;
+    p.anchor_dot4.assign(static_cast<size_t>(quads * k * 4), 0.0f);
+    for (int64_t g = 0; g < nq_; ++g)
+      for (int64_t j = 0; j < k; ++j) p.anchor_dot4[((g / 4) * k + j) * 4 + g % 4] = p.anchor_dot[g * k + j];
+  }
+  p.rq.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads, zero past nq
   for (int64_t g = 0; g < nq_; ++g) seg_->codec->rotation().forward(q + g * D, &p.rq[g * D]);
   int64_t sk = 0, sv = 0, e = 0;
   for (const Chunk& c : chunks_) {
@@ -259,12 +276,21 @@ void AttendCall::prepare_row(int64_t r) {
 kernels::PartialView AttendCall::partial(int64_t r, int64_t c) {
   const size_t base = static_cast<size_t>((r * C_ + c) * nq_);
   return kernels::PartialView{&ws_.pm[base], &ws_.pl[base], &ws_.pacc[base * D_],
-                              has_c() ? &ws_.pw[base * k_max_] : nullptr, has_c() ? &ws_.prot[base * D_] : nullptr};
+                              has_c() ? &ws_.pw[base * k_max_] : nullptr,
+                              has_c() ? &ws_.prot[base * D_] : nullptr};
 }
 
 kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
   const RowPrep& p = prep_[r];
-  return {row_queries(r), qpos_.data(), nq_, p.anchor_dot.data(), p.rq.data(), rope_, p.cs.data(), rtab_.get()};
+  return {row_queries(r),
+          qpos_.data(),
+          nq_,
+          p.anchor_dot.data(),
+          p.anchor_dot4.empty() ? nullptr : p.anchor_dot4.data(),
+          p.rq.data(),
+          rope_,
+          p.cs.data(),
+          rtab_.get()};
 }
 
 void AttendCall::run_chunks() {
@@ -286,9 +312,12 @@ void AttendCall::run_chunks() {
       std::fill_n(out.rot, nq_ * D_, 0.0f);
     }
     switch (c.kind) {
-      case Chunk::kAnchors: return run_anchors(r, out);
-      case Chunk::kDense: return run_dense(r, c, out);
-      case Chunk::kEntries: return run_entries(r, c, out);
+      case Chunk::kAnchors:
+        return run_anchors(r, out);
+      case Chunk::kDense:
+        return run_dense(r, c, out);
+      case Chunk::kEntries:
+        return run_entries(r, c, out);
     }
   });
 }
@@ -329,8 +358,8 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
                                                                          reg.pos0 + a, D_, t, scratch.data());
     for (int64_t g = 0; g < nq_; ++g)
       kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, has_c() ? out.w + g * k_max_ : nullptr,
-                             has_c() ? out.rot + g * D_ : nullptr, tm[g], tl[g], &tacc[g * D_], nullptr, nullptr,
-                             D_, k_max_);
+                             has_c() ? out.rot + g * D_ : nullptr, tm[g], tl[g], &tacc[g * D_], nullptr,
+                             nullptr, D_, k_max_);
   }
 }
 
@@ -348,8 +377,8 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
   tacc.resize(static_cast<size_t>(nq_ * D_));
   tw.resize(static_cast<size_t>(nq_ * k));
   trot.resize(static_cast<size_t>(nq_ * D_));
-  for (int64_t a = c.a; a < e_end; a += kTile) {
-    const int64_t b = std::min(e_end, a + kTile);
+  for (int64_t a = c.a; a < e_end; a += kEntryTile) {
+    const int64_t b = std::min(e_end, a + kEntryTile);
     kernels::PartialView t{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
     const kernels::EntryRange range{a, b, sk, sv, seg_->pos0, masked_segment_};
     (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *seg_->codec, range, t,
@@ -359,8 +388,8 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
       sv += row.res_v(e);
     }
     for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by k_max
-      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_, tm[g],
-                             tl[g], &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
+      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_,
+                             tm[g], tl[g], &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
   }
 }
 
@@ -369,12 +398,16 @@ void AttendCall::report(AttentionStats* stats) const {
                                        (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
                                        (ws_.pw.size() + ws_.prot.size()) * 4);
   for (const RowPrep& p : prep_)
-    bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.rq.size() + p.cs.size()) *
-                                      4 +
-                                  p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
+    bytes += static_cast<int64_t>(
+        (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() + p.rq.size() + p.cs.size()) *
+            4 +
+        p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
-  // Per-thread scratch (largest use) + tile partials + finish buffers.
-  bytes += threads * 4 * (kTile * (nq_ + 3) + 3 * D_ + nq_ * (2 + 2 * D_ + k_max_) + 3 * D_ + k_max_);
+  // Per-thread scratch (largest use: a dense tile, or an entry tile's scores
+  // and decoded metadata) + tile partials + finish buffers.
+  bytes += threads * 4 *
+           (std::max(kTile * (nq_ + 3), kEntryTile * (std::max<int64_t>(nq_, 4) + 12)) + 3 * D_ +
+            nq_ * (2 + 2 * D_ + k_max_) + 3 * D_ + 9 * k_max_);
   for (const auto& o : src_.owned) bytes += static_cast<int64_t>(o->keys.nbytes() + o->values.nbytes());
   stats->workspace_bytes = bytes;
   stats->chunks_per_row = C_;
@@ -450,7 +483,8 @@ Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches
   return AttendCall(query, src, opt).run(stats);
 }
 
-Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt, AttentionStats* stats) {
+Tensor attend(const TensorView& query, const KVCache& cache, const AttentionOptions& opt,
+              AttentionStats* stats) {
   return attend(query, std::vector<const KVCache*>{&cache}, opt, stats);
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -18,10 +19,29 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_kernels.cc"
+// clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "core/simd-inl.h"
+// clang-format on
+
+// Defined once, not per target (this file is compiled once per SIMD target).
+#ifndef ANCHORKV_KERNELS_META_OUT_
+#define ANCHORKV_KERNELS_META_OUT_
+namespace anchorkv::kernels {
+// Decoded entry metadata without positions: anchor ordinals per entry and the
+// (chunk-local) indices of entries that carry a K / V residual.
+struct MetaOut {
+  int32_t* ak;
+  int32_t* av;
+  int32_t* res_k;
+  int32_t* res_v;
+  int64_t nk = 0, nv = 0;
+};
+}  // namespace anchorkv::kernels
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::kernels {
@@ -60,22 +80,23 @@ float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
 }
 
 // out[i] = scale[i] * table[idx[i]]: the anchor scores of n tokens (vector gathers).
-void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT idx, const float* HWY_RESTRICT scale,
-                  int64_t n, float* HWY_RESTRICT out) {
+void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT idx,
+                  const float* HWY_RESTRICT scale, int64_t n, float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
   for (; i + N <= n; i += N)
-    hn::StoreU(hn::Mul(hn::LoadU(df, scale + i), hn::GatherIndex(df, table, hn::LoadU(di, idx + i))), df, out + i);
+    hn::StoreU(hn::Mul(hn::LoadU(df, scale + i), hn::GatherIndex(df, table, hn::LoadU(di, idx + i))), df,
+               out + i);
   for (; i < n; ++i) out[i] = scale[i] * table[idx[i]];
 }
 
 // Per-anchor value weights across the query group: W[idx[i] * 4 + g] += P[i * 4 + g]
 // for a group of 4 queries, one 4-lane add per token. Tokens alternate between two
 // accumulators, so neighbours that share an anchor do not wait on each other.
-void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, int64_t n, float* HWY_RESTRICT W0,
-                 float* HWY_RESTRICT W1) {
+void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, int64_t n,
+                 float* HWY_RESTRICT W0, float* HWY_RESTRICT W1) {
   const hn::CappedTag<float, 4> d4;
   if (hn::Lanes(d4) != 4) {
     for (int64_t i = 0; i < n; ++i)
@@ -95,6 +116,280 @@ void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, i
   }
 }
 
+// ---- Entry metadata without positions (MetaOut).
+HWY_INLINE void PushSetBits(uint64_t bits, int64_t i0, int32_t* out, int64_t& count) {
+  for (; bits != 0; bits &= bits - 1) out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
+}
+
+// Seed layout: anchor K in bits 0..19, anchor V in 20..39, residual flags at 60 / 61.
+void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const hn::Rebind<uint32_t, decltype(d64)> d32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
+  const auto field = hn::Set(d64, (uint64_t{1} << 20) - 1);
+  const auto flag_k = hn::Set(d64, uint64_t{1} << 60), flag_v = hn::Set(d64, uint64_t{1} << 61);
+  int64_t i = 0;
+  uint8_t bits[8] = {};
+  if (N <= 64) {
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d64, w + i);
+      hn::StoreU(hn::TruncateTo(d32, hn::And(v, field)), d32, reinterpret_cast<uint32_t*>(out->ak + i));
+      hn::StoreU(hn::TruncateTo(d32, hn::And(hn::ShiftRight<20>(v), field)), d32,
+                 reinterpret_cast<uint32_t*>(out->av + i));
+      uint64_t mk = 0, mv = 0;
+      hn::StoreMaskBits(d64, hn::TestBit(v, flag_k), bits);
+      std::memcpy(&mk, bits, (N + 7) / 8);
+      hn::StoreMaskBits(d64, hn::TestBit(v, flag_v), bits);
+      std::memcpy(&mv, bits, (N + 7) / 8);
+      PushSetBits(mk, i, out->res_k, out->nk);
+      PushSetBits(mv, i, out->res_v, out->nv);
+    }
+  }
+  for (; i < n; ++i) {
+    const compress::Meta m = compress::unpack_meta(w[i]);
+    out->ak[i] = m.anchor_k, out->av[i] = m.anchor_v;
+    if (m.res_k) out->res_k[out->nk++] = static_cast<int32_t>(i);
+    if (m.res_v) out->res_v[out->nv++] = static_cast<int32_t>(i);
+  }
+}
+
+// Compact layout: anchor K in bits 0..14, K residual 15, anchor V 16..30, V residual 31.
+void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
+  const hn::ScalableTag<uint32_t> d32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d32));
+  const auto field = hn::Set(d32, 0x7FFFu);
+  const auto flag_k = hn::Set(d32, 1u << 15), flag_v = hn::Set(d32, 1u << 31);
+  int64_t i = 0;
+  uint8_t bits[8] = {};
+  if (N <= 64) {
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d32, w + i);
+      hn::StoreU(hn::And(v, field), d32, reinterpret_cast<uint32_t*>(out->ak + i));
+      hn::StoreU(hn::And(hn::ShiftRight<16>(v), field), d32, reinterpret_cast<uint32_t*>(out->av + i));
+      uint64_t mk = 0, mv = 0;
+      hn::StoreMaskBits(d32, hn::TestBit(v, flag_k), bits);
+      std::memcpy(&mk, bits, (N + 7) / 8);
+      hn::StoreMaskBits(d32, hn::TestBit(v, flag_v), bits);
+      std::memcpy(&mv, bits, (N + 7) / 8);
+      PushSetBits(mk, i, out->res_k, out->nk);
+      PushSetBits(mv, i, out->res_v, out->nv);
+    }
+  }
+  for (; i < n; ++i) {
+    const compress::Meta m = compress::unpack_meta32(w[i]);
+    out->ak[i] = m.anchor_k, out->av[i] = m.anchor_v;
+    if (m.res_k) out->res_k[out->nk++] = static_cast<int32_t>(i);
+    if (m.res_v) out->res_v[out->nv++] = static_cast<int32_t>(i);
+  }
+}
+
+// ---- Query quads: four queries of one KV row, stored token-major (s4[i * 4 + g]),
+// so one 4-lane vector carries an entry's scores for the whole quad.
+
+// s4[i * 4 + g] = gk[i] * T[ak[i] * 4 + g]: the anchor approximation's scores
+// from the quad's interleaved anchor-dot table T [k, 4].
+void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT ak,
+                      const float* HWY_RESTRICT gk, int64_t n, float* HWY_RESTRICT s4) {
+  const hn::CappedTag<float, 4> d4;
+  if (hn::Lanes(d4) != 4) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int g = 0; g < 4; ++g) s4[i * 4 + g] = gk[i] * T[ak[i] * 4 + g];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    hn::StoreU(hn::Mul(hn::Set(d4, gk[i]), hn::LoadU(d4, T + ak[i] * 4)), d4, s4 + i * 4);
+}
+
+// Per query g: m4[g] = max_i s4[i * 4 + g], s4 = exp(s4 - m4), l4[g] = sum.
+// Scores are finite (no masking on this path).
+void QuadSoftmax(float* HWY_RESTRICT s4, int64_t n, float* HWY_RESTRICT m4, float* HWY_RESTRICT l4) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), total = 4 * n;
+  if (N % 4 != 0) {
+    for (int g = 0; g < 4; ++g) {
+      float m = -HUGE_VALF, l = 0;
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, s4[i * 4 + g]);
+      for (int64_t i = 0; i < n; ++i) l += (s4[i * 4 + g] = std::exp(s4[i * 4 + g] - m));
+      m4[g] = m, l4[g] = l;
+    }
+    return;
+  }
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
+  auto vmax = hn::Set(d, -HUGE_VALF);
+  int64_t j = 0;
+  for (; j + N <= total; j += N) vmax = hn::Max(vmax, hn::LoadU(d, s4 + j));
+  hn::Store(vmax, d, lanes);
+  for (int g = 0; g < 4; ++g) m4[g] = -HUGE_VALF;
+  for (int64_t t = 0; t < N; ++t) m4[t % 4] = std::max(m4[t % 4], lanes[t]);
+  for (; j < total; ++j) m4[j % 4] = std::max(m4[j % 4], s4[j]);
+  for (int64_t t = 0; t < N; ++t) lanes[t] = m4[t % 4];
+  const auto vm = hn::Load(d, lanes);
+  auto vsum = hn::Zero(d);
+  for (j = 0; j + N <= total; j += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, s4 + j), vm));
+    hn::StoreU(e, d, s4 + j);
+    vsum = hn::Add(vsum, e);
+  }
+  hn::Store(vsum, d, lanes);
+  for (int g = 0; g < 4; ++g) l4[g] = 0;
+  for (int64_t t = 0; t < N; ++t) l4[t % 4] += lanes[t];
+  for (; j < total; ++j) l4[j % 4] += (s4[j] = std::exp(s4[j] - m4[j % 4]));
+}
+
+// W[av[i] * 4 + g] += p4[i * 4 + g] * gv[i]: value weights per anchor, one
+// 4-lane add per entry. Even entries go to W0, odd ones to W1, so neighbours
+// that share an anchor do not wait on each other through memory.
+void QuadScatter(const float* HWY_RESTRICT p4, const int32_t* HWY_RESTRICT av, const float* HWY_RESTRICT gv,
+                 int64_t n, float* HWY_RESTRICT W0, float* HWY_RESTRICT W1) {
+  const hn::CappedTag<float, 4> d4;
+  if (hn::Lanes(d4) != 4) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int g = 0; g < 4; ++g) (i % 2 ? W1 : W0)[av[i] * 4 + g] += p4[i * 4 + g] * gv[i];
+    return;
+  }
+  int64_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    float* a = W0 + av[i] * 4;
+    float* b = W1 + av[i + 1] * 4;
+    hn::StoreU(hn::MulAdd(hn::LoadU(d4, p4 + i * 4), hn::Set(d4, gv[i]), hn::LoadU(d4, a)), d4, a);
+    hn::StoreU(hn::MulAdd(hn::LoadU(d4, p4 + i * 4 + 4), hn::Set(d4, gv[i + 1]), hn::LoadU(d4, b)), d4, b);
+  }
+  if (i < n) {
+    float* a = W0 + av[i] * 4;
+    hn::StoreU(hn::MulAdd(hn::LoadU(d4, p4 + i * 4), hn::Set(d4, gv[i]), hn::LoadU(d4, a)), d4, a);
+  }
+}
+
+// 2-bit residual codes (4 per byte, code i in bits 2 (i % 4) of byte i / 4)
+// decoded N at a time: one broadcast, a per-lane shift and mask, then a lane
+// permutation of the 4 levels. Needs 4 <= N <= 16.
+struct Levels2Bit {
+  static bool supported(int64_t D) {
+    const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+    return N >= 4 && N <= 16 && D % N == 0;
+  }
+  explicit Levels2Bit(const float* levels) {
+    HWY_ALIGN float table[hn::MaxLanes(DF())] = {};
+    for (int i = 0; i < 4; ++i) table[i] = levels[i];
+    lv = hn::Load(df, table);
+    shifts = hn::ShiftLeft<1>(hn::Iota(du, 0));
+  }
+  HWY_INLINE hn::Vec<DF> at(const uint8_t* HWY_RESTRICT codes, int64_t d) const {
+    uint32_t w = 0;
+    std::memcpy(&w, codes + d / 4, hn::Lanes(df) / 4);
+    const auto idx = hn::BitCast(di, hn::And(hn::Shr(hn::Set(du, w), shifts), hn::Set(du, 3u)));
+    return hn::TableLookupLanes(lv, hn::IndicesFromVec(df, idx));
+  }
+  DF df;
+  hn::RebindToUnsigned<DF> du;
+  hn::RebindToSigned<DF> di;
+  hn::Vec<DF> lv;
+  hn::Vec<hn::RebindToUnsigned<DF>> shifts;
+};
+
+// Key residuals of a quad, decoded in registers: for each residual j (slot
+// slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)).
+// rq4: [4, D] rotated queries (zero rows past the quad's last query).
+void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
+                          const float* HWY_RESTRICT zscale, const int32_t* HWY_RESTRICT res, int64_t nr,
+                          const float* HWY_RESTRICT levels, const float* HWY_RESTRICT rq4, int64_t D,
+                          float* HWY_RESTRICT s4) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const Levels2Bit dec(levels);
+  for (int64_t j = 0; j < nr; ++j) {
+    const uint8_t* c = codes + (slot0 + j) * cb;
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (int64_t d = 0; d < D; d += N) {
+      const auto z = dec.at(c, d);
+      a0 = hn::MulAdd(hn::LoadU(df, rq4 + d), z, a0);
+      a1 = hn::MulAdd(hn::LoadU(df, rq4 + D + d), z, a1);
+      a2 = hn::MulAdd(hn::LoadU(df, rq4 + 2 * D + d), z, a2);
+      a3 = hn::MulAdd(hn::LoadU(df, rq4 + 3 * D + d), z, a3);
+    }
+    float* s = s4 + res[j] * 4;
+    s[0] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a0));
+    s[1] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a1));
+    s[2] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a2));
+    s[3] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a3));
+  }
+}
+
+// z[j, :] = levels(codes of slot slot0 + j) for j < nr (2-bit codes).
+void DecodeRows2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                    const float* HWY_RESTRICT levels, int64_t D, float* HWY_RESTRICT z) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const Levels2Bit dec(levels);
+  for (int64_t j = 0; j < nr; ++j) {
+    const uint8_t* c = codes + (slot0 + j) * cb;
+    for (int64_t d = 0; d < D; d += N) hn::StoreU(dec.at(c, d), df, z + j * D + d);
+  }
+}
+
+bool Supports2BitRows(int64_t D) { return Levels2Bit::supported(D); }
+
+// Value residuals of a quad, decoded in registers:
+//   rot[g, :] += wv[g * ldw + j] * levels(codes of slot slot0 + j)   for g < gn, j < nr.
+// Two queries per pass keep 2 * NB accumulators in registers.
+template <int NB>
+HWY_INLINE void QuadValueResidualsNB(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                                     const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv,
+                                     int64_t ldw, int64_t gn, float* HWY_RESTRICT rot) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
+  const Levels2Bit dec(levels);
+  for (int64_t g0 = 0; g0 < gn; g0 += 2) {
+    const float* w0 = wv + g0 * ldw;
+    const float* w1 = g0 + 1 < gn ? w0 + ldw : w0;
+    hn::Vec<DF> a0[NB], a1[NB];
+    for (int b = 0; b < NB; ++b) a0[b] = hn::LoadU(df, rot + g0 * D + b * N);
+    for (int b = 0; b < NB; ++b)
+      a1[b] = g0 + 1 < gn ? hn::LoadU(df, rot + (g0 + 1) * D + b * N) : hn::Zero(df);
+    for (int64_t j = 0; j < nr; ++j) {
+      const uint8_t* c = codes + (slot0 + j) * cb;
+      const auto x0 = hn::Set(df, w0[j]), x1 = hn::Set(df, w1[j]);
+      for (int b = 0; b < NB; ++b) {
+        const auto z = dec.at(c, b * N);
+        a0[b] = hn::MulAdd(x0, z, a0[b]);
+        a1[b] = hn::MulAdd(x1, z, a1[b]);
+      }
+    }
+    for (int b = 0; b < NB; ++b) hn::StoreU(a0[b], df, rot + g0 * D + b * N);
+    if (g0 + 1 < gn)
+      for (int b = 0; b < NB; ++b) hn::StoreU(a1[b], df, rot + (g0 + 1) * D + b * N);
+  }
+}
+
+// Whether QuadValueResiduals2Bit handles head dim D on this target.
+bool SupportsQuadValueResiduals(int64_t D) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  return Levels2Bit::supported(D) && D / N <= 8;
+}
+
+void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                            const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv, int64_t ldw,
+                            int64_t gn, int64_t D, float* HWY_RESTRICT rot) {
+  switch (D / static_cast<int64_t>(hn::Lanes(DF()))) {
+    case 1:
+      return QuadValueResidualsNB<1>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    case 2:
+      return QuadValueResidualsNB<2>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    case 3:
+      return QuadValueResidualsNB<3>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    case 4:
+      return QuadValueResidualsNB<4>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    case 5:
+      return QuadValueResidualsNB<5>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    case 6:
+      return QuadValueResidualsNB<6>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    case 7:
+      return QuadValueResidualsNB<7>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+    default:
+      return QuadValueResidualsNB<8>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+  }
+}
+
 float MaxOf(const float* HWY_RESTRICT x, int64_t n) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -106,10 +401,41 @@ float MaxOf(const float* HWY_RESTRICT x, int64_t n) {
   return m;
 }
 
+#if ANCHORKV_HW_F16
+// acc[g, :] = sum_i p[g, i] * V[i, :] for D = NB vectors, two queries at a time.
+template <int NB>
+HWY_INLINE void ValuesTwoQueries(const float* HWY_RESTRICT s, int64_t nq, int64_t n, const uint16_t* V16,
+                                 float* HWY_RESTRICT acc) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
+  const auto* v16 = reinterpret_cast<const hwy::float16_t*>(V16);
+  for (int64_t g0 = 0; g0 < nq; g0 += 2) {
+    const float* p0 = s + g0 * n;
+    const float* p1 = g0 + 1 < nq ? p0 + n : p0;
+    hn::Vec<DF> a0[NB], a1[NB];
+    for (int b = 0; b < NB; ++b) a0[b] = a1[b] = hn::Zero(df);
+    for (int64_t i = 0; i < n; ++i) {
+      hwy::Prefetch(v16 + (i + 8) * D);
+      const auto w0 = hn::Set(df, p0[i]), w1 = hn::Set(df, p1[i]);
+      for (int b = 0; b < NB; ++b) {
+        const auto v = hn::PromoteTo(df, hn::LoadU(dh, v16 + i * D + b * N));
+        a0[b] = hn::MulAdd(w0, v, a0[b]);
+        a1[b] = hn::MulAdd(w1, v, a1[b]);
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      hn::StoreU(a0[b], df, acc + g0 * D + b * N);
+      if (g0 + 1 < nq) hn::StoreU(a1[b], df, acc + (g0 + 1) * D + b * N);
+    }
+  }
+}
+#endif
+
 void DenseChunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
                 int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch) {
-  float* s = scratch;                // [nq, n]
-  float* row = scratch + nq * n;     // [D]
+  float* s = scratch;             // [nq, n]
+  float* row = scratch + nq * n;  // [D]
   // Scores: tiles of 4 tokens x 4 queries keep 16 accumulators in registers.
   int64_t i0 = 0;
 #if ANCHORKV_HW_F16
@@ -119,6 +445,8 @@ void DenseChunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t*
     const int64_t NL = static_cast<int64_t>(hn::Lanes(df));
     const auto* k16 = reinterpret_cast<const hwy::float16_t*>(K16);
     for (; i0 + 4 <= n; i0 += 4) {
+      // The next rows' lines are requested while these are scored.
+      for (int64_t b = 0; b < 4 * D; b += 32) hwy::Prefetch(k16 + (i0 + 8) * D + b);
       for (int64_t g0 = 0; g0 < nq; g0 += 4) {
         const int64_t gn = nq - g0 < 4 ? nq - g0 : 4;
         hn::Vec<DF> acc[4][4];
@@ -147,8 +475,7 @@ void DenseChunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t*
 #endif
   for (int64_t i = i0; i < n; ++i) {
     ToF32(K16 + i * D, row, D);
-    for (int64_t g = 0; g < nq; ++g)
-      s[g * n + i] = pos0 + i <= qpos[g] ? Dot(q + g * D, row, D) : -HUGE_VALF;
+    for (int64_t g = 0; g < nq; ++g) s[g * n + i] = pos0 + i <= qpos[g] ? Dot(q + g * D, row, D) : -HUGE_VALF;
   }
   for (int64_t g = 0; g < nq; ++g) {
     const float m = MaxOf(s + g * n, n);
@@ -157,31 +484,19 @@ void DenseChunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t*
     std::fill_n(out.acc + g * D, D, 0.0f);
     if (m == -HUGE_VALF) std::fill_n(s + g * n, n, 0.0f);
   }
-  // Values: for each block of N coordinates, the accumulators of up to four
-  // queries stay in registers while the tokens stream by.
+  // Values: rows stream by in order (whole 2*D-byte rows, so the hardware
+  // prefetcher sees one sequential stream) while the D-wide accumulators of
+  // up to two queries stay in registers; further query pairs re-read the
+  // tile from cache.
   int64_t d0 = 0;
 #if ANCHORKV_HW_F16
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const auto* v16 = reinterpret_cast<const hwy::float16_t*>(V16);
-  for (; d0 + N <= D; d0 += N) {
-    for (int64_t g0 = 0; g0 < nq; g0 += 4) {
-      const int64_t gn = nq - g0 < 4 ? nq - g0 : 4;
-      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-      const float* p0 = s + g0 * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const auto v = hn::PromoteTo(df, hn::LoadU(dh, v16 + i * D + d0));
-        a0 = hn::MulAdd(hn::Set(df, p0[i]), v, a0);
-        if (gn > 1) a1 = hn::MulAdd(hn::Set(df, p0[n + i]), v, a1);
-        if (gn > 2) a2 = hn::MulAdd(hn::Set(df, p0[2 * n + i]), v, a2);
-        if (gn > 3) a3 = hn::MulAdd(hn::Set(df, p0[3 * n + i]), v, a3);
-      }
-      hn::StoreU(a0, df, out.acc + g0 * D + d0);
-      if (gn > 1) hn::StoreU(a1, df, out.acc + (g0 + 1) * D + d0);
-      if (gn > 2) hn::StoreU(a2, df, out.acc + (g0 + 2) * D + d0);
-      if (gn > 3) hn::StoreU(a3, df, out.acc + (g0 + 3) * D + d0);
-    }
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  if (D == 8 * N) {
+    ValuesTwoQueries<8>(s, nq, n, V16, out.acc);
+    d0 = D;
+  } else if (D == 4 * N) {
+    ValuesTwoQueries<4>(s, nq, n, V16, out.acc);
+    d0 = D;
   }
 #endif
   if (d0 < D) {  // remaining coordinates (or every coordinate without hardware fp16)
@@ -208,6 +523,16 @@ HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(GatherScaled);
 HWY_EXPORT(ScatterAdd4);
+HWY_EXPORT(DecodeMetaSeed);
+HWY_EXPORT(DecodeMetaCompact);
+HWY_EXPORT(QuadAnchorScores);
+HWY_EXPORT(QuadSoftmax);
+HWY_EXPORT(QuadScatter);
+HWY_EXPORT(QuadKeyResiduals2Bit);
+HWY_EXPORT(DecodeRows2Bit);
+HWY_EXPORT(Supports2BitRows);
+HWY_EXPORT(SupportsQuadValueResiduals);
+HWY_EXPORT(QuadValueResiduals2Bit);
 
 namespace {
 
@@ -239,11 +564,12 @@ struct RefOps {
     return sum;
   }
   // out[i] = scale[i] * table[idx[i]]
-  static void gather_scaled(const float* table, const int32_t* idx, const float* scale, int64_t n, float* out) {
+  static void gather_scaled(const float* table, const int32_t* idx, const float* scale, int64_t n,
+                            float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = scale[i] * table[idx[i]];
   }
-  static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
-                            float* w, EntryScratch& sc);
+  static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
+                            int64_t k, float* w, EntryScratch& sc);
 };
 
 struct FastOps {
@@ -256,12 +582,15 @@ struct FastOps {
     core::accumulate_rows(W, n, Z, n, nq, D, out, D);
   }
   static float max_of(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n); }
-  static float exp_shift_sum(float* x, int64_t n, float m) { return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, m); }
-  static void gather_scaled(const float* table, const int32_t* idx, const float* scale, int64_t n, float* out) {
+  static float exp_shift_sum(float* x, int64_t n, float m) {
+    return HWY_DYNAMIC_DISPATCH(ExpShiftSum)(x, n, m);
+  }
+  static void gather_scaled(const float* table, const int32_t* idx, const float* scale, int64_t n,
+                            float* out) {
     HWY_DYNAMIC_DISPATCH(GatherScaled)(table, idx, scale, n, out);
   }
-  static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
-                            float* w, EntryScratch& sc);
+  static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
+                            int64_t k, float* w, EntryScratch& sc);
 };
 
 // Per query: m = max, x = exp(x - m), l = sum (fully masked rows: m = -inf, l = 0, x = 0).
@@ -283,8 +612,8 @@ void softmax_stats(float* s, int64_t nq, int64_t n, float* m_out, float* l_out) 
 // w[g, j] = sum over entries i with av[i] == j of p[g, i] * gv[i]. Neighbouring
 // tokens often share an anchor: four interleaved partial sums keep the
 // scatter-adds from waiting on each other through memory.
-void RefOps::value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
-                           float* w, EntryScratch& sc) {
+void RefOps::value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
+                           int64_t k, float* w, EntryScratch& sc) {
   sc.w4.assign(static_cast<size_t>(4 * k), 0.0f);
   float* w4 = sc.w4.data();
   for (int64_t g = 0; g < nq; ++g) {
@@ -306,8 +635,8 @@ void RefOps::value_weights(const float* p, const float* gv, const int32_t* av, i
 
 // Groups of 4 queries: token-major weights p_t * gamma_t scattered with one
 // 4-lane add per token (ScatterAdd4), then back to query-major w.
-void FastOps::value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n, int64_t k,
-                            float* w, EntryScratch& sc) {
+void FastOps::value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
+                            int64_t k, float* w, EntryScratch& sc) {
   if (nq % 4 != 0) return RefOps::value_weights(p, gv, av, nq, n, k, w, sc);
   sc.pt.resize(static_cast<size_t>(4 * n));
   sc.wa.resize(static_cast<size_t>(4 * k));
@@ -360,8 +689,6 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   sc.gk.resize(static_cast<size_t>(n));
   sc.gv.resize(static_cast<size_t>(n));
   sc.pos.resize(static_cast<size_t>(n));
-  sc.res_k.clear();
-  sc.res_v.clear();
   if (row.compact) {  // one SIMD conversion instead of one call per token
     core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(r.e0)], sc.gk.data(), n);
     core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(r.e0)], sc.gv.data(), n);
@@ -369,15 +696,29 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
     std::copy_n(&row.k.coef[static_cast<size_t>(r.e0)], n, sc.gk.data());
     std::copy_n(&row.v.coef[static_cast<size_t>(r.e0)], n, sc.gv.data());
   }
-  compress::EntryMetaReader meta(row, r.e0, r.masked || cq.rope != nullptr);
-  for (int64_t i = 0; i < n; ++i) {
-    const compress::Meta m = meta.next();
-    sc.ak[i] = m.anchor_k;
-    sc.av[i] = m.anchor_v;
-    if (m.res_k) sc.res_k.push_back(static_cast<int32_t>(i));
-    if (m.res_v) sc.res_v.push_back(static_cast<int32_t>(i));
-    sc.pos[i] = r.seg_pos0 + r.e0 + i + m.anchors_before;
+  sc.res_k.resize(static_cast<size_t>(n));
+  sc.res_v.resize(static_cast<size_t>(n));
+  int64_t nk = 0, nv = 0;
+  if (!r.masked && cq.rope == nullptr) {  // positions not needed: the bit fields alone
+    MetaOut mo{sc.ak.data(), sc.av.data(), sc.res_k.data(), sc.res_v.data()};
+    if (row.compact)
+      HWY_DYNAMIC_DISPATCH(DecodeMetaCompact)(&row.meta32[static_cast<size_t>(r.e0)], n, &mo);
+    else
+      HWY_DYNAMIC_DISPATCH(DecodeMetaSeed)(&row.meta[static_cast<size_t>(r.e0)], n, &mo);
+    nk = mo.nk, nv = mo.nv;
+  } else {
+    compress::EntryMetaReader meta(row, r.e0, true);
+    for (int64_t i = 0; i < n; ++i) {
+      const compress::Meta m = meta.next();
+      sc.ak[i] = m.anchor_k;
+      sc.av[i] = m.anchor_v;
+      sc.res_k[nk] = static_cast<int32_t>(i), nk += m.res_k;
+      sc.res_v[nv] = static_cast<int32_t>(i), nv += m.res_v;
+      sc.pos[i] = r.seg_pos0 + r.e0 + i + m.anchors_before;
+    }
   }
+  sc.res_k.resize(static_cast<size_t>(nk));
+  sc.res_v.resize(static_cast<size_t>(nv));
 }
 
 // Scores of the anchor approximation: gamma_t * (q . a_K(t)); with pre-RoPE
@@ -395,13 +736,14 @@ void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, cons
       std::copy_n(cq.table->s(p), half, sc.cs_row.data() + half);
       for (int64_t g = 0; g < nq; ++g) {
         const float* csg = cq.cs + (g * k + sc.ak[i]) * D;
-        s[g * n + i] = (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk[i] * Ops::dot(csg, sc.cs_row.data(), D)
-                                                             : kNegInf;
+        s[g * n + i] =
+            (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk[i] * Ops::dot(csg, sc.cs_row.data(), D) : kNegInf;
       }
     }
     return;
   }
-  for (int64_t g = 0; g < nq; ++g) Ops::gather_scaled(cq.anchor_dot + g * k, sc.ak.data(), sc.gk.data(), n, s + g * n);
+  for (int64_t g = 0; g < nq; ++g)
+    Ops::gather_scaled(cq.anchor_dot + g * k, sc.ak.data(), sc.gk.data(), n, s + g * n);
   if (r.masked)
     for (int64_t g = 0; g < nq; ++g)
       for (int64_t i = 0; i < n; ++i)
@@ -484,6 +826,97 @@ void entries_chunk_impl(const CompressedQueries& cq, const compress::CompressedR
   add_value_residuals<Ops>(row, codec, r, nq, out, sc);
 }
 
+// Scales of residual slots [slot0, slot0 + nr) of one side.
+void residual_scales(const compress::CompressedSide& side, int64_t slot0, int64_t nr,
+                     std::vector<float>& out) {
+  out.resize(static_cast<size_t>(nr));
+  core::f16_to_f32_n(&side.scales[static_cast<size_t>(slot0)], out.data(), nr);
+}
+
+// Residual rows of one side decoded to their unscaled levels (z [nr, D]),
+// once per tile and shared by every query.
+void decode_residual_rows(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
+                          int64_t slot0, int64_t nr, std::vector<float>& z, EntryScratch& sc) {
+  const int64_t D = codec.dim(), cb = codec.code_bytes();
+  z.resize(static_cast<size_t>(nr * D));
+  if (nr == 0) return;
+  if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))
+    return HWY_DYNAMIC_DISPATCH(DecodeRows2Bit)(side.codes.data(), cb, slot0, nr, codec.levels().data(), D,
+                                                z.data());
+  sc.codes.resize(static_cast<size_t>(D));
+  for (int64_t j = 0; j < nr; ++j)
+    codec.decode_levels(&side.codes[static_cast<size_t>((slot0 + j) * cb)], &z[j * D], sc.codes.data());
+}
+
+// Key residuals of the quad at q0 added to its scores s4.
+void add_quad_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
+                            const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn,
+                            EntryScratch& sc) {
+  const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
+  if (nr == 0) return;
+  float* s4 = sc.s.data();
+  if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
+    return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
+                                                      sc.zks.data(), sc.res_k.data(), nr,
+                                                      codec.levels().data(), cq.rq + q0 * D, D, s4);
+  if (sc.zk.empty()) decode_residual_rows(row.k, codec, r.slot_k0, nr, sc.zk, sc);
+  sc.zdot.resize(static_cast<size_t>(4 * nr));
+  core::dot_matrix(cq.rq + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
+  for (int64_t j = 0; j < nr; ++j)
+    for (int64_t g = 0; g < gn; ++g) s4[sc.res_k[j] * 4 + g] += sc.zks[j] * sc.zdot[g * nr + j];
+}
+
+// The fast path for the common decode case (keys after RoPE, no causal mask
+// inside the segment): queries in quads, each entry's four scores in one
+// vector (token-major), anchor scores from the quad's interleaved table,
+// residuals decoded once per tile for all quads. Same arithmetic as
+// entries_chunk_impl up to summation order.
+void entries_chunk_quads(const CompressedQueries& cq, const compress::CompressedRow& row,
+                         const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
+                         EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, nq = cq.nq, D = codec.dim(), k = row.n_anchor;
+  decode_entries(cq, row, r, sc);
+  const int64_t nrk = static_cast<int64_t>(sc.res_k.size()), nrv = static_cast<int64_t>(sc.res_v.size());
+  residual_scales(row.k, r.slot_k0, nrk, sc.zks);
+  residual_scales(row.v, r.slot_v0, nrv, sc.zvs);
+  sc.zk.clear();
+  const bool fused_v = codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(SupportsQuadValueResiduals)(D);
+  if (!fused_v) decode_residual_rows(row.v, codec, r.slot_v0, nrv, sc.zv, sc);
+  sc.s.resize(static_cast<size_t>(4 * n));
+  sc.wa.resize(static_cast<size_t>(4 * k));
+  sc.wb.resize(static_cast<size_t>(4 * k));
+  float* s4 = sc.s.data();
+  std::fill_n(out.acc, nq * D, 0.0f);
+  std::fill_n(out.rot, nq * D, 0.0f);
+  for (int64_t q0 = 0; q0 < nq; q0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, nq - q0);
+    HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk.data(), n, s4);
+    add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
+    float m4[4], l4[4];
+    HWY_DYNAMIC_DISPATCH(QuadSoftmax)(s4, n, m4, l4);
+    std::fill(sc.wa.begin(), sc.wa.end(), 0.0f);
+    std::fill(sc.wb.begin(), sc.wb.end(), 0.0f);
+    HWY_DYNAMIC_DISPATCH(QuadScatter)(s4, sc.av.data(), sc.gv.data(), n, sc.wa.data(), sc.wb.data());
+    for (int64_t g = 0; g < gn; ++g) {
+      out.m[q0 + g] = m4[g];
+      out.l[q0 + g] = l4[g];
+      float* w = out.w + (q0 + g) * k;
+      for (int64_t j = 0; j < k; ++j) w[j] = sc.wa[j * 4 + g] + sc.wb[j * 4 + g];
+    }
+    if (nrv > 0) {  // rot[g] += sum_j p[g, i_j] * scale_j * z_j
+      sc.zdot.resize(static_cast<size_t>(4 * nrv));
+      for (int64_t g = 0; g < gn; ++g)
+        for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
+      if (fused_v)
+        HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
+        (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv,
+         gn, D, out.rot + q0 * D);
+      else
+        core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, out.rot + q0 * D, D);
+    }
+  }
+}
+
 }  // namespace
 
 void dense_chunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
@@ -491,8 +924,9 @@ void dense_chunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t
   HWY_DYNAMIC_DISPATCH(DenseChunk)(q, qpos, nq, K16, V16, n, pos0, D, out, scratch);
 }
 
-void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
-                     int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch) {
+void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                     const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, PartialView out,
+                     float* scratch) {
   float* s = scratch;             // [nq, n]
   float* row = scratch + nq * n;  // [D]
   for (int64_t i = 0; i < n; ++i) {
@@ -512,9 +946,9 @@ void dense_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const uint
   }
 }
 
-void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
-                      int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope, const RopeTable& table,
-                      PartialView out, float* scratch) {
+void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
+                      const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
+                      const RopeTable& table, PartialView out, float* scratch) {
   dense_chunk_rope_impl<FastOps>(q, qpos, nq, K16, V16, n, pos0, D, rope, table, out, scratch);
 }
 
@@ -539,6 +973,8 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch) {
+  if (cq.rope == nullptr && !range.masked && cq.anchor_dot4 != nullptr)
+    return entries_chunk_quads(cq, row, codec, range, out, scratch);
   entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
 }
 

@@ -44,7 +44,10 @@ struct CompressedQueries {
   const int64_t* qpos;  // [nq]
   int64_t nq = 0;
   const float* anchor_dot;  // [nq, k]  q . a^K_j
-  const float* rq;          // [nq, D]  R q (rotated queries), or nullptr if no K residuals
+  // The same per quad of queries, interleaved: [ceil(nq / 4), k, 4] (lanes
+  // past nq are 0); nullptr when the fast path is not prepared.
+  const float* anchor_dot4 = nullptr;
+  const float* rq;          // [ceil(nq / 4) * 4, D]  R q (rotated queries; zero rows past nq)
   // Pre-RoPE keys (rope != nullptr): q is already rotated to its position,
   // anchor_dot uses the anchors rotated to theirs, and
   //   cs [nq, k, D] = per pair i: C_i = q_x a_x + q_y a_y (first D/2), S_i = q_y a_x - q_x a_y (last D/2)
@@ -91,6 +94,7 @@ struct EntryScratch {
   std::vector<uint8_t> codes;           // [D] unpacked codes of one residual
   std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
+  std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales
 };
 
 // Partial over the entries: scores gamma * (q . a_K) + residual dots, value

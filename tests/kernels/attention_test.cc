@@ -232,10 +232,13 @@ TEST(Attention, WorkspaceStaysFarBelowTheDenseCache) {
   const int64_t dense_f32 = B * H * S * D * 4 * 2;  // what reconstructing K and V would take
   const int64_t k = S / 128, nq = Hq / H, R = B * H;
   // O(anchors * D + Sq * D + threads * tile), with the constants of this implementation.
-  const int64_t bound = 4 * (R * (2 * k * D + nq * k + nq * D) +                // per-row prep
-                             R * stats.chunks_per_row * nq * (2 + 2 * D + k) +  // chunk partials
-                             R * nq * D + 2 * (512 * (nq + 3) + 6 * D + nq * (2 + 2 * D + k) + k)) +
-                        64 * R;
+  const int64_t entry_tile = 8192 * (std::max<int64_t>(nq, 4) + 12);  // scores + decoded metadata
+  const int64_t bound =
+      4 * (R * (2 * k * D + 2 * nq * k + nq * D) +            // per-row prep
+           R * stats.chunks_per_row * nq * (2 + 2 * D + k) +  // chunk partials
+           R * nq * D +
+           2 * (std::max<int64_t>(512 * (nq + 3), entry_tile) + 6 * D + nq * (2 + 2 * D + k) + 9 * k)) +
+      64 * R;
   EXPECT_LE(stats.workspace_bytes, bound * 5 / 4);
   EXPECT_LT(stats.workspace_bytes, dense_f32 / 20) << stats.workspace_bytes << " bytes";
   EXPECT_LE(stats.chunks_per_row, 2 * 16 + 1 + 16);
@@ -401,7 +404,8 @@ TEST(Attention, SeveralCachesAttendAsOneSequence) {
     const TensorView qv = TensorView::f32(q.data(), {B, Hq, T, D});
     EXPECT_EQ(attend(qv, {&prefix, &chunk}, o).to_f32(), attend(qv, whole, o).to_f32()) << "rope " << rope;
     FullKVCache empty;
-    EXPECT_EQ(attend(qv, {&empty, &whole}, o).to_f32(), attend(qv, whole, o).to_f32()) << "empty caches are skipped";
+    EXPECT_EQ(attend(qv, {&empty, &whole}, o).to_f32(), attend(qv, whole, o).to_f32())
+        << "empty caches are skipped";
     EXPECT_THROW(attend(qv, {&chunk, &prefix}, o), Error) << "a compressed segment must come first";
   }
   FullKVCache other_d;
