@@ -169,6 +169,7 @@ class AttendCall {
   std::vector<Chunk> chunks_;
   int64_t C_ = 0, k_max_ = 0;
   bool masked_segment_ = false;
+  bool anchors_in_place_ = false;  // fp16 anchors read in place (fast path, no RoPE)
   std::vector<RowPrep> prep_;
 };
 
@@ -223,6 +224,7 @@ void AttendCall::plan_chunks() {
 }
 
 void AttendCall::prepare_segment() {
+  anchors_in_place_ = !rope_ && !opt_.reference && kernels::f16_rows_supported(D_);
   prep_.resize(static_cast<size_t>(R_));
   core::parallel_for(R_, opt_.threads, [&](int64_t r) { prepare_row(r); });
 }
@@ -231,12 +233,16 @@ void AttendCall::prepare_row(int64_t r) {
   const compress::CompressedRow& row = seg_row(r);
   RowPrep& p = prep_[r];
   const int64_t k = row.n_anchor, D = D_;
-  p.ak.resize(static_cast<size_t>(k * D));
-  p.av.resize(static_cast<size_t>(k * D));
-  core::f16_to_f32_n(row.anchor_k.data(), p.ak.data(), k * D);
-  core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
-  p.anchor_dot.resize(static_cast<size_t>(nq_ * k));
   const float* q = row_queries(r);
+  p.anchor_dot.resize(static_cast<size_t>(nq_ * k));
+  if (anchors_in_place_) {  // the fp16 anchors are read where they are stored
+    kernels::dot_rows_f16(q, nq_, row.anchor_k.data(), k, D, p.anchor_dot.data());
+  } else {
+    p.ak.resize(static_cast<size_t>(k * D));
+    p.av.resize(static_cast<size_t>(k * D));
+    core::f16_to_f32_n(row.anchor_k.data(), p.ak.data(), k * D);
+    core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
+  }
   if (masked_segment_ || rope_) p.anchor_pos = row.anchor_positions();
   std::vector<float> ak_rot;
   const float* ak_scores = p.ak.data();
@@ -250,8 +256,9 @@ void AttendCall::prepare_row(int64_t r) {
     p.cs.resize(static_cast<size_t>(nq_ * k * D));
     kernels::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
   }
-  (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D,
-                                                             p.anchor_dot.data(), k);
+  if (!anchors_in_place_)
+    (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
+                                                               k);
   if (!rope_ && !opt_.reference) {  // the quad layout of the fast kernel
     const int64_t quads = (nq_ + 3) / 4;
     p.anchor_dot4.assign(static_cast<size_t>(quads * k * 4), 0.0f);
@@ -263,10 +270,10 @@ void AttendCall::prepare_row(int64_t r) {
   int64_t sk = 0, sv = 0, e = 0;
   for (const Chunk& c : chunks_) {
     if (c.kind != Chunk::kEntries) continue;
-    for (const int64_t end = std::min(c.a, row.n_other()); e < end; ++e) {
-      sk += row.res_k(e);
-      sv += row.res_v(e);
-    }
+    const int64_t end = std::min(c.a, row.n_other());
+    int64_t nk = 0, nv = 0;
+    if (end > e) kernels::count_residual_flags(row, e, end, &nk, &nv);
+    sk += nk, sv += nv, e = std::max(e, end);
     p.slot_k.push_back(sk);
     p.slot_v.push_back(sv);
   }
@@ -304,13 +311,8 @@ void AttendCall::run_chunks() {
     const int64_t r = task / C_, ci = task % C_;
     const Chunk& c = chunks_[static_cast<size_t>(ci)];
     kernels::PartialView out = partial(r, ci);
-    std::fill_n(out.m, nq_, kNegInf);  // start empty, then fold tiles in order
-    std::fill_n(out.l, nq_, 0.0f);
-    std::fill_n(out.acc, nq_ * D_, 0.0f);
-    if (has_c()) {
-      std::fill_n(out.w, nq_ * k_max_, 0.0f);
-      std::fill_n(out.rot, nq_ * D_, 0.0f);
-    }
+    std::fill_n(out.m, nq_, kNegInf);  // start empty, then fold tiles in order (the
+    std::fill_n(out.l, nq_, 0.0f);     // first fold overwrites acc, w and rot)
     switch (c.kind) {
       case Chunk::kAnchors:
         return run_anchors(r, out);
@@ -332,6 +334,8 @@ void AttendCall::run_anchors(int64_t r, kernels::PartialView out) {
     abs_pos = prep_[r].anchor_pos;
     for (auto& x : abs_pos) x += static_cast<int32_t>(seg_->pos0);
   }
+  std::fill_n(out.acc, nq_ * D_, 0.0f);  // anchors contribute through w only
+  std::fill_n(out.rot, nq_ * D_, 0.0f);
   kernels::anchors_chunk(compressed_queries(r), k, abs_pos.data(), masked_segment_,
                          {out.m, out.l, out.acc, tw.data(), out.rot});
   for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * k_max_);  // stride k -> k_max
@@ -379,17 +383,19 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
   trot.resize(static_cast<size_t>(nq_ * D_));
   for (int64_t a = c.a; a < e_end; a += kEntryTile) {
     const int64_t b = std::min(e_end, a + kEntryTile);
-    kernels::PartialView t{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
     const kernels::EntryRange range{a, b, sk, sv, seg_->pos0, masked_segment_};
+    // A chunk of one tile is written in place; longer ones fold tiles in order.
+    const bool in_place = a == c.a && b == e_end && k == k_max_;
+    const kernels::PartialView t =
+        in_place ? out : kernels::PartialView{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
     (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *seg_->codec, range, t,
                                                                            scratch);
-    for (int64_t e = a; e < b; ++e) {
-      sk += row.res_k(e);
-      sv += row.res_v(e);
-    }
+    sk += static_cast<int64_t>(scratch.res_k.size());  // the tile's residual slots
+    sv += static_cast<int64_t>(scratch.res_v.size());
+    if (in_place) break;
     for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by k_max
-      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_,
-                             tm[g], tl[g], &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
+      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_, tm[g],
+                             tl[g], &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
   }
 }
 
@@ -442,6 +448,8 @@ void AttendCall::finish_query(int64_t r, int64_t g, std::vector<float>& acc, std
     if (opt_.reference) {
       for (int64_t j = 0; j < k; ++j)
         if (w[j] != 0.0f) core::axpy_ref(w[j], &p.av[j * D_], y.data(), D_);
+    } else if (anchors_in_place_) {
+      kernels::accumulate_rows_f16(w.data(), k, seg_row(r).anchor_v.data(), D_, y.data());
     } else {
       core::accumulate_rows(w.data(), k, p.av.data(), k, 1, D_, y.data(), D_);
     }

@@ -186,6 +186,26 @@ void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) 
 // ---- Query quads: four queries of one KV row, stored token-major (s4[i * 4 + g]),
 // so one 4-lane vector carries an entry's scores for the whole quad.
 
+// exp(x) for x <= 0 (scores minus their maximum), within 2 ulp of std::exp:
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for exact reduction),
+// exp(r) by the Cephes expf polynomial, 2^n through the exponent bits. Below
+// -87 (where 2^n leaves the normal range) the result is 0 (exp < 2e-38).
+HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> x) {
+  const hn::RebindToSigned<DF> di;
+  const auto n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  auto r = hn::MulAdd(n, hn::Set(d, -0.693359375f), x);
+  r = hn::MulAdd(n, hn::Set(d, 2.12194440e-4f), r);
+  auto p = hn::Set(d, 1.9875691500E-4f);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507E-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073E-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894E-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459E-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201E-1f));
+  p = hn::MulAdd(hn::Mul(p, r), r, hn::Add(r, hn::Set(d, 1.0f)));
+  const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(p, two_n));
+}
+
 // s4[i * 4 + g] = gk[i] * T[ak[i] * 4 + g]: the anchor approximation's scores
 // from the quad's interleaved anchor-dot table T [k, 4].
 void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT ak,
@@ -226,7 +246,7 @@ void QuadSoftmax(float* HWY_RESTRICT s4, int64_t n, float* HWY_RESTRICT m4, floa
   const auto vm = hn::Load(d, lanes);
   auto vsum = hn::Zero(d);
   for (j = 0; j + N <= total; j += N) {
-    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, s4 + j), vm));
+    const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, s4 + j), vm));
     hn::StoreU(e, d, s4 + j);
     vsum = hn::Add(vsum, e);
   }
@@ -287,6 +307,33 @@ struct Levels2Bit {
   hn::Vec<hn::RebindToUnsigned<DF>> shifts;
 };
 
+#if HWY_TARGET != HWY_SCALAR
+// A vector folded to one 128-bit block of partial sums.
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldToBlock(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return FoldToBlock(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+// [sum(a0), sum(a1), sum(a2), sum(a3)] in one 4-lane vector (needs N >= 4).
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumsOf4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2,
+                                                    hn::Vec<DF> a3) {
+  const DF df;
+  const hn::CappedTag<float, 4> d4;
+  const auto b0 = FoldToBlock(df, a0), b1 = FoldToBlock(df, a1), b2 = FoldToBlock(df, a2),
+             b3 = FoldToBlock(df, a3);
+  // [b0_0 + b0_2, b1_0 + b1_2, b0_1 + b0_3, b1_1 + b1_3] and the same for b2, b3
+  const auto u01 = hn::Add(hn::InterleaveLower(d4, b0, b1), hn::InterleaveUpper(d4, b0, b1));
+  const auto u23 = hn::Add(hn::InterleaveLower(d4, b2, b3), hn::InterleaveUpper(d4, b2, b3));
+  return hn::Add(hn::ConcatLowerLower(d4, u23, u01), hn::ConcatUpperUpper(d4, u23, u01));
+}
+#endif
+
 // Key residuals of a quad, decoded in registers: for each residual j (slot
 // slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)).
 // rq4: [4, D] rotated queries (zero rows past the quad's last query).
@@ -308,10 +355,13 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
       a3 = hn::MulAdd(hn::LoadU(df, rq4 + 3 * D + d), z, a3);
     }
     float* s = s4 + res[j] * 4;
-    s[0] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a0));
-    s[1] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a1));
-    s[2] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a2));
-    s[3] += zscale[j] * hn::GetLane(hn::SumOfLanes(df, a3));
+#if HWY_TARGET == HWY_SCALAR
+    s[0] += zscale[j] * hn::GetLane(a0), s[1] += zscale[j] * hn::GetLane(a1);
+    s[2] += zscale[j] * hn::GetLane(a2), s[3] += zscale[j] * hn::GetLane(a3);
+#else
+    const hn::CappedTag<float, 4> d4;
+    hn::StoreU(hn::MulAdd(SumsOf4(a0, a1, a2, a3), hn::Set(d4, zscale[j]), hn::LoadU(d4, s)), d4, s);
+#endif
   }
 }
 
@@ -388,6 +438,116 @@ void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64
     default:
       return QuadValueResidualsNB<8>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
   }
+}
+
+// ---- fp16 anchors used in place (no f32 copy per call).
+
+bool SupportsF16Rows(int64_t D) {
+#if ANCHORKV_HW_F16
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  return D % N == 0 && D / N <= 8;
+#else
+  (void)D;
+  return false;
+#endif
+}
+
+// out[g, j] = q[g] . A[j] for fp16 rows A [k, D] (SupportsF16Rows(D)).
+void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RESTRICT A16, int64_t k, int64_t D,
+                float* HWY_RESTRICT out) {
+#if ANCHORKV_HW_F16
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
+  for (int64_t j = 0; j < k; ++j) {
+    for (int64_t g0 = 0; g0 < nq; g0 += 4) {
+      const int64_t gn = nq - g0 < 4 ? nq - g0 : 4;
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (int64_t d = 0; d < D; d += N) {
+        const auto a = hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + d));
+        a0 = hn::MulAdd(hn::LoadU(df, q + g0 * D + d), a, a0);
+        if (gn > 1) a1 = hn::MulAdd(hn::LoadU(df, q + (g0 + 1) * D + d), a, a1);
+        if (gn > 2) a2 = hn::MulAdd(hn::LoadU(df, q + (g0 + 2) * D + d), a, a2);
+        if (gn > 3) a3 = hn::MulAdd(hn::LoadU(df, q + (g0 + 3) * D + d), a, a3);
+      }
+      out[g0 * k + j] = hn::GetLane(hn::SumOfLanes(df, a0));
+      if (gn > 1) out[(g0 + 1) * k + j] = hn::GetLane(hn::SumOfLanes(df, a1));
+      if (gn > 2) out[(g0 + 2) * k + j] = hn::GetLane(hn::SumOfLanes(df, a2));
+      if (gn > 3) out[(g0 + 3) * k + j] = hn::GetLane(hn::SumOfLanes(df, a3));
+    }
+  }
+#else
+  (void)q, (void)nq, (void)A16, (void)k, (void)D, (void)out;
+#endif
+}
+
+#if ANCHORKV_HW_F16
+template <int NB>
+HWY_INLINE void AccumulateRowsF16NB(const float* HWY_RESTRICT w, int64_t k, const hwy::float16_t* HWY_RESTRICT a16,
+                                    float* HWY_RESTRICT y) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
+  hn::Vec<DF> acc[NB];
+  for (int b = 0; b < NB; ++b) acc[b] = hn::LoadU(df, y + b * N);
+  for (int64_t j = 0; j < k; ++j) {
+    const auto wj = hn::Set(df, w[j]);
+    for (int b = 0; b < NB; ++b) acc[b] = hn::MulAdd(wj, hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + b * N)), acc[b]);
+  }
+  for (int b = 0; b < NB; ++b) hn::StoreU(acc[b], df, y + b * N);
+}
+#endif
+
+// y += sum_j w[j] * A[j] for fp16 rows A [k, D] (SupportsF16Rows(D)).
+void AccumulateRowsF16(const float* HWY_RESTRICT w, int64_t k, const uint16_t* HWY_RESTRICT A16, int64_t D,
+                       float* HWY_RESTRICT y) {
+#if ANCHORKV_HW_F16
+  const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
+  switch (D / static_cast<int64_t>(hn::Lanes(DF()))) {
+    case 1: return AccumulateRowsF16NB<1>(w, k, a16, y);
+    case 2: return AccumulateRowsF16NB<2>(w, k, a16, y);
+    case 3: return AccumulateRowsF16NB<3>(w, k, a16, y);
+    case 4: return AccumulateRowsF16NB<4>(w, k, a16, y);
+    case 5: return AccumulateRowsF16NB<5>(w, k, a16, y);
+    case 6: return AccumulateRowsF16NB<6>(w, k, a16, y);
+    case 7: return AccumulateRowsF16NB<7>(w, k, a16, y);
+    default: return AccumulateRowsF16NB<8>(w, k, a16, y);
+  }
+#else
+  (void)w, (void)k, (void)A16, (void)D, (void)y;
+#endif
+}
+
+// Residual flags set in entries [0, n): K count, V count (the slots owned by
+// the entries before a chunk).
+void CountResidualFlags(const uint64_t* HWY_RESTRICT meta, const uint32_t* HWY_RESTRICT meta32, int64_t n,
+                        int64_t* nk, int64_t* nv) {
+  int64_t ck = 0, cv = 0;
+  if (meta32) {
+    const hn::ScalableTag<uint32_t> d32;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d32));
+    const auto fk = hn::Set(d32, 1u << 15), fv = hn::Set(d32, 1u << 31);
+    int64_t i = 0;
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d32, meta32 + i);
+      ck += static_cast<int64_t>(hn::CountTrue(d32, hn::TestBit(v, fk)));
+      cv += static_cast<int64_t>(hn::CountTrue(d32, hn::TestBit(v, fv)));
+    }
+    for (; i < n; ++i) ck += compress::meta32_res_k(meta32[i]), cv += compress::meta32_res_v(meta32[i]);
+  } else {
+    const hn::ScalableTag<uint64_t> d64;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
+    const auto fk = hn::Set(d64, uint64_t{1} << 60), fv = hn::Set(d64, uint64_t{1} << 61);
+    int64_t i = 0;
+    for (; i + N <= n; i += N) {
+      const auto v = hn::LoadU(d64, meta + i);
+      ck += static_cast<int64_t>(hn::CountTrue(d64, hn::TestBit(v, fk)));
+      cv += static_cast<int64_t>(hn::CountTrue(d64, hn::TestBit(v, fv)));
+    }
+    for (; i < n; ++i) ck += compress::meta_res_k(meta[i]), cv += compress::meta_res_v(meta[i]);
+  }
+  *nk = ck, *nv = cv;
 }
 
 float MaxOf(const float* HWY_RESTRICT x, int64_t n) {
@@ -523,6 +683,10 @@ HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(GatherScaled);
 HWY_EXPORT(ScatterAdd4);
+HWY_EXPORT(SupportsF16Rows);
+HWY_EXPORT(DotRowsF16);
+HWY_EXPORT(AccumulateRowsF16);
+HWY_EXPORT(CountResidualFlags);
 HWY_EXPORT(DecodeMetaSeed);
 HWY_EXPORT(DecodeMetaCompact);
 HWY_EXPORT(QuadAnchorScores);
@@ -984,15 +1148,32 @@ void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRo
   entries_chunk_impl<RefOps>(cq, row, codec, range, out, scratch);
 }
 
+bool f16_rows_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsF16Rows)(D); }
+
+void dot_rows_f16(const float* q, int64_t nq, const uint16_t* A16, int64_t k, int64_t D, float* out) {
+  HWY_DYNAMIC_DISPATCH(DotRowsF16)(q, nq, A16, k, D, out);
+}
+
+void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t D, float* y) {
+  HWY_DYNAMIC_DISPATCH(AccumulateRowsF16)(w, k, A16, D, y);
+}
+
+void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv) {
+  HWY_DYNAMIC_DISPATCH(CountResidualFlags)(row.compact ? nullptr : row.meta.data() + e0,
+                                           row.compact ? row.meta32.data() + e0 : nullptr, e1 - e0, nk, nv);
+}
+
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,
                    const float* acc_b, const float* w_b, const float* rot_b, int64_t D, int64_t k) {
   if (m_b == kNegInf) return;  // b saw no token
-  if (m_a == kNegInf) {        // a saw none: take b
+  if (m_a == kNegInf) {        // a saw none: take b (a's buffers may hold anything)
     m_a = m_b;
     l_a = l_b;
     std::copy_n(acc_b, D, acc_a);
     if (w_a && w_b) std::copy_n(w_b, k, w_a);
+    if (w_a && !w_b) std::fill_n(w_a, k, 0.0f);
     if (rot_a && rot_b) std::copy_n(rot_b, D, rot_a);
+    if (rot_a && !rot_b) std::fill_n(rot_a, D, 0.0f);
     return;
   }
   const float m = std::max(m_a, m_b);

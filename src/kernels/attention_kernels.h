@@ -90,6 +90,7 @@ struct EntryScratch {
   std::vector<int32_t> ak, av;          // [n] anchor ordinals
   std::vector<int64_t> pos;             // [n] absolute positions (masking / RoPE)
   std::vector<int32_t> res_k, res_v;    // chunk-local indices of entries with a residual
+                                        // (after a call: the range's, so their count is its slots)
   std::vector<float> z, zscale, zdot;   // decoded residual levels, scales, dots
   std::vector<uint8_t> codes;           // [D] unpacked codes of one residual
   std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
@@ -107,7 +108,18 @@ void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRo
                        const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                        EntryScratch& scratch);
 
-// Merge partial `b` into `a` (same layout); k may be 0 and w/rot null.
+// fp16 rows read in place (when f16_rows_supported(D); otherwise convert):
+//   dot_rows_f16:        out[g, j] = q[g] . A[j]      q [nq, D] f32, A [k, D] fp16
+//   accumulate_rows_f16: y += sum_j w[j] * A[j]
+bool f16_rows_supported(int64_t D);
+void dot_rows_f16(const float* q, int64_t nq, const uint16_t* A16, int64_t k, int64_t D, float* out);
+void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t D, float* y);
+
+// K and V residual flags among entries [e0, e1) of a row (SIMD count).
+void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv);
+
+// Merge partial `b` into `a` (same layout); k may be 0 and w/rot null. When a
+// is empty (m_a = -inf) its buffers are overwritten, so they need no zeroing.
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,
                    const float* acc_b, const float* w_b, const float* rot_b, int64_t D, int64_t k);
 
