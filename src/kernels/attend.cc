@@ -58,6 +58,7 @@ struct RowPrep {
 // calls attend once per token, and fresh pages cost more than the work.
 struct Workspace {
   core::UninitVector<float> Q, pm, pl, pacc, pw, prot;
+  std::vector<RowPrep> prep;  // per row of the compressed segment
 };
 
 void check_query(const TensorView& query, const cache::AttentionSource& src, const AttentionOptions& opt) {
@@ -114,7 +115,8 @@ class AttendCall {
         opt_(opt),
         rope_(opt.rope.enabled ? &opt.rope : nullptr),
         seg_(src.segment ? &*src.segment : nullptr),
-        ws_(tls_workspace()) {
+        ws_(tls_workspace()),
+        prep_(ws_.prep) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
     Hq_ = query.shape[1], Sq_ = query.shape[2], G_ = Hq_ / H_, nq_ = G_ * Sq_;
     if (rope_) rtab_ = kernels::shared_rope_table(rope_->base, D_, src.n_total + rope_->position_offset);
@@ -170,7 +172,7 @@ class AttendCall {
   int64_t C_ = 0, k_max_ = 0;
   bool masked_segment_ = false;
   bool anchors_in_place_ = false;  // fp16 anchors read in place (fast path, no RoPE)
-  std::vector<RowPrep> prep_;
+  std::vector<RowPrep>& prep_;     // the workspace's (buffers reused across calls)
 };
 
 // Queries per row, scaled (and rotated): [R, nq, D], g = (hq - h * G) * Sq + i.
@@ -234,6 +236,13 @@ void AttendCall::prepare_row(int64_t r) {
   RowPrep& p = prep_[r];
   const int64_t k = row.n_anchor, D = D_;
   const float* q = row_queries(r);
+  p.slot_k.clear();
+  p.slot_v.clear();
+  p.anchor_dot4.clear();
+  p.anchor_pos.clear();
+  p.ak.clear();
+  p.av.clear();
+  p.cs.clear();
   p.anchor_dot.resize(static_cast<size_t>(nq_ * k));
   if (anchors_in_place_) {  // the fp16 anchors are read where they are stored
     kernels::dot_rows_f16(q, nq_, row.anchor_k.data(), k, D, p.anchor_dot.data());
@@ -244,7 +253,7 @@ void AttendCall::prepare_row(int64_t r) {
     core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
   }
   if (masked_segment_ || rope_) p.anchor_pos = row.anchor_positions();
-  std::vector<float> ak_rot;
+  thread_local std::vector<float> ak_rot;
   const float* ak_scores = p.ak.data();
   if (rope_) {  // anchors rotated to their positions score like any key
     ak_rot = p.ak;

@@ -206,6 +206,33 @@ HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> x) {
   return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(p, two_n));
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// A vector folded to one 128-bit block of partial sums.
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldToBlock(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return FoldToBlock(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+// [sum(a0), sum(a1), sum(a2), sum(a3)] in one 4-lane vector (needs N >= 4).
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumsOf4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2,
+                                                    hn::Vec<DF> a3) {
+  const DF df;
+  const hn::CappedTag<float, 4> d4;
+  const auto b0 = FoldToBlock(df, a0), b1 = FoldToBlock(df, a1), b2 = FoldToBlock(df, a2),
+             b3 = FoldToBlock(df, a3);
+  // [b0_0 + b0_2, b1_0 + b1_2, b0_1 + b0_3, b1_1 + b1_3] and the same for b2, b3
+  const auto u01 = hn::Add(hn::InterleaveLower(d4, b0, b1), hn::InterleaveUpper(d4, b0, b1));
+  const auto u23 = hn::Add(hn::InterleaveLower(d4, b2, b3), hn::InterleaveUpper(d4, b2, b3));
+  return hn::Add(hn::ConcatLowerLower(d4, u23, u01), hn::ConcatUpperUpper(d4, u23, u01));
+}
+#endif
+
 // s4[i * 4 + g] = gk[i] * T[ak[i] * 4 + g]: the anchor approximation's scores
 // from the quad's interleaved anchor-dot table T [k, 4].
 void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT ak,
@@ -218,6 +245,55 @@ void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT a
   }
   for (int64_t i = 0; i < n; ++i)
     hn::StoreU(hn::Mul(hn::Set(d4, gk[i]), hn::LoadU(d4, T + ak[i] * 4)), d4, s4 + i * 4);
+}
+
+// Pre-RoPE keys: s4[i * 4 + g] = gk[i] * sum_t C[g, ak[i], t] cos_t(p_i) + S[g, ak[i], t] sin_t(p_i),
+// the anchor rotated to the entry's position p_i. cs: the quad's first query's
+// [k, D] pair products (C | S), the quad's queries k * D apart; gn queries are
+// real, the others read `zeros` (D floats) and get 0. The angles of p = p0 + j (p0 a multiple of
+// kRopeStep) come from the table rows of p0 and j by angle addition, so only
+// every kRopeStep-th row and the first kRopeStep rows are read (cache-resident)
+// instead of one 2 * D-float row per entry streamed from memory.
+constexpr int64_t kRopeStep = 64;
+void QuadRopeScores(const float* HWY_RESTRICT cs, int64_t k, int64_t D, int64_t gn, const int32_t* HWY_RESTRICT ak,
+                    const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
+                    const float* HWY_RESTRICT sin_t, const float* HWY_RESTRICT zeros, int64_t n,
+                    float* HWY_RESTRICT s4) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)cs, (void)k, (void)D, (void)gn, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)zeros, (void)n,
+      (void)s4;
+#else
+  const DF df;
+  const hn::CappedTag<float, 4> d4;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = pos[i] % kRopeStep, p0 = pos[i] - j;
+    const float* cb = cos_t + p0 * half;
+    const float* sb = sin_t + p0 * half;
+    const float* cj = cos_t + j * half;
+    const float* sj = sin_t + j * half;
+    // Missing queries of a partial quad read a zero row (four named accumulators stay in registers).
+    const float* C[4];
+    for (int64_t g = 0; g < 4; ++g) C[g] = g < gn ? cs + (g * k + ak[i]) * D : zeros;
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (int64_t t = 0; t < half; t += N) {
+      const auto vcb = hn::LoadU(df, cb + t), vsb = hn::LoadU(df, sb + t);
+      const auto vcj = hn::LoadU(df, cj + t), vsj = hn::LoadU(df, sj + t);
+      const auto c = hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj));  // cos(a + b)
+      const auto sn = hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj));    // sin(a + b)
+      a0 = hn::MulAdd(hn::LoadU(df, C[0] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[0] + t), c, a0));
+      a1 = hn::MulAdd(hn::LoadU(df, C[1] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[1] + t), c, a1));
+      a2 = hn::MulAdd(hn::LoadU(df, C[2] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[2] + t), c, a2));
+      a3 = hn::MulAdd(hn::LoadU(df, C[3] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[3] + t), c, a3));
+    }
+    hn::StoreU(hn::Mul(SumsOf4(a0, a1, a2, a3), hn::Set(d4, gk[i])), d4, s4 + i * 4);
+  }
+#endif
+}
+
+bool SupportsQuadRope(int64_t D) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  return HWY_TARGET != HWY_SCALAR && N >= 4 && (D / 2) % N == 0;
 }
 
 // Per query g: m4[g] = max_i s4[i * 4 + g], s4 = exp(s4 - m4), l4[g] = sum.
@@ -307,32 +383,6 @@ struct Levels2Bit {
   hn::Vec<hn::RebindToUnsigned<DF>> shifts;
 };
 
-#if HWY_TARGET != HWY_SCALAR
-// A vector folded to one 128-bit block of partial sums.
-template <class D>
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldToBlock(D d, hn::Vec<D> v) {
-  if constexpr (hn::MaxLanes(D()) > 4) {
-    const hn::Half<D> dh;
-    return FoldToBlock(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
-  } else {
-    (void)d;
-    return v;
-  }
-}
-
-// [sum(a0), sum(a1), sum(a2), sum(a3)] in one 4-lane vector (needs N >= 4).
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumsOf4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2,
-                                                    hn::Vec<DF> a3) {
-  const DF df;
-  const hn::CappedTag<float, 4> d4;
-  const auto b0 = FoldToBlock(df, a0), b1 = FoldToBlock(df, a1), b2 = FoldToBlock(df, a2),
-             b3 = FoldToBlock(df, a3);
-  // [b0_0 + b0_2, b1_0 + b1_2, b0_1 + b0_3, b1_1 + b1_3] and the same for b2, b3
-  const auto u01 = hn::Add(hn::InterleaveLower(d4, b0, b1), hn::InterleaveUpper(d4, b0, b1));
-  const auto u23 = hn::Add(hn::InterleaveLower(d4, b2, b3), hn::InterleaveUpper(d4, b2, b3));
-  return hn::Add(hn::ConcatLowerLower(d4, u23, u01), hn::ConcatUpperUpper(d4, u23, u01));
-}
-#endif
 
 // Key residuals of a quad, decoded in registers: for each residual j (slot
 // slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)).
@@ -592,6 +642,19 @@ HWY_INLINE void ValuesTwoQueries(const float* HWY_RESTRICT s, int64_t nq, int64_
 }
 #endif
 
+// acc[g, :] = sum_i s[g, i] * V[i, :] over fp16 rows; false when this target
+// has no fast form for D (the caller then accumulates row by row).
+bool DenseValues(const float* HWY_RESTRICT s, int64_t nq, int64_t n, const uint16_t* V16, int64_t D,
+                 float* HWY_RESTRICT acc) {
+#if ANCHORKV_HW_F16
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  if (D == 8 * N) return ValuesTwoQueries<8>(s, nq, n, V16, acc), true;
+  if (D == 4 * N) return ValuesTwoQueries<4>(s, nq, n, V16, acc), true;
+#endif
+  (void)s, (void)nq, (void)n, (void)V16, (void)D, (void)acc;
+  return false;
+}
+
 void DenseChunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
                 int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch) {
   float* s = scratch;             // [nq, n]
@@ -679,6 +742,7 @@ HWY_AFTER_NAMESPACE();
 namespace anchorkv::kernels {
 
 HWY_EXPORT(DenseChunk);
+HWY_EXPORT(DenseValues);
 HWY_EXPORT(ExpShiftSum);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(GatherScaled);
@@ -690,6 +754,8 @@ HWY_EXPORT(CountResidualFlags);
 HWY_EXPORT(DecodeMetaSeed);
 HWY_EXPORT(DecodeMetaCompact);
 HWY_EXPORT(QuadAnchorScores);
+HWY_EXPORT(QuadRopeScores);
+HWY_EXPORT(SupportsQuadRope);
 HWY_EXPORT(QuadSoftmax);
 HWY_EXPORT(QuadScatter);
 HWY_EXPORT(QuadKeyResiduals2Bit);
@@ -734,6 +800,7 @@ struct RefOps {
   }
   static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
                             int64_t k, float* w, EntryScratch& sc);
+  static bool dense_values(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*) { return false; }
 };
 
 struct FastOps {
@@ -755,6 +822,10 @@ struct FastOps {
   }
   static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
                             int64_t k, float* w, EntryScratch& sc);
+  // acc = P V over fp16 rows in one pass (false: no fast form for D here).
+  static bool dense_values(const float* p, int64_t nq, int64_t n, const uint16_t* V16, int64_t D, float* acc) {
+    return HWY_DYNAMIC_DISPATCH(DenseValues)(p, nq, n, V16, D, acc);
+  }
 };
 
 // Per query: m = max, x = exp(x - m), l = sum (fully masked rows: m = -inf, l = 0, x = 0).
@@ -833,6 +904,7 @@ void dense_chunk_rope_impl(const float* q, const int64_t* qpos, int64_t nq, cons
     for (int64_t i = 0; i < n; ++i)
       if (pos0 + i > qpos[g]) s[g * n + i] = kNegInf;
   softmax_stats<Ops>(s, nq, n, out.m, out.l);
+  if (Ops::dense_values(s, nq, n, V16, D, out.acc)) return;
   std::fill_n(out.acc, nq * D, 0.0f);
   float* row = keys;
   for (int64_t i = 0; i < n; ++i) {
@@ -1019,6 +1091,19 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
+  if (cq.rope) {  // each residual key rotated back and to its position once, then scored by the quad
+    sc.zk.resize(static_cast<size_t>(D));
+    sc.codes.resize(static_cast<size_t>(D));
+    for (int64_t j = 0; j < nr; ++j) {
+      const int64_t i = sc.res_k[j], p = sc.pos[i] + cq.rope->position_offset;
+      codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())], sc.zk.data(),
+                          sc.codes.data());
+      codec.rotation().inverse(sc.zk.data(), sc.zk.data());
+      rope_rotate(sc.zk.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
+      for (int64_t g = 0; g < gn; ++g) s4[i * 4 + g] += sc.zks[j] * core::dot(cq.q + (q0 + g) * D, sc.zk.data(), D);
+    }
+    return;
+  }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
                                                       sc.zks.data(), sc.res_k.data(), nr,
@@ -1054,7 +1139,16 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
   std::fill_n(out.rot, nq * D, 0.0f);
   for (int64_t q0 = 0; q0 < nq; q0 += 4) {
     const int64_t gn = std::min<int64_t>(4, nq - q0);
-    HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk.data(), n, s4);
+    if (cq.rope) {
+      sc.zeros.assign(static_cast<size_t>(D), 0.0f);
+      for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
+      HWY_DYNAMIC_DISPATCH(QuadRopeScores)(cq.cs + q0 * k * D, k, D, gn, sc.ak.data(), sc.gk.data(),
+                                           sc.pos.data(), cq.table->cos.data(), cq.table->sin.data(),
+                                           sc.zeros.data(), n, s4);
+      for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
+    } else {
+      HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk.data(), n, s4);
+    }
     add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
     float m4[4], l4[4];
     HWY_DYNAMIC_DISPATCH(QuadSoftmax)(s4, n, m4, l4);
@@ -1137,8 +1231,8 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch) {
-  if (cq.rope == nullptr && !range.masked && cq.anchor_dot4 != nullptr)
-    return entries_chunk_quads(cq, row, codec, range, out, scratch);
+  const bool quads = cq.rope ? HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(codec.dim()) : cq.anchor_dot4 != nullptr;
+  if (!range.masked && quads) return entries_chunk_quads(cq, row, codec, range, out, scratch);
   entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
 }
 

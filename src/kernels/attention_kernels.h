@@ -96,6 +96,7 @@ struct EntryScratch {
   std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
   std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales
+  std::vector<float> zeros;             // [D] stands in for the missing queries of a quad
 };
 
 // Partial over the entries: scores gamma * (q . a_K) + residual dots, value
