@@ -2,6 +2,9 @@
 (`anchorkv bench runtime`): the text it produces is noise, but its shapes and
 weight types are those of a real model. Run from the repository root, e.g.
     /usr/bin/python3 bench/make_synthetic_gguf.py --type q8_0 --dim 1024 --layers 8 -o synth-q8_0.gguf
+Long-context runs need --ctx (the context length the model declares), e.g.
+    /usr/bin/python3 bench/make_synthetic_gguf.py --type q8_0 --dim 512 --heads 4 --kv-heads 1 --layers 4 \
+        --hidden 1376 --ctx 40960 -o synth-d128-long.gguf
 """
 
 import argparse
@@ -25,6 +28,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=2816)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--ctx", type=int, default=8192, help="context length the model declares")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     typ = TYPES[a.type]
@@ -36,7 +40,7 @@ def main():
     meta = {"general.architecture": (ggufw.STR, "llama"), "llama.embedding_length": (ggufw.U32, a.dim),
             "llama.block_count": (ggufw.U32, a.layers), "llama.attention.head_count": (ggufw.U32, a.heads),
             "llama.attention.head_count_kv": (ggufw.U32, a.kv_heads),
-            "llama.feed_forward_length": (ggufw.U32, a.hidden), "llama.context_length": (ggufw.U32, 8192),
+            "llama.feed_forward_length": (ggufw.U32, a.hidden), "llama.context_length": (ggufw.U32, a.ctx),
             "llama.attention.layer_norm_rms_epsilon": (ggufw.F32V, 1e-5),
             "tokenizer.ggml.model": (ggufw.STR, "llama"), "tokenizer.ggml.tokens": (ggufw.ARR, (ggufw.STR, pieces)),
             "tokenizer.ggml.token_type": (ggufw.ARR, (ggufw.I32, types))}

@@ -1,6 +1,7 @@
 // SIMD kernels through Google Highway with per-target compilation and
 // HWY_DYNAMIC_DISPATCH (the gemma.cpp pattern).
 #include "core/linalg.h"
+#include "core/rotation.h"
 
 #include <cstring>
 
@@ -144,6 +145,40 @@ void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D
 
 float DotVec(const float* x, const float* y, int64_t D) { return Dot1(DF(), x, y, D); }
 
+// Unnormalized fast Walsh-Hadamard transform, n a power of two with n % N == 0:
+// butterflies across vectors for h >= N, inside a vector (partner lane i ^ h
+// by a lane permutation, then x * (+-1) + partner) for h < N. Every output is
+// the same a + b or a - b as the scalar transform, so the result is identical.
+void Fwht(float* HWY_RESTRICT x, int64_t n) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t h = 1; h < N; h <<= 1) {
+    const auto lane = hn::Iota(di, 0);
+    const auto idx = hn::IndicesFromVec(d, hn::Xor(lane, hn::Set(di, static_cast<int32_t>(h))));
+    // +1 where bit h of the lane is clear (a + b), -1 where it is set (a - b = -x + partner)
+    const auto sign = hn::IfThenElse(hn::RebindMask(d, hn::Eq(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))),
+                                                             hn::Zero(di))),
+                                     hn::Set(d, 1.0f), hn::Set(d, -1.0f));
+    for (int64_t i = 0; i < n; i += N) {
+      const auto v = hn::LoadU(d, x + i);
+      hn::StoreU(hn::MulAdd(v, sign, hn::TableLookupLanes(v, idx)), d, x + i);
+    }
+  }
+  for (int64_t h = N; h < n; h <<= 1)
+    for (int64_t i = 0; i < n; i += h << 1)
+      for (int64_t j = i; j < i + h; j += N) {
+        const auto a = hn::LoadU(d, x + j), b = hn::LoadU(d, x + j + h);
+        hn::StoreU(hn::Add(a, b), d, x + j);
+        hn::StoreU(hn::Sub(a, b), d, x + j + h);
+      }
+}
+
+bool FwhtSupported(int64_t n) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  return HWY_TARGET != HWY_SCALAR && N >= 2 && n % N == 0;
+}
+
 // out[i] = levels[code i] for 2-bit codes packed 4 per byte, element i in bits
 // 2 (i % 4) of byte i / 4: N codes become indices by one broadcast, per-lane
 // shift and mask, then a lane permutation of the 4 levels.
@@ -222,6 +257,8 @@ HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
 HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(Decode2Bit);
+HWY_EXPORT(Fwht);
+HWY_EXPORT(FwhtSupported);
 HWY_EXPORT(TargetName);
 
 void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
@@ -251,6 +288,11 @@ void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, 
       }
       out[i * ldo + j] = acc;
     }
+}
+
+void fwht_simd(float* x, int64_t n) {
+  if (HWY_DYNAMIC_DISPATCH(FwhtSupported)(n)) return HWY_DYNAMIC_DISPATCH(Fwht)(x, n);
+  fwht_ref(x, n);
 }
 
 int64_t abs_cosine_argmax(const float* dots, int64_t k, float token_norm, const float* norms, float eps) {

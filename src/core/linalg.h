@@ -36,6 +36,10 @@ void axpy_ref(float a, const float* x, float* y, int64_t D);
 float dot(const float* x, const float* y, int64_t D);
 
 // out[i] = levels[c_i] for D 2-bit codes, 4 per byte, c_i in bits 2 (i % 4) of byte i / 4.
+// In-place unnormalized fast Walsh-Hadamard transform (n a power of two),
+// SIMD; bit-identical to the scalar fwht_ref (core/rotation.h).
+void fwht_simd(float* x, int64_t n);
+
 void decode_codes_2bit(const uint8_t* codes, const float* levels, int64_t D, float* out);
 void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D, float* out);
 

@@ -3,13 +3,16 @@
 #include <cmath>
 #include <vector>
 
+#include "core/linalg.h"
 #include "core/rng.h"
 
 namespace anchorkv::core {
 
 bool is_power_of_two(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
-void fwht(float* x, int64_t n) {
+void fwht(float* x, int64_t n) { fwht_simd(x, n); }
+
+void fwht_ref(float* x, int64_t n) {
   for (int64_t h = 1; h < n; h <<= 1) {
     for (int64_t i = 0; i < n; i += h << 1) {
       for (int64_t j = i; j < i + h; ++j) {

@@ -15,8 +15,11 @@ namespace anchorkv::core {
 
 bool is_power_of_two(int64_t n);
 
-// In-place unnormalized fast Walsh-Hadamard transform, n a power of two.
+// In-place unnormalized fast Walsh-Hadamard transform, n a power of two:
+// fwht dispatches to the SIMD form (core/linalg.h), fwht_ref is its scalar
+// twin; the two give identical bits.
 void fwht(float* x, int64_t n);
+void fwht_ref(float* x, int64_t n);
 
 class Rotation {
  public:

@@ -99,5 +99,19 @@ TEST(Rotation, SpreadsAnOutlier) {
   }
 }
 
+// The SIMD transform (every in-vector and cross-vector stage) gives the scalar
+// transform's bits for every power-of-two size.
+TEST(Rotation, SimdFwhtMatchesScalarBitForBit) {
+  Rng rng(7);
+  for (int64_t n = 1; n <= 1024; n *= 2) {
+    std::vector<float> a(static_cast<size_t>(n)), b;
+    for (auto& v : a) v = static_cast<float>(rng.uniform() * 2 - 1) * 1e3f;
+    b = a;
+    fwht(a.data(), n);
+    fwht_ref(b.data(), n);
+    ASSERT_EQ(a, b) << "n=" << n;
+  }
+}
+
 }  // namespace
 }  // namespace anchorkv::core
