@@ -1066,7 +1066,7 @@ void entries_chunk_impl(const CompressedQueries& cq, const compress::CompressedR
 void residual_scales(const compress::CompressedSide& side, int64_t slot0, int64_t nr,
                      std::vector<float>& out) {
   out.resize(static_cast<size_t>(nr));
-  core::f16_to_f32_n(&side.scales[static_cast<size_t>(slot0)], out.data(), nr);
+  if (nr > 0) core::f16_to_f32_n(side.scales.data() + slot0, out.data(), nr);
 }
 
 // Residual rows of one side decoded to their unscaled levels (z [nr, D]),
