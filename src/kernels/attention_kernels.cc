@@ -121,66 +121,63 @@ HWY_INLINE void PushSetBits(uint64_t bits, int64_t i0, int32_t* out, int64_t& co
   for (; bits != 0; bits &= bits - 1) out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
 }
 
-// Seed layout: anchor K in bits 0..19, anchor V in 20..39, residual flags at 60 / 61.
-void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
-  const hn::ScalableTag<uint64_t> d64;
-  const hn::Rebind<uint32_t, decltype(d64)> d32;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
-  const auto field = hn::Set(d64, (uint64_t{1} << 20) - 1);
-  const auto flag_k = hn::Set(d64, uint64_t{1} << 60), flag_v = hn::Set(d64, uint64_t{1} << 61);
+// The two metadata layouts' bit fields (compress/segment.h).
+struct SeedMeta {  // anchor K in bits 0..19, anchor V in 20..39, residual flags at 60 / 61
+  using Word = uint64_t;
+  static constexpr int kVShift = 20;
+  static constexpr Word kField = (Word{1} << 20) - 1, kFlagK = Word{1} << 60, kFlagV = Word{1} << 61;
+  static compress::Meta unpack(Word w) { return compress::unpack_meta(w); }
+};
+struct CompactMeta {  // anchor K in bits 0..14, K residual 15, anchor V 16..30, V residual 31
+  using Word = uint32_t;
+  static constexpr int kVShift = 16;
+  static constexpr Word kField = 0x7FFF, kFlagK = Word{1} << 15, kFlagV = Word{1} << 31;
+  static compress::Meta unpack(Word w) { return compress::unpack_meta32(w); }
+};
+
+template <class Layout>
+HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int64_t n, MetaOut* out) {
+  using Word = typename Layout::Word;
+  const hn::ScalableTag<Word> dw;
+  const hn::Rebind<uint32_t, decltype(dw)> d32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(dw));
+  const auto field = hn::Set(dw, Layout::kField);
+  const auto flag_k = hn::Set(dw, Layout::kFlagK), flag_v = hn::Set(dw, Layout::kFlagV);
+  auto to32 = [&](auto v) {
+    if constexpr (sizeof(Word) == 8) {
+      return hn::TruncateTo(d32, v);
+    } else {
+      return v;
+    }
+  };
   int64_t i = 0;
   uint8_t bits[8] = {};
   if (N <= 64) {
     for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(d64, w + i);
-      hn::StoreU(hn::TruncateTo(d32, hn::And(v, field)), d32, reinterpret_cast<uint32_t*>(out->ak + i));
-      hn::StoreU(hn::TruncateTo(d32, hn::And(hn::ShiftRight<20>(v), field)), d32,
+      const auto v = hn::LoadU(dw, w + i);
+      hn::StoreU(to32(hn::And(v, field)), d32, reinterpret_cast<uint32_t*>(out->ak + i));
+      hn::StoreU(to32(hn::And(hn::ShiftRight<Layout::kVShift>(v), field)), d32,
                  reinterpret_cast<uint32_t*>(out->av + i));
       uint64_t mk = 0, mv = 0;
-      hn::StoreMaskBits(d64, hn::TestBit(v, flag_k), bits);
+      hn::StoreMaskBits(dw, hn::TestBit(v, flag_k), bits);
       std::memcpy(&mk, bits, (N + 7) / 8);
-      hn::StoreMaskBits(d64, hn::TestBit(v, flag_v), bits);
+      hn::StoreMaskBits(dw, hn::TestBit(v, flag_v), bits);
       std::memcpy(&mv, bits, (N + 7) / 8);
       PushSetBits(mk, i, out->res_k, out->nk);
       PushSetBits(mv, i, out->res_v, out->nv);
     }
   }
   for (; i < n; ++i) {
-    const compress::Meta m = compress::unpack_meta(w[i]);
+    const compress::Meta m = Layout::unpack(w[i]);
     out->ak[i] = m.anchor_k, out->av[i] = m.anchor_v;
     if (m.res_k) out->res_k[out->nk++] = static_cast<int32_t>(i);
     if (m.res_v) out->res_v[out->nv++] = static_cast<int32_t>(i);
   }
 }
 
-// Compact layout: anchor K in bits 0..14, K residual 15, anchor V 16..30, V residual 31.
+void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) { DecodeMetaWords<SeedMeta>(w, n, out); }
 void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
-  const hn::ScalableTag<uint32_t> d32;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d32));
-  const auto field = hn::Set(d32, 0x7FFFu);
-  const auto flag_k = hn::Set(d32, 1u << 15), flag_v = hn::Set(d32, 1u << 31);
-  int64_t i = 0;
-  uint8_t bits[8] = {};
-  if (N <= 64) {
-    for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(d32, w + i);
-      hn::StoreU(hn::And(v, field), d32, reinterpret_cast<uint32_t*>(out->ak + i));
-      hn::StoreU(hn::And(hn::ShiftRight<16>(v), field), d32, reinterpret_cast<uint32_t*>(out->av + i));
-      uint64_t mk = 0, mv = 0;
-      hn::StoreMaskBits(d32, hn::TestBit(v, flag_k), bits);
-      std::memcpy(&mk, bits, (N + 7) / 8);
-      hn::StoreMaskBits(d32, hn::TestBit(v, flag_v), bits);
-      std::memcpy(&mv, bits, (N + 7) / 8);
-      PushSetBits(mk, i, out->res_k, out->nk);
-      PushSetBits(mv, i, out->res_v, out->nv);
-    }
-  }
-  for (; i < n; ++i) {
-    const compress::Meta m = compress::unpack_meta32(w[i]);
-    out->ak[i] = m.anchor_k, out->av[i] = m.anchor_v;
-    if (m.res_k) out->res_k[out->nk++] = static_cast<int32_t>(i);
-    if (m.res_v) out->res_v[out->nv++] = static_cast<int32_t>(i);
-  }
+  DecodeMetaWords<CompactMeta>(w, n, out);
 }
 
 // ---- Query quads: four queries of one KV row, stored token-major (s4[i * 4 + g]),

@@ -83,14 +83,18 @@ struct Options {
 
 // The same layer with keys stored before RoPE (the paper's form) and RoPE
 // applied inside attention: {dense ms, compressed ms}, medians side by side.
+AnchorKVConfig bench_config(const Options& opt) {
+  AnchorKVConfig cfg;
+  cfg.theta = opt.theta;
+  cfg.threads = opt.threads;
+  return cfg;
+}
+
 std::pair<double, double> time_pre_rope(eval::SyntheticSpec spec, const Options& opt) {
   spec.rope = false;
   spec.query_position = spec.S - 1;  // attend() places the query at the last cached position
   const eval::Workload w = eval::make_synthetic(spec);
-  AnchorKVConfig cfg;
-  cfg.theta = opt.theta;
-  cfg.threads = opt.threads;
-  AnchorKVCache compressed(cfg);
+  AnchorKVCache compressed(bench_config(opt));
   FullKVCache dense;
   compressed.update(w.keys(), w.values());
   dense.update(w.keys(), w.values());
@@ -102,8 +106,8 @@ std::pair<double, double> time_pre_rope(eval::SyntheticSpec spec, const Options&
   ao.rope.style = RopeStyle::kNormal;
   attend(q, compressed, ao);  // warm up both (and the shared cos/sin table)
   attend(q, dense, ao);
-  const auto [dense_s, comp_s] =
-      median_pair(opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, compressed, ao); });
+  const auto [dense_s, comp_s] = median_pair(
+      opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, compressed, ao); });
   return {dense_s * 1e3, comp_s * 1e3};
 }
 
@@ -130,10 +134,7 @@ void run_attention(const Options& opt) {
     spec.D = D;
     spec.n_queries = opt.group;  // one decode query per query head
     const eval::Workload w = eval::make_synthetic(spec);
-    AnchorKVConfig cfg;
-    cfg.theta = opt.theta;
-    cfg.threads = opt.threads;
-    AnchorKVCache compressed(cfg);
+    AnchorKVCache compressed(bench_config(opt));
     FullKVCache dense;
     compressed.update(w.keys(), w.values());
     dense.update(w.keys(), w.values());
@@ -172,9 +173,11 @@ void run_attention(const Options& opt) {
     r["pre_rope_compressed_ms"] = pre_comp_ms;
     rows.push_back(r);
     if (!opt.json)
-      fmt::print("  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f} {:>13.3f} {:>14.3f}\n",
-                 S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
-                 compressed.compression_ratio(), compress_s * 1e3, pre_dense_ms, pre_comp_ms);
+      fmt::print(
+          "  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f} {:>13.3f} "
+          "{:>14.3f}\n",
+          S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
+          compressed.compression_ratio(), compress_s * 1e3, pre_dense_ms, pre_comp_ms);
   }
   if (opt.json)
     std::printf("%s\n",
