@@ -9,9 +9,10 @@
 // Architectures: `llama` and `mistral` (RoPE on adjacent pairs, as GGUF stores
 // them), `qwen2` (Q/K/V biases, NeoX pairing: i with i + hd/2), llama2.c
 // checkpoints. Weight matrices stay in their file type (F16, Q8_0, Q4_K, ...:
-// any type dequantize_row reads) and are dequantized tile by tile inside the
-// matmul, so memory and decode bandwidth are those of the file; norms and
-// biases are f32.
+// any type dequantize_row reads), so memory and decode bandwidth are those of
+// the file: decode multiplies Q4_0/Q8_0/Q4_K/Q5_K/Q6_K blocks with 8-bit
+// activations in integers, prefill dequantizes tile by tile (see
+// Activations); norms and biases are f32.
 //
 // Shapes (row-major): embeddings [vocab, dim]; wq [n_heads*hd, dim];
 // wk, wv [n_kv*hd, dim]; wo [dim, n_heads*hd]; w_gate, w_up [hidden, dim];
@@ -89,6 +90,14 @@ using CacheFactory = std::function<std::unique_ptr<KVCache>(int64_t layer)>;
 // cache that evicts tokens loses their positions, so it needs kPostRope.
 enum class KeyRope : uint8_t { kPostRope, kPreRope };
 
+// What multiplies quantized weights (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) in decode
+// (up to 7 tokens per call): the activations quantized to 8 bits per group and
+// integer dot products (model/qmatmul.h; llama.cpp's way and the default), or
+// f32 activations and the weights dequantized to f32 (exact up to f32
+// rounding, 2-4x slower per token). Prefill chunks and other weight types
+// always take the f32 path: there one dequantized tile serves every token.
+enum class Activations : uint8_t { kInt8, kF32 };
+
 class LlamaModel {
  public:
   LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads = 0,
@@ -113,6 +122,8 @@ class LlamaModel {
   // Scalar reference kernels for every matmul and attention (tests compare the
   // fast path with it).
   void set_reference(bool on) { reference_ = on; }
+  void set_activations(Activations a) { activations_ = a; }
+  Activations activations() const { return activations_; }
 
  private:
   LayerObserver observer_;
@@ -121,14 +132,19 @@ class LlamaModel {
   int threads_;
   KeyRope keys_;
   bool reference_ = false;
+  Activations activations_ = Activations::kInt8;
   int64_t pos_ = 0;
 };
 
 // y[t, o] = sum_i W[o, i] x[t, i]; x [T, in], W [out, in], y [T, out]. Threads
-// split the output rows (same bits for any thread count); quantized rows are
-// dequantized per tile of rows, once for all T inputs.
-void matmul(const float* x, int64_t T, const Weight& W, float* y, int threads);
-// The same with scalar loops (reference).
-void matmul_ref(const float* x, int64_t T, const Weight& W, float* y);
+// split the output rows (same bits for any thread count). With kInt8 and at
+// most 7 tokens, weights of a type the integer kernels take go through
+// matmul_int8; otherwise quantized rows are dequantized per tile of rows, once
+// for all T inputs.
+void matmul(const float* x, int64_t T, const Weight& W, float* y, int threads,
+            Activations activations = Activations::kInt8);
+// The same with scalar loops (reference; matmul_int8_ref for the integer path).
+void matmul_ref(const float* x, int64_t T, const Weight& W, float* y,
+                Activations activations = Activations::kInt8);
 
 }  // namespace anchorkv::model

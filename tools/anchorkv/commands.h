@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <string>
 
 #include "model/llama.h"
@@ -15,5 +16,15 @@ void register_logits(CLI::App& app);
 void register_runtime(CLI::App& app);
 void register_bench_persist(CLI::App& app);  // after register_bench
 void register_serve(CLI::App& app);
+
+// --activations int8|f32: what multiplies quantized weights in decode (see model::Activations).
+inline void add_activations_option(CLI::App* sub, model::Activations* a) {
+  sub->add_option(
+         "--activations", *a,
+         "decode matmuls on quantized weights: int8 (8-bit activations, integer dot products) or f32")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, model::Activations>{
+          {"int8", model::Activations::kInt8}, {"f32", model::Activations::kF32}}))
+      ->default_str("int8");
+}
 
 }  // namespace anchorkv::cli

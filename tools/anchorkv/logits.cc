@@ -21,11 +21,13 @@ struct Options {
   int threads = 0;
   bool incremental = false;
   bool json = false;
+  model::Activations activations = model::Activations::kInt8;
 };
 
 void run(const Options& opt) {
   const model::LlamaWeights w = model::load_model(opt.model);
   model::LlamaModel m = eval::make_model(w, opt.cache, opt.theta, opt.threads);
+  m.set_activations(opt.activations);
   std::vector<float> logits;
   if (opt.incremental) {  // one token at a time (decode path)
     for (int32_t t : opt.tokens) {
@@ -65,6 +67,7 @@ void register_logits(CLI::App& app) {
   sub->add_option("--theta", opt->theta, "cache byte budget");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
   sub->add_flag("--incremental", opt->incremental, "feed one token at a time");
+  add_activations_option(sub, &opt->activations);
   sub->add_flag("--json", opt->json, "print {\"tokens\": [...], \"logits\": [[...], ...]}");
   sub->callback([opt] { run(*opt); });
 }

@@ -148,6 +148,7 @@ struct RuntimeBenchOptions {
   double theta = 0.1;
   int reps = 3, threads = 0;
   std::string json_path;
+  model::Activations activations = model::Activations::kInt8;
 };
 
 // Prefill and greedy-decode speed with each cache, caches interleaved within
@@ -175,6 +176,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   for (int rep = 0; rep < o.reps; ++rep)
     for (const auto& c : o.caches) {
       model::LlamaModel m = eval::make_model(w, c, o.theta, o.threads);
+      m.set_activations(o.activations);
       auto t0 = Clock::now();
       std::vector<float> logits = m.forward(prompt);
       const double pre_s = since(t0);
@@ -197,8 +199,9 @@ void bench_runtime(const RuntimeBenchOptions& o) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, median of {}\n\n", o.model,
-             o.ctx, o.n, o.theta, core::resolve_threads(o.threads), o.reps);
+  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
+             o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
+             o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
   fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9}\n", "cache", "ratio", "prefill t/s", "vs full",
              "decode t/s", "vs full");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
@@ -226,6 +229,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
                         {"theta", o.theta},
                         {"threads", core::resolve_threads(o.threads)},
                         {"reps", o.reps},
+                        {"activations", o.activations == model::Activations::kInt8 ? "int8" : "f32"},
                         {"results", rows}}
              .dump(2);
   }
@@ -411,6 +415,7 @@ void register_runtime(CLI::App& app) {
   rbc->add_option("--reps", rb->reps, "repetitions (median)")->check(CLI::Range(1, 100));
   rbc->add_option("--threads", rb->threads, "threads (0 = all cores)");
   rbc->add_option("--json", rb->json_path, "write JSON here");
+  add_activations_option(rbc, &rb->activations);
   rbc->callback([rb] { bench_runtime(*rb); });
 
   struct TokenizeOptions {

@@ -1,0 +1,469 @@
+// Integer matmuls on quantized weights (qmatmul.h has the numerics). One
+// kernel per weight type decodes a block's integers in registers (never to
+// memory) and multiplies them with up to kMaxTokens tokens' activations, so in
+// prefill a weight block is decoded once for several tokens.
+#include "model/qmatmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "model/qmatmul.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/cache_control.h"
+// clang-format on
+
+// Re-included once per SIMD target: the helpers are defined on the first pass.
+#ifndef ANCHORKV_MODEL_QMATMUL_HELPERS_
+#define ANCHORKV_MODEL_QMATMUL_HELPERS_
+namespace anchorkv::model {
+namespace {
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
+inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Tokens whose activations one pass over a weight row serves.
+constexpr int kMaxTokens = 4;
+// How far ahead of the row being read weights are prefetched.
+constexpr int64_t kPrefetchBytes = 4096;
+}  // namespace
+}  // namespace anchorkv::model
+#endif  // ANCHORKV_MODEL_QMATMUL_HELPERS_
+
+HWY_BEFORE_NAMESPACE();
+namespace anchorkv::model {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_TARGET != HWY_SCALAR
+// At most 32 int16 lanes: one 32-element block per vector.
+using D16 = hn::CappedTag<int16_t, 32>;
+using D32 = hn::Repartition<int32_t, D16>;
+using DF = hn::Rebind<float, D32>;
+using V16 = hn::Vec<D16>;
+using V32 = hn::Vec<D32>;
+using VF = hn::Vec<DF>;
+
+// The quantized activations of kTok tokens, each at its token's first element.
+template <int kTok>
+struct Tokens {
+  const int16_t* q[kTok];
+};
+
+// Integer dot-product accumulators of kTok tokens.
+template <int kTok>
+struct IntSums {
+  V32 a[kTok], b[kTok];  // b: the odd lanes where a target keeps them apart
+  void zero() {
+    for (int t = 0; t < kTok; ++t) a[t] = b[t] = hn::Zero(D32());
+  }
+  // sums[t] += w . x_t[0 .. lanes)
+  template <int kT = kTok>
+  void add(V16 w, const int16_t* const* x, int64_t offset) {
+    for (int t = 0; t < kT; ++t)
+      a[t] = hn::ReorderWidenMulAccumulate(D32(), w, hn::LoadU(D16(), x[t] + offset), a[t], b[t]);
+  }
+  // acc[t] += float(sums[t]) * scale * token scale
+  void flush(float scale, const float* tok_scale, VF* acc) const {
+    for (int t = 0; t < kTok; ++t)
+      acc[t] = hn::MulAdd(hn::ConvertTo(DF(), hn::RearrangeToOddPlusEven(a[t], b[t])),
+                          hn::Set(DF(), scale * tok_scale[t]), acc[t]);
+  }
+};
+
+// An fp16 scale, converted in registers (a call would spill the accumulators).
+HWY_INLINE float F16(const uint8_t* p) {
+  const hn::CappedTag<float, 1> d1;
+  return hn::GetLane(hn::PromoteTo(
+      d1, hn::LoadU(hn::Rebind<hwy::float16_t, decltype(d1)>(), reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
+HWY_INLINE V16 Bytes(const uint8_t* p) {
+  return hn::PromoteTo(D16(), hn::LoadU(hn::Rebind<uint8_t, D16>(), p));
+}
+
+// Q8_0: 34-byte blocks of 32: d, 32 int8.
+template <int kTok>
+void RowQ8_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
+  IntSums<kTok> s;
+  for (int64_t b = 0; b < nb; ++b, row += 34) {
+    hwy::Prefetch(row + kPrefetchBytes);
+    s.zero();
+    const auto* q = reinterpret_cast<const int8_t*>(row + 2);
+    for (int64_t i = 0; i < 32; i += N)
+      s.add(hn::PromoteTo(D16(), hn::LoadU(hn::Rebind<int8_t, D16>(), q + i)), x.q, b * 32 + i);
+    float ts[kTok];
+    for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
+    s.flush(F16(row), ts, acc + (b & 1) * kTok);
+  }
+}
+
+// Q4_0: 18-byte blocks of 32: d, 16 bytes (element i: low nibble of byte i,
+// element 16 + i: high nibble), value q - 8. A vector takes N/2 bytes: their
+// low nibbles then their high nibbles, matched by the same halves of x.
+template <int kTok>
+void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
+  const hn::Half<D16> dh;
+  const int64_t H = static_cast<int64_t>(hn::Lanes(dh));
+  const auto k15 = hn::Set(dh, 15), k8 = hn::Set(dh, 8);
+  IntSums<kTok> s;
+  for (int64_t b = 0; b < nb; ++b, row += 18) {
+    s.zero();
+    for (int64_t j = 0; j < 16; j += H) {
+      const auto v = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, decltype(dh)>(), row + 2 + j));
+      const V16 w = hn::Combine(D16(), hn::Sub(hn::ShiftRight<4>(v), k8), hn::Sub(hn::And(v, k15), k8));
+      for (int t = 0; t < kTok; ++t) {
+        const int16_t* xt = x.q[t] + b * 32;
+        const V16 xv = H == 16 ? hn::LoadU(D16(), xt)
+                               : hn::Combine(D16(), hn::LoadU(dh, xt + 16 + j), hn::LoadU(dh, xt + j));
+        s.a[t] = hn::ReorderWidenMulAccumulate(D32(), w, xv, s.a[t], s.b[t]);
+      }
+    }
+    float ts[kTok];
+    for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
+    s.flush(F16(row), ts, acc + (b & 1) * kTok);
+  }
+}
+
+// Q4_K (144 bytes) and Q5_K (176 bytes) super-blocks of 256: d, dmin, 12
+// bytes of 6-bit sub-scales and minimums, [Q5_K: 32 bytes of fifth bits],
+// 128 bytes of nibbles. Chunk c's 32 bytes hold sub-block 2c in their low
+// nibbles and 2c + 1 in their high nibbles; Q5_K's fifth bits of those are
+// bits 2c and 2c + 1 of qh[l]. Value d * sc * q - dmin * m.
+template <bool kFive, int kTok>
+void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs,
+              const int32_t* const* sums, VF* acc, float* min_acc) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
+  const auto k15 = hn::Set(D16(), 15), k1 = hn::Set(D16(), 1);
+  IntSums<kTok> s;
+  for (int64_t b = 0; b < nb; ++b, row += kFive ? 176 : 144) {
+    const uint8_t* packed = row + 4;
+    const uint8_t* qh = row + 16;
+    const uint8_t* ql = row + (kFive ? 48 : 16);
+    int sc[8], m[8];
+    for (int j = 0; j < 8; ++j) scale_min_k4(j, packed, &sc[j], &m[j]);
+    s.zero();
+    for (int c = 0; c < 4; ++c) {
+      const V16 s_lo = hn::Set(D16(), static_cast<int16_t>(sc[2 * c])),
+                s_hi = hn::Set(D16(), static_cast<int16_t>(sc[2 * c + 1]));
+      for (int64_t l = 0; l < 32; l += N) {
+        const V16 v = Bytes(ql + 32 * c + l);
+        V16 lo = hn::And(v, k15), hi = hn::ShiftRight<4>(v);
+        if (kFive) {
+          const V16 h = Bytes(qh + l);
+          lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c), k1)));
+          hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * c + 1), k1)));
+        }
+        s.add(hn::Mul(lo, s_lo), x.q, b * 256 + 64 * c + l);
+        s.add(hn::Mul(hi, s_hi), x.q, b * 256 + 64 * c + 32 + l);
+      }
+    }
+    float ts[kTok];
+    for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
+    s.flush(F16(row), ts, acc + (b & 1) * kTok);
+    const float dmin = F16(row + 2);
+    for (int t = 0; t < kTok; ++t) {
+      const int32_t* ks = sums[t] + b * 8;
+      int32_t mdot = 0;
+      for (int j = 0; j < 8; ++j) mdot += m[j] * ks[j];
+      min_acc[t] += dmin * ts[t] * static_cast<float>(mdot);
+    }
+  }
+}
+
+// Q6_K: 210-byte super-blocks of 256: ql[128], qh[64], 16 int8 scales, d.
+// Each half (128 elements) takes 64 ql bytes, 32 qh bytes and 8 scales:
+// element l + 32k (k = 0..3) has low bits from ql[l] / ql[l + 32] (low or high
+// nibble), high bits from bits 2k of qh[l], scale sc[l / 16 + 2k]; value
+// d * sc * (q - 32).
+template <int kTok>
+void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
+  const hn::Half<D16> dh;
+  const auto k15 = hn::Set(D16(), 15), k3 = hn::Set(D16(), 3), k32 = hn::Set(D16(), 32);
+  IntSums<kTok> s;
+  for (int64_t b = 0; b < nb; ++b, row += 210) {
+    s.zero();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = row + 64 * half;
+      const uint8_t* qh = row + 128 + 32 * half;
+      const auto* sc = reinterpret_cast<const int8_t*>(row + 192 + 8 * half);
+      for (int64_t l = 0; l < 32; l += N) {
+        // the scales of lanes l .. l + N: one per 16 lanes
+        auto scale = [&](int k) -> V16 {
+          const int is = static_cast<int>(l / 16) + 2 * k;
+          if (N == 32) return hn::Combine(D16(), hn::Set(dh, sc[is + 1]), hn::Set(dh, sc[is]));
+          return hn::Set(D16(), sc[is]);
+        };
+        const V16 a = Bytes(ql + l), a2 = Bytes(ql + l + 32), h = Bytes(qh + l);
+        const V16 q1 = hn::Or(hn::And(a, k15), hn::ShiftLeft<4>(hn::And(h, k3)));
+        const V16 q2 = hn::Or(hn::And(a2, k15), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(h), k3)));
+        const V16 q3 = hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(h), k3)));
+        const V16 q4 = hn::Or(hn::ShiftRight<4>(a2), hn::ShiftLeft<4>(hn::ShiftRight<6>(h)));
+        const int64_t at = b * 256 + 128 * half + l;
+        s.add(hn::Mul(hn::Sub(q1, k32), scale(0)), x.q, at);
+        s.add(hn::Mul(hn::Sub(q2, k32), scale(1)), x.q, at + 32);
+        s.add(hn::Mul(hn::Sub(q3, k32), scale(2)), x.q, at + 64);
+        s.add(hn::Mul(hn::Sub(q4, k32), scale(3)), x.q, at + 96);
+      }
+    }
+    float ts[kTok];
+    for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
+    s.flush(F16(row + 208), ts, acc + (b & 1) * kTok);
+  }
+}
+
+// y[t * y_stride] for kTok tokens starting at t0, one weight row.
+template <int kTok>
+void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, int64_t t0, float* y,
+            int64_t y_stride) {
+  const int64_t groups = a.cols / a.group;
+  Tokens<kTok> x;
+  const float* xs[kTok];
+  const int32_t* sums[kTok];
+  // Two accumulators per token, even and odd blocks: one chain of dependent
+  // adds per block would bound the loop by the adds' latency.
+  VF acc[2 * kTok];
+  float min_acc[kTok];
+  for (int t = 0; t < kTok; ++t) {
+    acc[kTok + t] = hn::Zero(DF());
+    x.q[t] = &a.q[static_cast<size_t>((t0 + t) * a.cols)];
+    xs[t] = &a.scale[static_cast<size_t>((t0 + t) * groups)];
+    sums[t] = &a.sum[static_cast<size_t>((t0 + t) * (a.cols / 32))];
+    acc[t] = hn::Zero(DF());
+    min_acc[t] = 0.0f;
+  }
+  switch (W.type) {
+    case io::GgmlType::kQ8_0:
+      RowQ8_0<kTok>(row, groups, x, xs, acc);
+      break;
+    case io::GgmlType::kQ4_0:
+      RowQ4_0<kTok>(row, groups, x, xs, acc);
+      break;
+    case io::GgmlType::kQ4_K:
+      RowQ45_K<false, kTok>(row, groups, x, xs, sums, acc, min_acc);
+      break;
+    case io::GgmlType::kQ5_K:
+      RowQ45_K<true, kTok>(row, groups, x, xs, sums, acc, min_acc);
+      break;
+    case io::GgmlType::kQ6_K:
+      RowQ6_K<kTok>(row, groups, x, xs, acc);
+      break;
+    default:
+      break;
+  }
+  for (int t = 0; t < kTok; ++t)
+    y[t * y_stride] = hn::GetLane(hn::SumOfLanes(DF(), hn::Add(acc[t], acc[kTok + t]))) - min_acc[t];
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// Rows [r0, r0 + n) for every token: token blocks of kMaxTokens share each
+// pass over a row. False on the scalar target (the caller uses the twin).
+bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)W, (void)r0, (void)n, (void)a, (void)y;
+  return false;
+#else
+  if (n == 0) return true;  // the caller asks whether this target has the kernels
+  // Tiles of rows small enough to stay in L2 while every token passes over them.
+  constexpr int64_t kTileRows = 16;
+  for (int64_t tile = r0; tile < r0 + n; tile += kTileRows) {
+    const int64_t end = std::min(r0 + n, tile + kTileRows);
+    int64_t t = 0;
+    for (; t + kMaxTokens <= a.T; t += kMaxTokens)
+      for (int64_t r = tile; r < end; ++r)
+        DotRow<kMaxTokens>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
+    for (; t < a.T; ++t)
+      for (int64_t r = tile; r < end; ++r)
+        DotRow<1>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
+  }
+  return true;
+#endif
+}
+
+// Tokens [t0, t1) of x quantized into `out` (sized by the caller).
+void Quantize(const float* x, int64_t t0, int64_t t1, Int8Activations* out) {
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int16_t, decltype(df)> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), G = out->group, cols = out->cols;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t g = 0; g < cols / G; ++g) {
+      const float* xg = x + t * cols + g * G;
+      int16_t* q = &out->q[static_cast<size_t>(t * cols + g * G)];
+      int32_t* sums = &out->sum[static_cast<size_t>((t * cols + g * G) / 32)];
+      auto amax = hn::Zero(df);
+      auto finite = hn::FirstN(df, N);
+      for (int64_t i = 0; i < G; i += N) {
+        const auto v = hn::LoadU(df, xg + i);
+        amax = hn::Max(amax, hn::Abs(v));
+        finite = hn::And(finite, hn::IsFinite(v));
+      }
+      const float m = hn::GetLane(hn::MaxOfLanes(df, amax));
+      const bool finite_all = hn::AllTrue(df, finite);
+      out->scale[static_cast<size_t>(t * (cols / G) + g)] = finite_all ? m / 127.0f : NAN;
+      if (!finite_all || !(m > 0.0f)) {
+        std::fill_n(q, G, int16_t{0});
+        std::fill_n(sums, G / 32, 0);
+        continue;
+      }
+      const auto inv = hn::Set(df, 127.0f / m);
+      for (int64_t k = 0; k < G; k += 32) {
+        auto s = hn::Zero(di);
+        for (int64_t i = k; i < k + 32; i += N) {
+          const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xg + i), inv));
+          s = hn::Add(s, qi);
+          hn::StoreU(hn::DemoteTo(d16, qi), d16, q + i);
+        }
+        sums[k / 32] = hn::GetLane(hn::SumOfLanes(di, s));
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace anchorkv::model
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace anchorkv::model {
+
+HWY_EXPORT(DotRows);
+HWY_EXPORT(Quantize);
+
+bool int8_matmul_supported(io::GgmlType type) {
+  switch (type) {
+    case io::GgmlType::kQ4_0:
+    case io::GgmlType::kQ8_0:
+    case io::GgmlType::kQ4_K:
+    case io::GgmlType::kQ5_K:
+    case io::GgmlType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t int8_group(io::GgmlType type) {
+  return type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ8_0 ? 32 : 256;
+}
+
+namespace {
+constexpr const char* kOp = "anchorkv::matmul_int8";
+
+void size_activations(int64_t T, int64_t cols, int64_t group, Int8Activations* out) {
+  if (group != 32 && group != 256)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::quantize_int8", "group must be 32 or 256");
+  if (T < 0 || cols < 0 || cols % group != 0)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::quantize_int8",
+               std::to_string(cols) + " columns is not a multiple of the group of " + std::to_string(group));
+  out->T = T;
+  out->cols = cols;
+  out->group = group;
+  out->q.resize(static_cast<size_t>(T * cols));
+  out->scale.resize(static_cast<size_t>(T * (cols / group)));
+  out->sum.resize(static_cast<size_t>(T * (cols / 32)));
+}
+
+void check_matrix(const QuantMatrix& W) {
+  if (!int8_matmul_supported(W.type))
+    core::fail(ErrorCode::kUnsupported, kOp,
+               std::string("weights of type ") + io::ggml_type_name(W.type) + " have no integer kernel");
+  int64_t be = 0, bb = 0;
+  io::ggml_block(W.type, &be, &bb);
+  if (W.rows < 0 || W.cols < 0 || W.cols % be != 0 || W.row_bytes != W.cols / be * bb ||
+      (W.rows > 0 && W.blocks == nullptr))
+    core::fail(ErrorCode::kInvalidArgument, kOp, "matrix shape does not match its block type");
+}
+}  // namespace
+
+void quantize_int8(const float* x, int64_t T, int64_t cols, int64_t group, Int8Activations* out,
+                   int threads) {
+  size_activations(T, cols, group, out);
+  constexpr int64_t kTokensPerTask = 16;
+  core::parallel_for((T + kTokensPerTask - 1) / kTokensPerTask, threads, [&](int64_t i) {
+    HWY_DYNAMIC_DISPATCH(Quantize)(x, i * kTokensPerTask, std::min(T, (i + 1) * kTokensPerTask), out);
+  });
+}
+
+void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, Int8Activations* out) {
+  size_activations(T, cols, group, out);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < cols / group; ++g) {
+      const float* xg = x + t * cols + g * group;
+      float m = 0.0f;
+      bool finite = true;
+      for (int64_t i = 0; i < group; ++i) {
+        finite = finite && std::isfinite(xg[i]);
+        m = std::max(m, std::fabs(xg[i]));
+      }
+      const bool ok = finite && m > 0.0f;
+      out->scale[static_cast<size_t>(t * (cols / group) + g)] = finite ? m / 127.0f : NAN;
+      const float inv = ok ? 127.0f / m : 0.0f;
+      for (int64_t i = 0; i < group; ++i) {
+        const float v = ok ? xg[i] * inv : 0.0f;
+        out->q[static_cast<size_t>(t * cols + g * group + i)] = static_cast<int16_t>(std::nearbyint(v));
+      }
+    }
+  for (int64_t k = 0; k < T * cols / 32; ++k) {
+    int32_t s = 0;
+    for (int64_t i = 0; i < 32; ++i) s += out->q[static_cast<size_t>(k * 32 + i)];
+    out->sum[static_cast<size_t>(k)] = s;
+  }
+}
+
+void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads) {
+  check_matrix(W);
+  // Reused across calls; a lambda names thread_locals of the thread running
+  // it, so the workers get this thread's buffer through a reference.
+  thread_local Int8Activations buffer;
+  Int8Activations& a = buffer;
+  quantize_int8(x, T, W.cols, int8_group(W.type), &a, threads);
+  const bool simd = HWY_DYNAMIC_DISPATCH(DotRows)(W, 0, 0, a, y);
+  if (!simd) return matmul_int8_ref(x, T, W, y);
+  // One contiguous range of rows per thread: each core then streams its
+  // weights in order, which the hardware prefetchers follow (interleaved
+  // small tasks halved the two-thread bandwidth).
+  const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), W.rows);
+  core::parallel_for(parts, threads, [&](int64_t i) {
+    const int64_t r0 = W.rows * i / parts, r1 = W.rows * (i + 1) / parts;
+    HWY_DYNAMIC_DISPATCH(DotRows)(W, r0, r1 - r0, a, y);
+  });
+}
+
+void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y) {
+  check_matrix(W);
+  Int8Activations a;
+  quantize_int8_ref(x, T, W.cols, int8_group(W.type), &a);
+  const int64_t G = a.group;
+  std::vector<float> w(static_cast<size_t>(W.cols));
+  for (int64_t r = 0; r < W.rows; ++r) {
+    io::dequantize_row_ref(W.type, W.blocks + r * W.row_bytes, W.cols, w.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0.0;
+      for (int64_t i = 0; i < W.cols; ++i)
+        s += static_cast<double>(w[i]) * a.q[static_cast<size_t>(t * W.cols + i)] *
+             a.scale[static_cast<size_t>((t * W.cols + i) / G)];
+      y[t * W.rows + r] = static_cast<float>(s);
+    }
+  }
+}
+
+}  // namespace anchorkv::model
+#endif  // HWY_ONCE

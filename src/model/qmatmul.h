@@ -1,0 +1,66 @@
+// Matmuls on quantized weights with 8-bit activations (as llama.cpp runs
+// them): each token's activations are quantized per group to int8 values and
+// one f32 scale, and every weight block is multiplied with them in integers
+// (16-bit lanes, pairwise-added into 32-bit sums), converted to float once per
+// group.
+//
+// Numerics. Activation group g of a token (G elements: 32 for Q4_0/Q8_0, 256
+// for the K-quants' super-blocks) becomes q_i = round(x_i / s_g), |q_i| <= 127,
+// s_g = max|x| / 127 (round to nearest even; a group holding a NaN or an
+// infinity gets s_g = NaN, so the output says so). Then
+//   y = sum_g w_scale_g * s_g * sum_i wq_i * q_i  -  sum_k w_min_k * s_g(k) * sum_{i in k} q_i
+// where wq are the block's integers times its integer sub-scales (exact in
+// int16: at most 32 * 128) and k runs over the 32-element sub-blocks of the
+// K-quants that carry a minimum (Q4_K, Q5_K). Integer sums are exact (int32
+// cannot overflow: 256 * 4096 * 127 < 2^31); the float part is summed in
+// vector lanes. Against f32 activations the relative error of a dot product is
+// about 2^-8 / sqrt(G) of sum |w x| (the activations' rounding), the same as
+// llama.cpp's Q8_0/Q8_K activations.
+//
+// Determinism: an output depends only on its row and token, never on the
+// thread count (threads split rows).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/gguf.h"
+
+namespace anchorkv::model {
+
+// Whether the integer path handles weights of this type: Q4_0, Q8_0, Q4_K,
+// Q5_K, Q6_K.
+bool int8_matmul_supported(io::GgmlType type);
+
+// Elements per activation group for weights of `type` (32 or 256).
+int64_t int8_group(io::GgmlType type);
+
+// A row-major weight matrix [rows, cols] in its GGML blocks.
+struct QuantMatrix {
+  io::GgmlType type = io::GgmlType::kQ8_0;
+  const uint8_t* blocks = nullptr;
+  int64_t rows = 0, cols = 0, row_bytes = 0;
+};
+
+// T tokens' activations quantized for one weight type (see Numerics).
+struct Int8Activations {
+  int64_t T = 0, cols = 0, group = 32;
+  std::vector<int16_t> q;    // [T, cols]; int8 values, held as int16 for the multiply
+  std::vector<float> scale;  // [T, cols / group]
+  std::vector<int32_t> sum;  // [T, cols / 32]: sum of q per 32 elements
+};
+
+// x [T, cols] -> activations in groups of `group` (a divisor of cols).
+// SIMD, bit-identical to quantize_int8_ref (tested).
+void quantize_int8(const float* x, int64_t T, int64_t cols, int64_t group, Int8Activations* out, int threads);
+void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, Int8Activations* out);
+
+// y [T, W.rows] = x [T, W.cols] W^T with 8-bit activations. Throws
+// Error(kUnsupported) for a type int8_matmul_supported rejects.
+void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads);
+// Scalar twin: the same activations, weights from dequantize_row_ref, dot
+// products in double. Agrees with matmul_int8 to float rounding of the
+// weights' scales and of the lane sums (tested).
+void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y);
+
+}  // namespace anchorkv::model

@@ -1,0 +1,147 @@
+// The integer matmul (8-bit activations) against its scalar twin and against
+// exact arithmetic on the dequantized weights, for every weight type it takes.
+#include "model/qmatmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "anchorkv/status.h"
+#include "core/half.h"
+#include "io/gguf.h"
+
+namespace anchorkv::model {
+namespace {
+
+// Random blocks with sane fp16 scales: every other bit pattern of these
+// block types is a valid block.
+std::vector<uint8_t> random_blocks(io::GgmlType type, int64_t rows, int64_t cols, std::mt19937& g) {
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * cols / be * bb));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : bytes) b = static_cast<uint8_t>(byte(g));
+  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+  auto half_at = [&](size_t at, float v) {
+    const uint16_t h = core::float_to_half(v);
+    std::memcpy(&bytes[at], &h, 2);
+  };
+  for (size_t b = 0; b < bytes.size(); b += static_cast<size_t>(bb)) {
+    if (type == io::GgmlType::kQ6_K) {
+      half_at(b + 208, scale(g));
+    } else {
+      half_at(b, scale(g));
+      if (type == io::GgmlType::kQ4_K || type == io::GgmlType::kQ5_K) half_at(b + 2, std::fabs(scale(g)));
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> random_activations(int64_t T, int64_t cols, std::mt19937& g) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(T * cols));
+  for (auto& v : x) v = n(g);
+  // a group of zeros and one outlier: the scale's edge cases
+  for (int64_t i = 0; i < std::min<int64_t>(cols, 32); ++i) x[static_cast<size_t>(i)] = 0.0f;
+  if (T > 1) x[static_cast<size_t>(cols + 5)] = 40.0f;
+  return x;
+}
+
+TEST(Int8Activations, SimdQuantizationIsBitIdenticalToTheScalarTwin) {
+  std::mt19937 g(3);
+  for (int64_t group : {32, 256}) {
+    const int64_t T = 7, cols = 768;
+    std::vector<float> x = random_activations(T, cols, g);
+    x[static_cast<size_t>(3 * cols + 300)] = NAN;  // poisons its group's scale
+    Int8Activations fast, ref;
+    quantize_int8(x.data(), T, cols, group, &fast, 2);
+    quantize_int8_ref(x.data(), T, cols, group, &ref);
+    ASSERT_EQ(fast.q, ref.q);
+    ASSERT_EQ(fast.sum, ref.sum);
+    ASSERT_EQ(fast.scale.size(), ref.scale.size());
+    for (size_t i = 0; i < ref.scale.size(); ++i) {
+      if (std::isnan(ref.scale[i])) {
+        EXPECT_TRUE(std::isnan(fast.scale[i])) << i;
+      } else {
+        EXPECT_EQ(fast.scale[i], ref.scale[i]) << i;
+      }
+    }
+    EXPECT_TRUE(std::isnan(ref.scale[static_cast<size_t>((3 * cols + 300) / group)]));
+    for (int16_t q : ref.q) ASSERT_LE(std::abs(q), 127);
+    // every element is within half a step of its value
+    for (int64_t i = 0; i < T * cols; ++i) {
+      const float s = ref.scale[static_cast<size_t>(i / group)];
+      if (std::isnan(s)) continue;
+      ASSERT_LE(std::fabs(x[static_cast<size_t>(i)] - s * ref.q[static_cast<size_t>(i)]), 0.5f * s * 1.0001f)
+          << i;
+    }
+  }
+}
+
+class Int8Matmul : public ::testing::TestWithParam<io::GgmlType> {};
+
+TEST_P(Int8Matmul, AgreesWithTheScalarTwinAndTheActivationErrorBound) {
+  const io::GgmlType type = GetParam();
+  std::mt19937 g(11);
+  const int64_t rows = 37, cols = 512;  // rows: not a multiple of a task's 16
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  const std::vector<uint8_t> blocks = random_blocks(type, rows, cols, g);
+  const QuantMatrix W{type, blocks.data(), rows, cols, cols / be * bb};
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    io::dequantize_row_ref(type, blocks.data() + r * W.row_bytes, cols, &w[static_cast<size_t>(r * cols)]);
+  for (int64_t T : {1, 3, 4, 9}) {  // token blocks of 4 and what is left over
+    const std::vector<float> x = random_activations(T, cols, g);
+    std::vector<float> y1(static_cast<size_t>(T * rows)), y2(y1.size()), yr(y1.size());
+    matmul_int8(x.data(), T, W, y1.data(), 1);
+    matmul_int8(x.data(), T, W, y2.data(), 2);
+    matmul_int8_ref(x.data(), T, W, yr.data());
+    ASSERT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "thread count changed the bits";
+    Int8Activations a;
+    quantize_int8_ref(x.data(), T, cols, int8_group(type), &a);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        double exact = 0.0, magnitude = 0.0, bound = 0.0;
+        for (int64_t i = 0; i < cols; ++i) {
+          const double wi = w[static_cast<size_t>(r * cols + i)], xi = x[static_cast<size_t>(t * cols + i)];
+          exact += wi * xi;
+          magnitude += std::fabs(wi * xi);
+          bound += std::fabs(wi) * 0.5 * a.scale[static_cast<size_t>((t * cols + i) / a.group)];
+        }
+        const size_t at = static_cast<size_t>(t * rows + r);
+        // fast vs twin: float rounding of scales and lane sums only
+        ASSERT_NEAR(y1[at], yr[at], 1e-5 * magnitude + 1e-30) << "t " << t << " row " << r;
+        // twin vs f32 activations: at most half an activation step per element
+        ASSERT_LE(std::fabs(yr[at] - exact), bound * 1.0001 + 1e-6 * magnitude) << "t " << t << " row " << r;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
+                         ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K,
+                                           io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
+                         [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
+
+TEST(Int8Matmul, OtherTypesAndBadShapesAreClearErrors) {
+  std::vector<uint8_t> blocks(64, 0);
+  std::vector<float> x(32, 1.0f), y(1);
+  try {
+    matmul_int8(x.data(), 1, QuantMatrix{io::GgmlType::kQ2_K, blocks.data(), 1, 256, 84}, y.data(), 1);
+    FAIL() << "Q2_K has no integer kernel";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+  }
+  try {
+    matmul_int8(x.data(), 1, QuantMatrix{io::GgmlType::kQ8_0, blocks.data(), 1, 32, 30}, y.data(), 1);
+    FAIL() << "row bytes do not match Q8_0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace anchorkv::model
