@@ -307,11 +307,13 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int
 void LlamaModel::restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t position) {
   constexpr const char* op = "anchorkv::LlamaModel::restore";
   if (static_cast<int64_t>(caches.size()) != w_.config.n_layers)
-    core::fail(ErrorCode::kInvalidArgument, op,
-               std::to_string(caches.size()) + " caches for " + std::to_string(w_.config.n_layers) + " layers");
+    core::fail(
+        ErrorCode::kInvalidArgument, op,
+        std::to_string(caches.size()) + " caches for " + std::to_string(w_.config.n_layers) + " layers");
   for (const auto& c : caches)
     if (!c || c->offset() != position)
-      core::fail(ErrorCode::kInvalidArgument, op, "every cache must hold " + std::to_string(position) + " positions");
+      core::fail(ErrorCode::kInvalidArgument, op,
+                 "every cache must hold " + std::to_string(position) + " positions");
   caches_ = std::move(caches);
   pos_ = position;
 }
@@ -341,8 +343,8 @@ namespace {
 // cache) pre-RoPE keys arrive rotated (`k_rot`, token-major [T, Hk, hd]) and
 // attention needs no RoPE; otherwise the chunk is stored like the cache's
 // keys and `ao` carries the RoPE of pre-RoPE caches.
-Tensor prefill_attention(const KVCache& cache, bool pre, const float* k_rot, int64_t T, int64_t Hk, int64_t hd,
-                         const TensorView& kv_k, const TensorView& kv_v, const TensorView& q_view,
+Tensor prefill_attention(const KVCache& cache, bool pre, const float* k_rot, int64_t T, int64_t Hk,
+                         int64_t hd, const TensorView& kv_k, const TensorView& kv_v, const TensorView& q_view,
                          const AttentionOptions& ao) {
   FullKVCache chunk;
   if (cache.offset() > 0) {
@@ -382,17 +384,29 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     else
       matmul(x_, T_, W, y_, threads_, activations_);
   };
+  // Matrices that share their input (Q, K, V; gate, up): one integer batch
+  // (one activation quantization, one synchronization) when all take the
+  // integer path, else one matmul each.
+  auto mm_shared = [&](const float* x_, int64_t T_, std::vector<const Weight*> Ws, std::vector<float*> ys) {
+    bool batch = !reference_;
+    for (const Weight* W : Ws) batch = batch && integer_path(*W, T_, activations_);
+    if (!batch) {
+      for (size_t i = 0; i < Ws.size(); ++i) mm(x_, T_, *Ws[i], ys[i]);
+      return;
+    }
+    std::vector<QuantMatrix> qm;
+    for (const Weight* W : Ws) qm.push_back(quant_matrix(*W));
+    matmul_int8_batch(x_, T_, qm.data(), ys.data(), static_cast<int>(qm.size()), threads_);
+  };
   RopeOptions rope;
   rope.enabled = true;
   rope.base = c.rope_base;
   rope.style = c.rope_style;
-  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size());
+  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), rope_cos, rope_sin;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_.layers[l];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
-    mm(xn.data(), T, L.wq, q.data());
-    mm(xn.data(), T, L.wk, k.data());
-    mm(xn.data(), T, L.wv, v.data());
+    mm_shared(xn.data(), T, {&L.wq, &L.wk, &L.wv}, {q.data(), k.data(), v.data()});
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
     add_bias(v.data(), T, L.bv);
@@ -413,11 +427,20 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     }
     float* qr = pre ? q_rot.data() : q.data();
     float* kr = pre ? k_rot.data() : k.data();
-    if (rotate)
+    if (rotate) {
+      // one cos/sin row per position (exact sincos, as rope_rotate_at), shared by every head
+      rope_cos.resize(static_cast<size_t>(hd / 2));
+      rope_sin.resize(rope_cos.size());
       for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = 0; h < Hq; ++h) kernels::rope_rotate_at(&qr[(t * Hq + h) * hd], hd, rope, pos_ + t);
-        for (int64_t h = 0; h < Hk; ++h) kernels::rope_rotate_at(&kr[(t * Hk + h) * hd], hd, rope, pos_ + t);
+        kernels::rope_table(pos_ + t, 1, hd, rope.base, rope_cos.data(), rope_sin.data());
+        const float* c_t = rope_cos.data();
+        const float* s_t = rope_sin.data();
+        for (int64_t h = 0; h < Hq; ++h)
+          kernels::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t, s_t);
+        for (int64_t h = 0; h < Hk; ++h)
+          kernels::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t, s_t);
       }
+    }
     if (observer_) observer_(l, T, qr, k_pre.data(), kr, v.data());
     // [T, H, hd] token-major -> [1, H, T, hd] head-major.
     const float* q_att = rope_in_attention ? q.data() : qr;
@@ -449,8 +472,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     mm(att.data(), T, L.wo, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
-    mm(xn.data(), T, L.w_gate, gate.data());
-    mm(xn.data(), T, L.w_up, up.data());
+    mm_shared(xn.data(), T, {&L.w_gate, &L.w_up}, {gate.data(), up.data()});
     for (size_t i = 0; i < gate.size(); ++i)
       gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
     mm(gate.data(), T, L.w_down, o.data());

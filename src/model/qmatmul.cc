@@ -26,15 +26,22 @@
 namespace anchorkv::model {
 namespace {
 
-// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
-inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
+// The eight 6-bit scales and eight minimums of a Q4_K / Q5_K super-block from
+// its 12 packed bytes, with 32-bit word operations (a byte per value; the
+// layout of dequant.cc's scale_min_k4: scales 0-3 and minimums 0-3 in the low
+// 6 bits of bytes 0-7, the others' low 4 bits in bytes 8-11 and high 2 bits in
+// the top of bytes 0-7). Little-endian words, as GGUF itself.
+inline void unpack_scales_k4(const uint8_t* packed, uint8_t sc[8], uint8_t m[8]) {
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  const uint32_t scales_lo = u[0] & k6, mins_lo = u[1] & k6;
+  const uint32_t scales_hi = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+  const uint32_t mins_hi = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+  std::memcpy(sc, &scales_lo, 4);
+  std::memcpy(sc + 4, &scales_hi, 4);
+  std::memcpy(m, &mins_lo, 4);
+  std::memcpy(m + 4, &mins_hi, 4);
 }
 
 // Tokens whose activations one pass over a weight row serves.
@@ -56,6 +63,10 @@ using D16 = hn::CappedTag<int16_t, 32>;
 using D32 = hn::Repartition<int32_t, D16>;
 using DF = hn::Rebind<float, D32>;
 using V16 = hn::Vec<D16>;
+// The K-quants' eight minimums per super-block.
+using D8 = hn::CappedTag<int32_t, 8>;
+using DF8 = hn::Rebind<float, D8>;
+using VF8 = hn::Vec<DF8>;
 using V32 = hn::Vec<D32>;
 using VF = hn::Vec<DF>;
 
@@ -148,7 +159,7 @@ void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
 // bits 2c and 2c + 1 of qh[l]. Value d * sc * q - dmin * m.
 template <bool kFive, int kTok>
 void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs,
-              const int32_t* const* sums, VF* acc, float* min_acc) {
+              const int32_t* const* sums, VF* acc, VF8* min_acc) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
   const auto k15 = hn::Set(D16(), 15), k1 = hn::Set(D16(), 1);
   IntSums<kTok> s;
@@ -156,8 +167,8 @@ void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const
     const uint8_t* packed = row + 4;
     const uint8_t* qh = row + 16;
     const uint8_t* ql = row + (kFive ? 48 : 16);
-    int sc[8], m[8];
-    for (int j = 0; j < 8; ++j) scale_min_k4(j, packed, &sc[j], &m[j]);
+    uint8_t sc[8], m[8];
+    unpack_scales_k4(packed, sc, m);
     s.zero();
     for (int c = 0; c < 4; ++c) {
       const V16 s_lo = hn::Set(D16(), static_cast<int16_t>(sc[2 * c])),
@@ -177,12 +188,16 @@ void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const
     float ts[kTok];
     for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
     s.flush(F16(row), ts, acc + (b & 1) * kTok);
+    // minus dmin * token scale * sum_j m_j * (sum of q over sub-block j)
     const float dmin = F16(row + 2);
+    const int64_t N8 = static_cast<int64_t>(hn::Lanes(D8()));
     for (int t = 0; t < kTok; ++t) {
       const int32_t* ks = sums[t] + b * 8;
-      int32_t mdot = 0;
-      for (int j = 0; j < 8; ++j) mdot += m[j] * ks[j];
-      min_acc[t] += dmin * ts[t] * static_cast<float>(mdot);
+      auto dot = hn::Zero(D8());
+      for (int64_t j = 0; j < 8; j += N8)
+        dot = hn::Add(dot, hn::Mul(hn::PromoteTo(D8(), hn::LoadU(hn::Rebind<uint8_t, D8>(), m + j)),
+                                   hn::LoadU(D8(), ks + j)));
+      min_acc[t] = hn::MulAdd(hn::ConvertTo(DF8(), dot), hn::Set(DF8(), dmin * ts[t]), min_acc[t]);
     }
   }
 }
@@ -240,14 +255,14 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
   // Two accumulators per token, even and odd blocks: one chain of dependent
   // adds per block would bound the loop by the adds' latency.
   VF acc[2 * kTok];
-  float min_acc[kTok];
+  VF8 min_acc[kTok];
   for (int t = 0; t < kTok; ++t) {
     acc[kTok + t] = hn::Zero(DF());
     x.q[t] = &a.q[static_cast<size_t>((t0 + t) * a.cols)];
     xs[t] = &a.scale[static_cast<size_t>((t0 + t) * groups)];
     sums[t] = &a.sum[static_cast<size_t>((t0 + t) * (a.cols / 32))];
     acc[t] = hn::Zero(DF());
-    min_acc[t] = 0.0f;
+    min_acc[t] = hn::Zero(DF8());
   }
   switch (W.type) {
     case io::GgmlType::kQ8_0:
@@ -269,7 +284,8 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       break;
   }
   for (int t = 0; t < kTok; ++t)
-    y[t * y_stride] = hn::GetLane(hn::SumOfLanes(DF(), hn::Add(acc[t], acc[kTok + t]))) - min_acc[t];
+    y[t * y_stride] = hn::GetLane(hn::SumOfLanes(DF(), hn::Add(acc[t], acc[kTok + t]))) -
+                      hn::GetLane(hn::SumOfLanes(DF8(), min_acc[t]));
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
@@ -429,21 +445,46 @@ void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, I
 }
 
 void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads) {
-  check_matrix(W);
-  // Reused across calls; a lambda names thread_locals of the thread running
-  // it, so the workers get this thread's buffer through a reference.
-  thread_local Int8Activations buffer;
-  Int8Activations& a = buffer;
-  quantize_int8(x, T, W.cols, int8_group(W.type), &a, threads);
-  const bool simd = HWY_DYNAMIC_DISPATCH(DotRows)(W, 0, 0, a, y);
-  if (!simd) return matmul_int8_ref(x, T, W, y);
-  // One contiguous range of rows per thread: each core then streams its
-  // weights in order, which the hardware prefetchers follow (interleaved
-  // small tasks halved the two-thread bandwidth).
-  const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), W.rows);
+  matmul_int8_batch(x, T, &W, &y, 1, threads);
+}
+
+void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* const* y, int n, int threads) {
+  if (n <= 0) return;
+  for (int m = 0; m < n; ++m) {
+    check_matrix(W[m]);
+    if (W[m].cols != W[0].cols)
+      core::fail(ErrorCode::kInvalidArgument, kOp, "matrices of one batch must share their input width");
+  }
+  if (!HWY_DYNAMIC_DISPATCH(DotRows)(W[0], 0, 0, Int8Activations{}, y[0])) {
+    for (int m = 0; m < n; ++m) matmul_int8_ref(x, T, W[m], y[m]);
+    return;
+  }
+  // Activations once per group size. The buffers are reused across calls; a
+  // lambda names thread_locals of the thread running it, so the workers get
+  // this thread's buffers through references.
+  thread_local Int8Activations buffers[2];
+  Int8Activations* acts[2] = {&buffers[0], &buffers[1]};
+  bool quantized[2] = {false, false};
+  int64_t total = 0;
+  for (int m = 0; m < n; ++m) {
+    const int slot = int8_group(W[m].type) == 32 ? 0 : 1;
+    if (!quantized[slot]) quantize_int8(x, T, W[m].cols, int8_group(W[m].type), acts[slot], threads);
+    quantized[slot] = true;
+    total += W[m].rows;
+  }
+  // One contiguous range of the matrices' rows, taken one after another, per
+  // thread: each core then streams its weights in order, which the hardware
+  // prefetchers follow (interleaved small tasks halved the two-thread
+  // bandwidth), and the batch costs one synchronization.
+  const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), std::max<int64_t>(total, 1));
   core::parallel_for(parts, threads, [&](int64_t i) {
-    const int64_t r0 = W.rows * i / parts, r1 = W.rows * (i + 1) / parts;
-    HWY_DYNAMIC_DISPATCH(DotRows)(W, r0, r1 - r0, a, y);
+    const int64_t begin = total * i / parts, end = total * (i + 1) / parts;
+    int64_t first = 0;  // the first row of matrix m in the joined row space
+    for (int m = 0; m < n; first += W[m].rows, ++m) {
+      const int64_t r0 = std::max(begin, first) - first, r1 = std::min(end, first + W[m].rows) - first;
+      if (r1 > r0)
+        HWY_DYNAMIC_DISPATCH(DotRows)(W[m], r0, r1 - r0, *acts[int8_group(W[m].type) == 32 ? 0 : 1], y[m]);
+    }
   });
 }
 

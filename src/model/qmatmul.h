@@ -58,6 +58,10 @@ void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, I
 // y [T, W.rows] = x [T, W.cols] W^T with 8-bit activations. Throws
 // Error(kUnsupported) for a type int8_matmul_supported rejects.
 void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads);
+// Several matrices applied to the same x (a layer's Q, K and V; gate and up):
+// y[m] = x W[m]^T, activations quantized once per group size, one parallel
+// pass over all the rows. The matrices must share cols.
+void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* const* y, int n, int threads);
 // Scalar twin: the same activations, weights from dequantize_row_ref, dot
 // products in double. Agrees with matmul_int8 to float rounding of the
 // weights' scales and of the lane sums (tested).

@@ -126,6 +126,43 @@ INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
+TEST(Int8Matmul, ABatchGivesTheBitsOfSeparateCalls) {
+  // Mixed group sizes (32 and 256) and row counts that split unevenly between threads.
+  std::mt19937 g(5);
+  const int64_t cols = 512, T = 3;
+  const io::GgmlType types[] = {io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K};
+  const int64_t rows[] = {37, 20, 5};
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<QuantMatrix> W;
+  for (int m = 0; m < 3; ++m) {
+    int64_t be = 0, bb = 0;
+    io::ggml_block(types[m], &be, &bb);
+    blocks.push_back(random_blocks(types[m], rows[m], cols, g));
+    W.push_back({types[m], blocks.back().data(), rows[m], cols, cols / be * bb});
+  }
+  const std::vector<float> x = random_activations(T, cols, g);
+  for (int threads : {1, 2, 3}) {
+    std::vector<std::vector<float>> batch(3), alone(3);
+    std::vector<float*> ys;
+    for (int m = 0; m < 3; ++m) {
+      batch[m].assign(static_cast<size_t>(T * rows[m]), -1.0f);
+      alone[m].resize(batch[m].size());
+      ys.push_back(batch[m].data());
+      matmul_int8(x.data(), T, W[m], alone[m].data(), 1);
+    }
+    matmul_int8_batch(x.data(), T, W.data(), ys.data(), 3, threads);
+    for (int m = 0; m < 3; ++m)
+      ASSERT_EQ(0, std::memcmp(batch[m].data(), alone[m].data(), batch[m].size() * 4)) << m << " " << threads;
+  }
+  std::vector<float> y(64);
+  QuantMatrix narrow = W[0];
+  narrow.cols = 256;
+  narrow.row_bytes = 256 / 32 * 34;
+  const QuantMatrix mixed[] = {W[0], narrow};
+  float* outs[] = {y.data(), y.data()};
+  EXPECT_THROW(matmul_int8_batch(x.data(), 1, mixed, outs, 2, 1), Error);
+}
+
 TEST(Int8Matmul, OtherTypesAndBadShapesAreClearErrors) {
   std::vector<uint8_t> blocks(64, 0);
   std::vector<float> x(32, 1.0f), y(1);
