@@ -1,5 +1,6 @@
 // Per-target SIMD helpers shared by the Highway translation units
-// (core/linalg.cc, core/convert.cc, kernels/attention_kernels.cc). Include it
+// (core/linalg.cc, core/convert.cc, kernels/attention_kernels.cc,
+// kernels/causal_attention.cc). Include it
 // after "hwy/highway.h" in a file compiled through hwy/foreach_target.h: the
 // guard below toggles per target, the Highway "-inl.h" convention.
 #if defined(ANCHORKV_CORE_SIMD_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -53,6 +54,27 @@ HWY_INLINE void F16ToF32Span(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRIC
   for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, p + i)), df, out + i);
 #endif
   for (; i < n; ++i) out[i] = half_to_float(in[i]);
+}
+
+// exp(x) for x <= 0 (scores minus their maximum), within 2 ulp of std::exp:
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for exact reduction),
+// exp(r) by the Cephes expf polynomial, 2^n through the exponent bits. Below
+// -87 (where 2^n leaves the normal range) the result is 0 (exp < 2e-38).
+template <class DF>
+HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> x) {
+  const hn::RebindToSigned<DF> di;
+  const auto n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  auto r = hn::MulAdd(n, hn::Set(d, -0.693359375f), x);
+  r = hn::MulAdd(n, hn::Set(d, 2.12194440e-4f), r);
+  auto p = hn::Set(d, 1.9875691500E-4f);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507E-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073E-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894E-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459E-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201E-1f));
+  p = hn::MulAdd(hn::Mul(p, r), r, hn::Add(r, hn::Set(d, 1.0f)));
+  const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(p, two_n));
 }
 
 }  // namespace HWY_NAMESPACE

@@ -56,6 +56,7 @@ HWY_INLINE void ToF32(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRICT out, 
 HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
   return core::HWY_NAMESPACE::Dot1(DF(), x, y, D);
 }
+using core::HWY_NAMESPACE::ExpNonPositive;
 
 float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   const DF d;
@@ -118,7 +119,8 @@ void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, i
 
 // ---- Entry metadata without positions (MetaOut).
 HWY_INLINE void PushSetBits(uint64_t bits, int64_t i0, int32_t* out, int64_t& count) {
-  for (; bits != 0; bits &= bits - 1) out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
+  for (; bits != 0; bits &= bits - 1)
+    out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
 }
 
 // The two metadata layouts' bit fields (compress/segment.h).
@@ -175,33 +177,15 @@ HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int
   }
 }
 
-void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) { DecodeMetaWords<SeedMeta>(w, n, out); }
+void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
+  DecodeMetaWords<SeedMeta>(w, n, out);
+}
 void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   DecodeMetaWords<CompactMeta>(w, n, out);
 }
 
 // ---- Query quads: four queries of one KV row, stored token-major (s4[i * 4 + g]),
 // so one 4-lane vector carries an entry's scores for the whole quad.
-
-// exp(x) for x <= 0 (scores minus their maximum), within 2 ulp of std::exp:
-// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for exact reduction),
-// exp(r) by the Cephes expf polynomial, 2^n through the exponent bits. Below
-// -87 (where 2^n leaves the normal range) the result is 0 (exp < 2e-38).
-HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> x) {
-  const hn::RebindToSigned<DF> di;
-  const auto n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
-  auto r = hn::MulAdd(n, hn::Set(d, -0.693359375f), x);
-  r = hn::MulAdd(n, hn::Set(d, 2.12194440e-4f), r);
-  auto p = hn::Set(d, 1.9875691500E-4f);
-  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507E-3f));
-  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073E-3f));
-  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894E-2f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459E-1f));
-  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201E-1f));
-  p = hn::MulAdd(hn::Mul(p, r), r, hn::Add(r, hn::Set(d, 1.0f)));
-  const auto two_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
-  return hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -87.0f)), hn::Mul(p, two_n));
-}
 
 #if HWY_TARGET != HWY_SCALAR
 // A vector folded to one 128-bit block of partial sums.
@@ -252,13 +236,14 @@ void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT a
 // every kRopeStep-th row and the first kRopeStep rows are read (cache-resident)
 // instead of one 2 * D-float row per entry streamed from memory.
 constexpr int64_t kRopeStep = 64;
-void QuadRopeScores(const float* HWY_RESTRICT cs, int64_t k, int64_t D, int64_t gn, const int32_t* HWY_RESTRICT ak,
-                    const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
+void QuadRopeScores(const float* HWY_RESTRICT cs, int64_t k, int64_t D, int64_t gn,
+                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
+                    const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
                     const float* HWY_RESTRICT sin_t, const float* HWY_RESTRICT zeros, int64_t n,
                     float* HWY_RESTRICT s4) {
 #if HWY_TARGET == HWY_SCALAR
-  (void)cs, (void)k, (void)D, (void)gn, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)zeros, (void)n,
-      (void)s4;
+  (void)cs, (void)k, (void)D, (void)gn, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)zeros,
+      (void)n, (void)s4;
 #else
   const DF df;
   const hn::CappedTag<float, 4> d4;
@@ -380,7 +365,6 @@ struct Levels2Bit {
   hn::Vec<hn::RebindToUnsigned<DF>> shifts;
 };
 
-
 // Key residuals of a quad, decoded in registers: for each residual j (slot
 // slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)).
 // rq4: [4, D] rotated queries (zero rows past the quad's last query).
@@ -500,8 +484,8 @@ bool SupportsF16Rows(int64_t D) {
 }
 
 // out[g, j] = q[g] . A[j] for fp16 rows A [k, D] (SupportsF16Rows(D)).
-void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RESTRICT A16, int64_t k, int64_t D,
-                float* HWY_RESTRICT out) {
+void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RESTRICT A16, int64_t k,
+                int64_t D, float* HWY_RESTRICT out) {
 #if ANCHORKV_HW_F16
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
@@ -531,8 +515,8 @@ void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RES
 
 #if ANCHORKV_HW_F16
 template <int NB>
-HWY_INLINE void AccumulateRowsF16NB(const float* HWY_RESTRICT w, int64_t k, const hwy::float16_t* HWY_RESTRICT a16,
-                                    float* HWY_RESTRICT y) {
+HWY_INLINE void AccumulateRowsF16NB(const float* HWY_RESTRICT w, int64_t k,
+                                    const hwy::float16_t* HWY_RESTRICT a16, float* HWY_RESTRICT y) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
@@ -540,7 +524,8 @@ HWY_INLINE void AccumulateRowsF16NB(const float* HWY_RESTRICT w, int64_t k, cons
   for (int b = 0; b < NB; ++b) acc[b] = hn::LoadU(df, y + b * N);
   for (int64_t j = 0; j < k; ++j) {
     const auto wj = hn::Set(df, w[j]);
-    for (int b = 0; b < NB; ++b) acc[b] = hn::MulAdd(wj, hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + b * N)), acc[b]);
+    for (int b = 0; b < NB; ++b)
+      acc[b] = hn::MulAdd(wj, hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + b * N)), acc[b]);
   }
   for (int b = 0; b < NB; ++b) hn::StoreU(acc[b], df, y + b * N);
 }
@@ -552,14 +537,22 @@ void AccumulateRowsF16(const float* HWY_RESTRICT w, int64_t k, const uint16_t* H
 #if ANCHORKV_HW_F16
   const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
   switch (D / static_cast<int64_t>(hn::Lanes(DF()))) {
-    case 1: return AccumulateRowsF16NB<1>(w, k, a16, y);
-    case 2: return AccumulateRowsF16NB<2>(w, k, a16, y);
-    case 3: return AccumulateRowsF16NB<3>(w, k, a16, y);
-    case 4: return AccumulateRowsF16NB<4>(w, k, a16, y);
-    case 5: return AccumulateRowsF16NB<5>(w, k, a16, y);
-    case 6: return AccumulateRowsF16NB<6>(w, k, a16, y);
-    case 7: return AccumulateRowsF16NB<7>(w, k, a16, y);
-    default: return AccumulateRowsF16NB<8>(w, k, a16, y);
+    case 1:
+      return AccumulateRowsF16NB<1>(w, k, a16, y);
+    case 2:
+      return AccumulateRowsF16NB<2>(w, k, a16, y);
+    case 3:
+      return AccumulateRowsF16NB<3>(w, k, a16, y);
+    case 4:
+      return AccumulateRowsF16NB<4>(w, k, a16, y);
+    case 5:
+      return AccumulateRowsF16NB<5>(w, k, a16, y);
+    case 6:
+      return AccumulateRowsF16NB<6>(w, k, a16, y);
+    case 7:
+      return AccumulateRowsF16NB<7>(w, k, a16, y);
+    default:
+      return AccumulateRowsF16NB<8>(w, k, a16, y);
   }
 #else
   (void)w, (void)k, (void)A16, (void)D, (void)y;
@@ -820,7 +813,8 @@ struct FastOps {
   static void value_weights(const float* p, const float* gv, const int32_t* av, int64_t nq, int64_t n,
                             int64_t k, float* w, EntryScratch& sc);
   // acc = P V over fp16 rows in one pass (false: no fast form for D here).
-  static bool dense_values(const float* p, int64_t nq, int64_t n, const uint16_t* V16, int64_t D, float* acc) {
+  static bool dense_values(const float* p, int64_t nq, int64_t n, const uint16_t* V16, int64_t D,
+                           float* acc) {
     return HWY_DYNAMIC_DISPATCH(DenseValues)(p, nq, n, V16, D, acc);
   }
 };
@@ -1093,11 +1087,12 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
     sc.codes.resize(static_cast<size_t>(D));
     for (int64_t j = 0; j < nr; ++j) {
       const int64_t i = sc.res_k[j], p = sc.pos[i] + cq.rope->position_offset;
-      codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())], sc.zk.data(),
-                          sc.codes.data());
+      codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())],
+                          sc.zk.data(), sc.codes.data());
       codec.rotation().inverse(sc.zk.data(), sc.zk.data());
       rope_rotate(sc.zk.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
-      for (int64_t g = 0; g < gn; ++g) s4[i * 4 + g] += sc.zks[j] * core::dot(cq.q + (q0 + g) * D, sc.zk.data(), D);
+      for (int64_t g = 0; g < gn; ++g)
+        s4[i * 4 + g] += sc.zks[j] * core::dot(cq.q + (q0 + g) * D, sc.zk.data(), D);
     }
     return;
   }
@@ -1139,9 +1134,9 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
     if (cq.rope) {
       sc.zeros.assign(static_cast<size_t>(D), 0.0f);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
-      HWY_DYNAMIC_DISPATCH(QuadRopeScores)(cq.cs + q0 * k * D, k, D, gn, sc.ak.data(), sc.gk.data(),
-                                           sc.pos.data(), cq.table->cos.data(), cq.table->sin.data(),
-                                           sc.zeros.data(), n, s4);
+      HWY_DYNAMIC_DISPATCH(QuadRopeScores)
+      (cq.cs + q0 * k * D, k, D, gn, sc.ak.data(), sc.gk.data(), sc.pos.data(), cq.table->cos.data(),
+       cq.table->sin.data(), sc.zeros.data(), n, s4);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
     } else {
       HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk.data(), n, s4);
@@ -1162,12 +1157,10 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
       sc.zdot.resize(static_cast<size_t>(4 * nrv));
       for (int64_t g = 0; g < gn; ++g)
         for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
-      if (fused_v)
-        HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
-        (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv,
-         gn, D, out.rot + q0 * D);
-      else
-        core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, out.rot + q0 * D, D);
+      if (fused_v) HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
+      (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv, gn,
+       D, out.rot + q0 * D);
+      else core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, out.rot + q0 * D, D);
     }
   }
 }
@@ -1228,7 +1221,8 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch) {
-  const bool quads = cq.rope ? HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(codec.dim()) : cq.anchor_dot4 != nullptr;
+  const bool quads =
+      cq.rope ? HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(codec.dim()) : cq.anchor_dot4 != nullptr;
   if (!range.masked && quads) return entries_chunk_quads(cq, row, codec, range, out, scratch);
   entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
 }
@@ -1249,9 +1243,11 @@ void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t
   HWY_DYNAMIC_DISPATCH(AccumulateRowsF16)(w, k, A16, D, y);
 }
 
-void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv) {
-  HWY_DYNAMIC_DISPATCH(CountResidualFlags)(row.compact ? nullptr : row.meta.data() + e0,
-                                           row.compact ? row.meta32.data() + e0 : nullptr, e1 - e0, nk, nv);
+void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk,
+                          int64_t* nv) {
+  HWY_DYNAMIC_DISPATCH(CountResidualFlags)
+  (row.compact ? nullptr : row.meta.data() + e0, row.compact ? row.meta32.data() + e0 : nullptr, e1 - e0, nk,
+   nv);
 }
 
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

@@ -1,0 +1,151 @@
+// Blocked causal self-attention (causal_attention.h). Per (head, query block)
+// task: scores of the block against each key block up to the diagonal by
+// core::dot_matrix, an online softmax (running max and normaliser per query,
+// the accumulator rescaled when the max grows), values through dot_matrix
+// again against V transposed.
+#include "kernels/causal_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/convert.h"
+#include "core/linalg.h"
+#include "core/parallel.h"
+
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/causal_attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "core/simd-inl.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace anchorkv::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+// s[0, n) -> exp(s - m_new) in place, where m_new = max(m, max s); updates m
+// and l (l = l * exp(m - m_new) + sum) and returns the factor exp(m - m_new)
+// that rescales what was accumulated before.
+float SoftmaxUpdate(float* HWY_RESTRICT s, int64_t n, float* m, float* l) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto vmax = hn::Set(d, -HUGE_VALF);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) vmax = hn::Max(vmax, hn::LoadU(d, s + i));
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; i < n; ++i) mx = std::max(mx, s[i]);
+  const float m_new = std::max(*m, mx);
+  if (m_new == -HUGE_VALF) {  // nothing visible yet
+    std::fill_n(s, n, 0.0f);
+    return 1.0f;
+  }
+  const auto vm = hn::Set(d, m_new);
+  auto sum = hn::Zero(d);
+  i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = core::HWY_NAMESPACE::ExpNonPositive(d, hn::Sub(hn::LoadU(d, s + i), vm));
+    hn::StoreU(e, d, s + i);
+    sum = hn::Add(sum, e);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; i < n; ++i) {
+    s[i] = s[i] == -HUGE_VALF ? 0.0f : std::exp(s[i] - m_new);
+    total += s[i];
+  }
+  const float alpha = *m == -HUGE_VALF ? 0.0f : std::exp(*m - m_new);
+  *m = m_new;
+  *l = *l * alpha + total;
+  return alpha;
+}
+
+// acc = acc * alpha + add, over n floats.
+void ScaleAdd(float* HWY_RESTRICT acc, float alpha, const float* HWY_RESTRICT add, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, alpha);
+  int64_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::MulAdd(hn::LoadU(d, acc + i), va, hn::LoadU(d, add + i)), d, acc + i);
+  for (; i < n; ++i) acc[i] = acc[i] * alpha + add[i];
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace anchorkv::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace anchorkv::kernels {
+HWY_EXPORT(SoftmaxUpdate);
+HWY_EXPORT(ScaleAdd);
+
+namespace {
+// Queries and keys per block: a block's scores (64 x 64) and accumulators
+// (64 x hd) stay in L1/L2 while the key block streams by.
+constexpr int64_t kBlock = 64;
+
+struct BlockScratch {
+  std::vector<float> q, s, acc, pv, m, l;
+};
+
+// Query block [t0, t0 + nq) of head h against keys [0, t0 + nq).
+void query_block(const float* q, const float* k16, const float* vt, int64_t T, int64_t hd, float scale,
+                 int64_t t0, int64_t nq, float* out, BlockScratch& w) {
+  w.q.resize(static_cast<size_t>(kBlock * hd));
+  w.s.resize(static_cast<size_t>(kBlock * kBlock));
+  w.acc.assign(static_cast<size_t>(kBlock * hd), 0.0f);
+  w.pv.resize(static_cast<size_t>(kBlock * hd));
+  w.m.assign(kBlock, -HUGE_VALF);
+  w.l.assign(kBlock, 0.0f);
+  for (int64_t i = 0; i < nq * hd; ++i) w.q[static_cast<size_t>(i)] = q[t0 * hd + i] * scale;
+  for (int64_t k0 = 0; k0 < t0 + nq; k0 += kBlock) {
+    const int64_t nk = std::min(kBlock, t0 + nq - k0);
+    core::dot_matrix(w.q.data(), nq, hd, k16 + k0 * hd, nk, hd, hd, w.s.data(), kBlock);
+    for (int64_t i = 0; i < nq; ++i) {
+      float* s = &w.s[static_cast<size_t>(i * kBlock)];
+      for (int64_t j = std::max<int64_t>(0, t0 + i + 1 - k0); j < nk; ++j) s[j] = -HUGE_VALF;  // future keys
+      const float alpha = HWY_DYNAMIC_DISPATCH(SoftmaxUpdate)(s, nk, &w.m[static_cast<size_t>(i)],
+                                                              &w.l[static_cast<size_t>(i)]);
+      if (alpha != 1.0f)
+        for (int64_t d = 0; d < hd; ++d) w.acc[static_cast<size_t>(i * hd + d)] *= alpha;
+    }
+    // pv[i, d] = sum_j p[i, j] v[k0 + j, d]: rows of V^T are the D-long operand.
+    core::dot_matrix(w.s.data(), nq, kBlock, vt + k0, hd, T, nk, w.pv.data(), hd);
+    HWY_DYNAMIC_DISPATCH(ScaleAdd)(w.acc.data(), 1.0f, w.pv.data(), nq * hd);
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    const float inv = 1.0f / w.l[static_cast<size_t>(i)];
+    for (int64_t d = 0; d < hd; ++d) out[(t0 + i) * hd + d] = w.acc[static_cast<size_t>(i * hd + d)] * inv;
+  }
+}
+}  // namespace
+
+void causal_attention(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T,
+                      int64_t hd, float scale, float* out, int threads) {
+  if (Hq <= 0 || Hk <= 0 || T <= 0 || hd <= 0) return;
+  const int64_t group = Hq / Hk, kv = Hk * T * hd;
+  // K and V rounded to fp16 as the cache holds them; V transposed per head.
+  std::vector<float> k16(static_cast<size_t>(kv)), v16(static_cast<size_t>(kv)), vt(static_cast<size_t>(kv));
+  core::round_to_f16_n(k, k16.data(), kv);
+  core::round_to_f16_n(v, v16.data(), kv);
+  for (int64_t h = 0; h < Hk; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < hd; ++d)
+        vt[static_cast<size_t>((h * hd + d) * T + t)] = v16[static_cast<size_t>((h * T + t) * hd + d)];
+  // Tasks from the last query blocks (the most keys) to the first, so the
+  // long ones start early and the short ones fill the end.
+  const int64_t blocks = (T + kBlock - 1) / kBlock;
+  core::parallel_for(Hq * blocks, threads, [&](int64_t task) {
+    thread_local BlockScratch w;
+    const int64_t b = blocks - 1 - task / Hq, h = task % Hq, kh = h / group;
+    const int64_t t0 = b * kBlock;
+    query_block(q + h * T * hd, &k16[static_cast<size_t>(kh * T * hd)], &vt[static_cast<size_t>(kh * hd * T)],
+                T, hd, scale, t0, std::min(kBlock, T - t0), out + h * T * hd, w);
+  });
+}
+
+}  // namespace anchorkv::kernels
+#endif  // HWY_ONCE
