@@ -10,6 +10,7 @@
 #define ANCHORKV_CORE_SIMD_INL_H_
 #endif
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/half.h"
@@ -41,6 +42,18 @@ HWY_INLINE float Dot1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRI
     acc = hn::MulAdd(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i), acc);
   }
   return hn::GetLane(hn::SumOfLanes(d, acc));
+}
+
+// max of x[0, n) (-inf for n = 0).
+template <class DF>
+HWY_INLINE float MaxSpan(DF d, const float* HWY_RESTRICT x, int64_t n) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto vm = hn::Set(d, -HUGE_VALF);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) vm = hn::Max(vm, hn::LoadU(d, x + i));
+  float m = hn::GetLane(hn::MaxOfLanes(d, vm));
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
 }
 
 // fp16 bits -> float, exact.

@@ -590,16 +590,7 @@ void CountResidualFlags(const uint64_t* HWY_RESTRICT meta, const uint32_t* HWY_R
   *nk = ck, *nv = cv;
 }
 
-float MaxOf(const float* HWY_RESTRICT x, int64_t n) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto vm = hn::Set(d, -HUGE_VALF);
-  int64_t i = 0;
-  for (; i + N <= n; i += N) vm = hn::Max(vm, hn::LoadU(d, x + i));
-  float m = hn::GetLane(hn::MaxOfLanes(d, vm));
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
+float MaxOf(const float* HWY_RESTRICT x, int64_t n) { return core::HWY_NAMESPACE::MaxSpan(DF(), x, n); }
 
 #if ANCHORKV_HW_F16
 // acc[g, :] = sum_i p[g, i] * V[i, :] for D = NB vectors, two queries at a time.

@@ -33,19 +33,14 @@ using DF = hn::ScalableTag<float>;
 float SoftmaxUpdate(float* HWY_RESTRICT s, int64_t n, float* m, float* l) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto vmax = hn::Set(d, -HUGE_VALF);
-  int64_t i = 0;
-  for (; i + N <= n; i += N) vmax = hn::Max(vmax, hn::LoadU(d, s + i));
-  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  for (; i < n; ++i) mx = std::max(mx, s[i]);
-  const float m_new = std::max(*m, mx);
+  const float m_new = std::max(*m, core::HWY_NAMESPACE::MaxSpan(d, s, n));
   if (m_new == -HUGE_VALF) {  // nothing visible yet
     std::fill_n(s, n, 0.0f);
     return 1.0f;
   }
   const auto vm = hn::Set(d, m_new);
   auto sum = hn::Zero(d);
-  i = 0;
+  int64_t i = 0;
   for (; i + N <= n; i += N) {
     const auto e = core::HWY_NAMESPACE::ExpNonPositive(d, hn::Sub(hn::LoadU(d, s + i), vm));
     hn::StoreU(e, d, s + i);

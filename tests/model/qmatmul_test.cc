@@ -11,6 +11,7 @@
 
 #include "anchorkv/status.h"
 #include "core/half.h"
+#include "hwy/targets.h"
 #include "io/gguf.h"
 
 namespace anchorkv::model {
@@ -125,6 +126,44 @@ INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
                          ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
+
+TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
+  // The dispatcher picks the best target of this CPU; force each one it has
+  // (AVX-512, AVX2, SSE4, ...: other vector widths take other loop shapes).
+  std::mt19937 g(17);
+  const int64_t rows = 9, cols = 512, T = 5;
+  const std::vector<float> x = random_activations(T, cols, g);
+  int tested = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (io::GgmlType type : {io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K,
+                              io::GgmlType::kQ5_K, io::GgmlType::kQ6_K}) {
+      int64_t be = 0, bb = 0;
+      io::ggml_block(type, &be, &bb);
+      const std::vector<uint8_t> blocks = random_blocks(type, rows, cols, g);
+      const QuantMatrix W{type, blocks.data(), rows, cols, cols / be * bb};
+      std::vector<float> y(static_cast<size_t>(T * rows)), yr(y.size()), w(static_cast<size_t>(cols));
+      matmul_int8(x.data(), T, W, y.data(), 2);
+      matmul_int8_ref(x.data(), T, W, yr.data());
+      Int8Activations fast, ref;
+      quantize_int8(x.data(), T, cols, int8_group(type), &fast, 1);
+      quantize_int8_ref(x.data(), T, cols, int8_group(type), &ref);
+      EXPECT_EQ(fast.q, ref.q) << hwy::TargetName(target);
+      for (int64_t r = 0; r < rows; ++r) {
+        io::dequantize_row_ref(type, blocks.data() + r * W.row_bytes, cols, w.data());
+        for (int64_t t = 0; t < T; ++t) {
+          double magnitude = 0;
+          for (int64_t i = 0; i < cols; ++i) magnitude += std::fabs(double(w[i]) * x[t * cols + i]);
+          ASSERT_NEAR(y[t * rows + r], yr[t * rows + r], 1e-5 * magnitude + 1e-30)
+              << hwy::TargetName(target) << " " << io::ggml_type_name(type) << " row " << r << " t " << t;
+        }
+      }
+    }
+    ++tested;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_GE(tested, 1);
+}
 
 TEST(Int8Matmul, ABatchGivesTheBitsOfSeparateCalls) {
   // Mixed group sizes (32 and 256) and row counts that split unevenly between threads.
