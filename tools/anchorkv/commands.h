@@ -2,7 +2,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <map>
 #include <string>
 
 #include "model/llama.h"
@@ -19,11 +18,13 @@ void register_serve(CLI::App& app);
 
 // --activations int8|f32: what multiplies quantized weights in decode (see model::Activations).
 inline void add_activations_option(CLI::App* sub, model::Activations* a) {
-  sub->add_option(
-         "--activations", *a,
+  sub->add_option_function<std::string>(
+         "--activations",
+         [a](const std::string& v) {
+           *a = v == "f32" ? model::Activations::kF32 : model::Activations::kInt8;
+         },
          "decode matmuls on quantized weights: int8 (8-bit activations, integer dot products) or f32")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, model::Activations>{
-          {"int8", model::Activations::kInt8}, {"f32", model::Activations::kF32}}))
+      ->check(CLI::IsMember({"int8", "f32"}))
       ->default_str("int8");
 }
 

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "anchorkv/anchorkv.h"
+#include "cache/registry.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
-#include "cache/registry.h"
 #include "eval/prompt_cache.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
@@ -69,6 +69,7 @@ struct RunOptions {
   model::SamplerOptions sampler;
   int threads = 0;
   std::string prompt_cache;
+  model::Activations activations = model::Activations::kInt8;
 };
 
 // The prompt's logits: from a prompt cache when --prompt-cache names one whose
@@ -76,8 +77,8 @@ struct RunOptions {
 // prefill; the file is (re)written whenever tokens were prefilled.
 struct Prefill {
   std::vector<float> logits;
-  double seconds = 0;      // of the forward pass (not the cache file)
-  int64_t prefilled = 0;   // tokens run through the model
+  double seconds = 0;     // of the forward pass (not the cache file)
+  int64_t prefilled = 0;  // tokens run through the model
 };
 Prefill prefill(const RunOptions& o, const model::LlamaWeights& w, const std::vector<int32_t>& prompt,
                 model::LlamaModel& m) {
@@ -90,13 +91,14 @@ Prefill prefill(const RunOptions& o, const model::LlamaWeights& w, const std::ve
   eval::CachedPrefill c = eval::prefill_through(o.prompt_cache, identity, o.cache, o.theta, prompt, m);
   if (c.hit.used)
     std::fprintf(stderr, "[prompt cache] loaded %lld tokens from %s (%lld bytes on disk) in %.2f ms\n",
-                 static_cast<long long>(c.hit.tokens), o.prompt_cache.c_str(), static_cast<long long>(c.hit.file_bytes),
-                 c.hit.load_s * 1e3);
+                 static_cast<long long>(c.hit.tokens), o.prompt_cache.c_str(),
+                 static_cast<long long>(c.hit.file_bytes), c.hit.load_s * 1e3);
   else
     std::fprintf(stderr, "[prompt cache] not used: %s\n", c.hit.why_not.c_str());
   if (c.saved_bytes > 0)
-    std::fprintf(stderr, "[prompt cache] saved %zu tokens to %s: %lld bytes on disk in %.2f ms\n", prompt.size(),
-                 o.prompt_cache.c_str(), static_cast<long long>(c.saved_bytes), c.save_s * 1e3);
+    std::fprintf(stderr, "[prompt cache] saved %zu tokens to %s: %lld bytes on disk in %.2f ms\n",
+                 prompt.size(), o.prompt_cache.c_str(), static_cast<long long>(c.saved_bytes),
+                 c.save_s * 1e3);
   return {std::move(c.logits), c.forward_s, c.prefilled};
 }
 
@@ -107,6 +109,7 @@ void run(const RunOptions& o) {
     tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
   const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
   model::LlamaModel m = eval::make_model(w, o.cache, o.theta, o.threads);
+  m.set_activations(o.activations);
   model::Sampler sampler(o.sampler);
   Prefill pre = prefill(o, w, prompt, m);
   std::vector<float>& logits = pre.logits;
@@ -125,17 +128,18 @@ void run(const RunOptions& o) {
   }
   const double decode_s = since(t0);
   const eval::CacheTotals t = eval::cache_totals(m);
-  std::fprintf(
-      stderr,
-      "\n\n[%s cache] prompt %zu tokens, %lld prefilled: %.1f tok/s; generated %lld tokens: decode %.1f tok/s\n"
-      "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n"
-      "[weights] %.1f MiB in memory\n",
-      o.cache.c_str(), prompt.size(), static_cast<long long>(pre.prefilled),
-      pre.prefilled > 0 ? static_cast<double>(pre.prefilled) / pre.seconds : 0.0,
-      static_cast<long long>(generated), generated > 0 ? static_cast<double>(generated) / decode_s : 0.0,
-      o.cache.c_str(), static_cast<long long>(t.bytes), static_cast<long long>(t.full),
-      t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0,
-      static_cast<double>(w.bytes()) / (1024.0 * 1024.0));
+  std::fprintf(stderr,
+               "\n\n[%s cache] prompt %zu tokens, %lld prefilled: %.1f tok/s; generated %lld tokens: decode "
+               "%.1f tok/s\n"
+               "[%s cache] stores %lld bytes for %lld fp16 bytes: compression ratio %.2fx\n"
+               "[weights] %.1f MiB in memory\n",
+               o.cache.c_str(), prompt.size(), static_cast<long long>(pre.prefilled),
+               pre.prefilled > 0 ? static_cast<double>(pre.prefilled) / pre.seconds : 0.0,
+               static_cast<long long>(generated),
+               generated > 0 ? static_cast<double>(generated) / decode_s : 0.0, o.cache.c_str(),
+               static_cast<long long>(t.bytes), static_cast<long long>(t.full),
+               t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0,
+               static_cast<double>(w.bytes()) / (1024.0 * 1024.0));
 }
 
 // ---------------------------------------------------------------- bench runtime
@@ -199,9 +203,10 @@ void bench_runtime(const RuntimeBenchOptions& o) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
-             o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
-             o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
+  fmt::print(
+      "{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
+      o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
+      o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
   fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9}\n", "cache", "ratio", "prefill t/s", "vs full",
              "decode t/s", "vs full");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
@@ -452,10 +457,9 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--prompt,-p", r->prompt, "prompt text (GGUF models)");
   run_cmd->add_option("--prompt-file", r->prompt_file, "prompt from a file");
   run_cmd->add_option("--tokens", r->tokens, "prompt as token ids")->delimiter(',');
-  run_cmd->add_option(
-      "--cache", r->cache,
-      "cache per layer: " + fmt::format("{}", fmt::join(cache::cache_names(), ", ")) +
-          " (NAME:pre = keys stored before RoPE; not for caches that evict)");
+  run_cmd->add_option("--cache", r->cache,
+                      "cache per layer: " + fmt::format("{}", fmt::join(cache::cache_names(), ", ")) +
+                          " (NAME:pre = keys stored before RoPE; not for caches that evict)");
   run_cmd->add_option("--theta", r->theta, "cache byte budget");
   run_cmd->add_option("-n", r->n, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   run_cmd->add_option("--temperature", r->sampler.temperature, "0 = greedy");
@@ -463,8 +467,10 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--top-p", r->sampler.top_p, "nucleus mass (1 = all)");
   run_cmd->add_option("--seed", r->sampler.seed, "sampling seed");
   run_cmd->add_option("--threads", r->threads, "threads (0 = all cores)");
-  run_cmd->add_option("--prompt-cache", r->prompt_cache,
-                      "cache file (docs/cachefile.md): reused when its tokens start the prompt, written otherwise");
+  add_activations_option(run_cmd, &r->activations);
+  run_cmd->add_option(
+      "--prompt-cache", r->prompt_cache,
+      "cache file (docs/cachefile.md): reused when its tokens start the prompt, written otherwise");
   run_cmd->callback([r] { run(*r); });
 
   auto e = std::make_shared<EvalOptions>();
