@@ -5,8 +5,8 @@
 #include <string>
 
 #include "cache/serial.h"
-#include "core/error.h"
 #include "core/convert.h"
+#include "core/error.h"
 #include "core/half.h"
 
 namespace anchorkv::cache {
@@ -15,7 +15,8 @@ namespace {
 void check_view(std::string_view op, const char* name, const TensorView& t) {
   for (int i = 0; i < 4; ++i) {
     if (t.shape[i] < 0)
-      core::fail(ErrorCode::kInvalidArgument, op, std::string(name) + " has a negative dimension: " + shape_string(t.shape));
+      core::fail(ErrorCode::kInvalidArgument, op,
+                 std::string(name) + " has a negative dimension: " + shape_string(t.shape));
     if (t.strides[i] < 0)
       core::fail(ErrorCode::kInvalidArgument, op, std::string(name) + " has a negative stride");
   }
@@ -23,7 +24,8 @@ void check_view(std::string_view op, const char* name, const TensorView& t) {
     core::fail(ErrorCode::kInvalidArgument, op,
                std::string(name) + " needs B >= 1 and H >= 1, got " + shape_string(t.shape));
   if (t.shape[3] < 1)
-    core::fail(ErrorCode::kInvalidArgument, op, std::string(name) + " has head dim D = 0: " + shape_string(t.shape));
+    core::fail(ErrorCode::kInvalidArgument, op,
+               std::string(name) + " has head dim D = 0: " + shape_string(t.shape));
   if (t.dtype != DType::kF32 && t.dtype != DType::kF16 && t.dtype != DType::kBF16)
     core::fail(ErrorCode::kInvalidArgument, op, std::string(name) + " has an unknown dtype");
   if (t.numel() > 0 && t.data == nullptr)
@@ -33,10 +35,12 @@ void check_view(std::string_view op, const char* name, const TensorView& t) {
 std::string index_string(const Shape4& s, int64_t flat) {
   const int64_t d = flat % s[3], p = flat / s[3] % s[2], h = flat / (s[3] * s[2]) % s[1],
                 b = flat / (s[3] * s[2] * s[1]);
-  return "[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(p) + ", " + std::to_string(d) + "]";
+  return "[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(p) + ", " +
+         std::to_string(d) + "]";
 }
 
-[[noreturn]] void reject_value(std::string_view op, const char* name, const Shape4& shape, int64_t flat, float x) {
+[[noreturn]] void reject_value(std::string_view op, const char* name, const Shape4& shape, int64_t flat,
+                               float x) {
   if (!std::isfinite(x))
     core::fail(ErrorCode::kNonFinite, op,
                std::string(name) + " holds a non-finite value (" + std::to_string(x) + ") at " +
@@ -80,11 +84,14 @@ StagedInput stage_input(std::string_view op, const TensorView& keys, const Tenso
   check_view(op, "values", values);
   if (keys.shape != values.shape)
     core::fail(ErrorCode::kShapeMismatch, op,
-               "keys and values differ: keys " + shape_string(keys.shape) + " vs values " + shape_string(values.shape));
-  if (has_expected && (keys.shape[0] != expected_B || keys.shape[1] != expected_H || keys.shape[3] != expected_D))
+               "keys and values differ: keys " + shape_string(keys.shape) + " vs values " +
+                   shape_string(values.shape));
+  if (has_expected &&
+      (keys.shape[0] != expected_B || keys.shape[1] != expected_H || keys.shape[3] != expected_D))
     core::fail(ErrorCode::kShapeMismatch, op,
-               "shape " + shape_string(keys.shape) + " does not match the cache's B=" + std::to_string(expected_B) +
-                   ", H=" + std::to_string(expected_H) + ", D=" + std::to_string(expected_D) + " from earlier calls");
+               "shape " + shape_string(keys.shape) + " does not match the cache's B=" +
+                   std::to_string(expected_B) + ", H=" + std::to_string(expected_H) +
+                   ", D=" + std::to_string(expected_D) + " from earlier calls");
   StagedInput in;
   in.shape = keys.shape;
   convert(op, "keys", keys, in.k);
@@ -96,9 +103,15 @@ void ExactRows::append(const StagedInput& in) {
   const int64_t rows = in.B() * in.H();
   const size_t n = static_cast<size_t>(in.S() * in.D());
   resize_rows(rows);
+  // Capacity grows geometrically: reserving exactly size + n reallocated (and
+  // copied) every row on every decode step, O(S) per token. Reserving first
+  // keeps the strong guarantee: nothing below can throw.
+  auto grow = [n](std::vector<uint16_t>& x) {
+    if (x.capacity() < x.size() + n) x.reserve(std::max(x.size() + n, 2 * x.capacity()));
+  };
   for (int64_t r = 0; r < rows; ++r) {
-    k[r].reserve(k[r].size() + n);
-    v[r].reserve(v[r].size() + n);
+    grow(k[r]);
+    grow(v[r]);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const size_t at = k[r].size();

@@ -2,6 +2,7 @@
 
 #include "../test_util.h"
 #include "anchorkv/anchorkv.h"
+#include "cache/input.h"
 
 namespace anchorkv {
 namespace {
@@ -10,13 +11,15 @@ TEST(FullKVCache, StoresExactFp16AndAccumulates) {
   FullKVCache c;
   const std::vector<float> k = {1.0f, 2.0f, 3.0f, 1.0f / 3, 5, 6, 7, 8};  // [1, 2, 2, 2]
   const std::vector<float> v = {-1, -2, -3, -4, -5, -6, -7, -8};
-  auto out = c.update_and_fetch(TensorView::f32(k.data(), {1, 2, 2, 2}), TensorView::f32(v.data(), {1, 2, 2, 2}));
+  auto out =
+      c.update_and_fetch(TensorView::f32(k.data(), {1, 2, 2, 2}), TensorView::f32(v.data(), {1, 2, 2, 2}));
   EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 2, 2}));
   EXPECT_EQ(out.keys.dtype(), DType::kF16);
   EXPECT_EQ(out.keys.at(0, 0, 1, 1), fp16_to_f32(f32_to_fp16(1.0f / 3)));
   EXPECT_EQ(out.values.at(0, 1, 1, 1), -8.0f);
   const std::vector<float> k1 = {9, 10, 11, 12}, v1 = {0, 0, 0, 0};
-  out = c.update_and_fetch(TensorView::f32(k1.data(), {1, 2, 1, 2}), TensorView::f32(v1.data(), {1, 2, 1, 2}));
+  out =
+      c.update_and_fetch(TensorView::f32(k1.data(), {1, 2, 1, 2}), TensorView::f32(v1.data(), {1, 2, 1, 2}));
   EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 3, 2}));
   EXPECT_EQ(out.keys.at(0, 0, 2, 0), 9.0f);
   EXPECT_EQ(out.keys.at(0, 1, 0, 0), 5.0f);
@@ -31,5 +34,28 @@ TEST(FullKVCache, StoresExactFp16AndAccumulates) {
   EXPECT_THROW(c.trim(5), Error);
 }
 
+}  // namespace
+}  // namespace anchorkv
+
+namespace anchorkv {
+namespace {
+// Decode appends one token at a time: the rows' storage must grow
+// geometrically (an exact reserve per append copied every row on every step,
+// quadratic in the context).
+TEST(ExactRows, OneTokenAppendsReallocateLogarithmicallyOften) {
+  const int64_t D = 8;
+  std::vector<float> x(static_cast<size_t>(2 * D), 0.5f);
+  cache::ExactRows rows;
+  int reallocations = 0;
+  const uint16_t* last = nullptr;
+  for (int i = 0; i < 4096; ++i) {
+    const TensorView t = TensorView::f32(x.data(), {1, 2, 1, D});
+    rows.append(cache::stage_input("test", t, t, false, 0, 0, 0));
+    if (rows.k[1].data() != last) ++reallocations, last = rows.k[1].data();
+  }
+  EXPECT_EQ(rows.tokens, 4096);
+  EXPECT_EQ(rows.k[1].size(), static_cast<size_t>(4096 * D));
+  EXPECT_LE(reallocations, 20);
+}
 }  // namespace
 }  // namespace anchorkv
