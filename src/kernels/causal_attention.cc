@@ -83,7 +83,7 @@ namespace {
 constexpr int64_t kBlock = 64;
 
 struct BlockScratch {
-  std::vector<float> q, s, acc, pv, m, l;
+  std::vector<float> q, s, acc, pv, m, l, alpha;
 };
 
 // Query block [t0, t0 + nq) of head h against keys [0, t0 + nq).
@@ -95,6 +95,7 @@ void query_block(const float* q, const float* k16, const float* vt, int64_t T, i
   w.pv.resize(static_cast<size_t>(kBlock * hd));
   w.m.assign(kBlock, -HUGE_VALF);
   w.l.assign(kBlock, 0.0f);
+  w.alpha.resize(kBlock);
   for (int64_t i = 0; i < nq * hd; ++i) w.q[static_cast<size_t>(i)] = q[t0 * hd + i] * scale;
   for (int64_t k0 = 0; k0 < t0 + nq; k0 += kBlock) {
     const int64_t nk = std::min(kBlock, t0 + nq - k0);
@@ -102,14 +103,15 @@ void query_block(const float* q, const float* k16, const float* vt, int64_t T, i
     for (int64_t i = 0; i < nq; ++i) {
       float* s = &w.s[static_cast<size_t>(i * kBlock)];
       for (int64_t j = std::max<int64_t>(0, t0 + i + 1 - k0); j < nk; ++j) s[j] = -HUGE_VALF;  // future keys
-      const float alpha = HWY_DYNAMIC_DISPATCH(SoftmaxUpdate)(s, nk, &w.m[static_cast<size_t>(i)],
-                                                              &w.l[static_cast<size_t>(i)]);
-      if (alpha != 1.0f)
-        for (int64_t d = 0; d < hd; ++d) w.acc[static_cast<size_t>(i * hd + d)] *= alpha;
+      w.alpha[static_cast<size_t>(i)] = HWY_DYNAMIC_DISPATCH(SoftmaxUpdate)(
+          s, nk, &w.m[static_cast<size_t>(i)], &w.l[static_cast<size_t>(i)]);
     }
     // pv[i, d] = sum_j p[i, j] v[k0 + j, d]: rows of V^T are the D-long operand.
     core::dot_matrix(w.s.data(), nq, kBlock, vt + k0, hd, T, nk, w.pv.data(), hd);
-    HWY_DYNAMIC_DISPATCH(ScaleAdd)(w.acc.data(), 1.0f, w.pv.data(), nq * hd);
+    for (int64_t i = 0; i < nq; ++i)  // acc = acc * alpha + pv, row by row
+      HWY_DYNAMIC_DISPATCH(ScaleAdd)
+      (&w.acc[static_cast<size_t>(i * hd)], w.alpha[static_cast<size_t>(i)],
+       &w.pv[static_cast<size_t>(i * hd)], hd);
   }
   for (int64_t i = 0; i < nq; ++i) {
     const float inv = 1.0f / w.l[static_cast<size_t>(i)];

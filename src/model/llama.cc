@@ -352,31 +352,26 @@ Tensor prefill_attention(const KVCache& cache, bool pre, const float* k_rot, int
     chunk.update(kv_k, kv_v);
     return attend(q_view, {&cache, &chunk}, ao);
   }
-  const int64_t Hq = q_view.shape[1];
-  if (!ao.reference && ao.scale == 0.0f) {  // the blocked causal kernel (attend: the reference)
-    std::vector<float> kx;
-    const float* keys = static_cast<const float*>(kv_k.data);
-    if (pre) {  // rotated copies, head-major
-      kx.resize(static_cast<size_t>(T * Hk * hd));
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < Hk; ++h) std::copy_n(&k_rot[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
-      keys = kx.data();
-    }
-    Tensor y(DType::kF32, {1, Hq, T, hd});
-    kernels::causal_attention(static_cast<const float*>(q_view.data), keys,
-                              static_cast<const float*>(kv_v.data), Hq, Hk, T, hd,
-                              1.0f / std::sqrt(static_cast<float>(hd)), y.data_as<float>(), ao.threads);
-    return y;
-  }
+  // The chunk's keys as attention sees them, head-major: pre-RoPE keys from
+  // their rotated copies.
+  std::vector<float> rotated;
+  TensorView keys = kv_k;
   if (pre) {
-    std::vector<float> kx(static_cast<size_t>(T * Hk * hd));
+    rotated.resize(static_cast<size_t>(T * Hk * hd));
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < Hk; ++h) std::copy_n(&k_rot[(t * Hk + h) * hd], hd, &kx[(h * T + t) * hd]);
-    chunk.update(TensorView::f32(kx.data(), {1, Hk, T, hd}), kv_v);
-  } else {
-    chunk.update(kv_k, kv_v);
+      for (int64_t h = 0; h < Hk; ++h) std::copy_n(&k_rot[(t * Hk + h) * hd], hd, &rotated[(h * T + t) * hd]);
+    keys = TensorView::f32(rotated.data(), {1, Hk, T, hd});
   }
-  return attend(q_view, chunk, ao);
+  if (ao.reference || ao.scale != 0.0f) {  // attend() over the chunk: the reference
+    chunk.update(keys, kv_v);
+    return attend(q_view, chunk, ao);
+  }
+  const int64_t Hq = q_view.shape[1];
+  Tensor y(DType::kF32, {1, Hq, T, hd});
+  kernels::causal_attention(static_cast<const float*>(q_view.data), static_cast<const float*>(keys.data),
+                            static_cast<const float*>(kv_v.data), Hq, Hk, T, hd,
+                            1.0f / std::sqrt(static_cast<float>(hd)), y.data_as<float>(), ao.threads);
+  return y;
 }
 
 }  // namespace
