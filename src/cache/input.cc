@@ -103,11 +103,13 @@ void ExactRows::append(const StagedInput& in) {
   const int64_t rows = in.B() * in.H();
   const size_t n = static_cast<size_t>(in.S() * in.D());
   resize_rows(rows);
-  // Capacity grows geometrically: reserving exactly size + n reallocated (and
-  // copied) every row on every decode step, O(S) per token. Reserving first
-  // keeps the strong guarantee: nothing below can throw.
+  // Capacity grows geometrically, by an eighth: reserving exactly size + n
+  // reallocated (and copied) every row on every decode step, O(S) per token;
+  // doubling would leave up to half of a long context's buffer unused.
+  // Reserving first keeps the strong guarantee: nothing below can throw.
   auto grow = [n](std::vector<uint16_t>& x) {
-    if (x.capacity() < x.size() + n) x.reserve(std::max(x.size() + n, 2 * x.capacity()));
+    if (x.capacity() < x.size() + n)
+      x.reserve(std::max({x.size() + n, x.capacity() + x.capacity() / 8, size_t{4096}}));
   };
   for (int64_t r = 0; r < rows; ++r) {
     grow(k[r]);
