@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "anchorkv/anchorkv.h"
@@ -77,13 +78,17 @@ py::array to_numpy(Tensor&& t) {
                    owned->data(), base);
 }
 
-py::tuple update(KVCache& cache, const py::handle& keys, const py::handle& values, const char* op) {
+// queries: None or [B, Hq, W, D] observation queries (KVCache::update with queries).
+py::tuple update(KVCache& cache, const py::handle& keys, const py::handle& values, const py::handle& queries,
+                 const char* op) {
   ArrayView k = as_view(keys, "keys", op);
   ArrayView v = as_view(values, "values", op);
+  std::optional<ArrayView> q;
+  if (!queries.is_none()) q = as_view(queries, "queries", op);
   KVPair out;
   {
     py::gil_scoped_release release;
-    out = cache.update_and_fetch(k.view, v.view);
+    out = q ? cache.update_and_fetch(k.view, v.view, q->view) : cache.update_and_fetch(k.view, v.view);
   }
   return py::make_tuple(to_numpy(std::move(out.keys)), to_numpy(std::move(out.values)));
 }
@@ -119,8 +124,10 @@ py::tuple loaded_to_python(LoadedCaches&& l) {
 // The methods every cache shares.
 template <class C, class... Extra>
 void bind_common(py::class_<C, Extra...>& cls, const char* op) {
-  cls.def("update_and_fetch",
-          [op](C& c, const py::handle& k, const py::handle& v) { return update(c, k, v, op); })
+  cls.def(
+         "update_and_fetch",
+         [op](C& c, const py::handle& k, const py::handle& v, const py::handle& q) { return update(c, k, v, q, op); },
+         py::arg("keys"), py::arg("values"), py::arg("queries") = py::none())
       .def("fetch", [](const C& c) { return fetch(c); })
       .def_property_readonly("offset", &C::offset)
       .def_property_readonly("nbytes", &C::nbytes)
@@ -182,13 +189,21 @@ PYBIND11_MODULE(_core, m) {
       .def("__repr__", &AnchorKVConfig::to_string);
 
   py::class_<KVCache>(m, "KVCache")
-      .def("update", [](KVCache& c, const py::handle& keys, const py::handle& values) {
-        const std::string op = "anchorkv::" + c.name() + "::update";
-        ArrayView k = as_view(keys, "keys", op.c_str());
-        ArrayView v = as_view(values, "values", op.c_str());
-        py::gil_scoped_release release;
-        c.update(k.view, v.view);
-      });
+      .def(
+          "update",
+          [](KVCache& c, const py::handle& keys, const py::handle& values, const py::handle& queries) {
+            const std::string op = "anchorkv::" + c.name() + "::update";
+            ArrayView k = as_view(keys, "keys", op.c_str());
+            ArrayView v = as_view(values, "values", op.c_str());
+            std::optional<ArrayView> q;
+            if (!queries.is_none()) q = as_view(queries, "queries", op.c_str());
+            py::gil_scoped_release release;
+            if (q)
+              c.update(k.view, v.view, q->view);
+            else
+              c.update(k.view, v.view);
+          },
+          py::arg("keys"), py::arg("values"), py::arg("queries") = py::none());
 
   m.def(
       "attend",
@@ -253,10 +268,12 @@ PYBIND11_MODULE(_core, m) {
   py::class_<AnchorKVCache, KVCache>(m, "AnchorKVCache")
       .def(py::init<const AnchorKVConfig&>())
       .def_property_readonly("config", [](const AnchorKVCache& c) { return c.config(); })
-      .def("update_and_fetch",
-           [](AnchorKVCache& c, const py::handle& k, const py::handle& v) {
-             return update(c, k, v, "anchorkv::AnchorKVCache::update_and_fetch");
-           })
+      .def(
+          "update_and_fetch",
+          [](AnchorKVCache& c, const py::handle& k, const py::handle& v, const py::handle& q) {
+            return update(c, k, v, q, "anchorkv::AnchorKVCache::update_and_fetch");
+          },
+          py::arg("keys"), py::arg("values"), py::arg("queries") = py::none())
       .def("fetch", [](const AnchorKVCache& c) { return fetch(c); })
       .def("compress_now",
            [](AnchorKVCache& c) {
@@ -275,10 +292,12 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<FullKVCache, KVCache>(m, "FullKVCache")
       .def(py::init<>())
-      .def("update_and_fetch",
-           [](FullKVCache& c, const py::handle& k, const py::handle& v) {
-             return update(c, k, v, "anchorkv::FullKVCache::update_and_fetch");
-           })
+      .def(
+          "update_and_fetch",
+          [](FullKVCache& c, const py::handle& k, const py::handle& v, const py::handle& q) {
+            return update(c, k, v, q, "anchorkv::FullKVCache::update_and_fetch");
+          },
+          py::arg("keys"), py::arg("values"), py::arg("queries") = py::none())
       .def("fetch", [](const FullKVCache& c) { return fetch(c); })
       .def("trim", &FullKVCache::trim)
       .def_property_readonly("offset", &FullKVCache::offset)

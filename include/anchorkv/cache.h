@@ -47,6 +47,17 @@ class KVCache {
   // Adds the tokens without building the dense K/V: what a runtime that attends
   // with attend() (which reads the stored form) needs. Same checks and errors.
   void update(const TensorView& keys, const TensorView& values);
+  // The same two calls with the real queries of the call's last W positions
+  // (the observation window), [B, Hq, W, D] with Hq a multiple of H (GQA:
+  // query head hq belongs to KV head hq / (Hq / H)) and 1 <= W <= S, in the
+  // domain of the stored keys (rotated when the keys are post-RoPE, unrotated
+  // when they are stored before RoPE). Caches that rank tokens by attention
+  // use them in place of keys acting as queries: AnchorKV (anchor scores and
+  // residual utilities of the prefill it compresses), SnapKV (its observation
+  // window) and H2O (attention received). Every other cache ignores them.
+  // Without queries a cache behaves as the seed does.
+  KVPair update_and_fetch(const TensorView& keys, const TensorView& values, const TensorView& queries);
+  void update(const TensorView& keys, const TensorView& values, const TensorView& queries);
   // The dense fp16 K/V of everything stored, without adding tokens.
   KVPair fetch() const;
 

@@ -142,12 +142,23 @@ class _NativeCache:
 
     _cache = None
 
-    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        return self._cache.update_and_fetch(keys, values)
+    def update_and_fetch(
+        self, keys: np.ndarray, values: np.ndarray, queries: Optional[np.ndarray] = None
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """Add tokens and return the dense fp16 K/V of everything.
 
-    def update(self, keys: np.ndarray, values: np.ndarray) -> None:
+        ``queries`` (optional, [B, Hq, W, D], Hq a multiple of H, 1 <= W <= S):
+        the real queries of this call's last W positions, in the stored keys'
+        RoPE domain. AnchorKV, SnapKV and H2O score tokens with them instead of
+        keys acting as queries; other caches ignore them.
+        """
+        if queries is None:
+            return self._cache.update_and_fetch(keys, values)
+        return self._cache.update_and_fetch(keys, values, queries)
+
+    def update(self, keys: np.ndarray, values: np.ndarray, queries: Optional[np.ndarray] = None) -> None:
         """Add tokens like update_and_fetch without building the dense K/V (for attend())."""
-        self._cache.update(keys, values)
+        self._cache.update(keys, values, queries)
 
     def fetch(self) -> Tuple[np.ndarray, np.ndarray]:
         """The dense fp16 K/V of everything stored, without adding tokens."""

@@ -292,6 +292,35 @@ def test_update_stores_like_update_and_fetch_without_the_dense_result():
     assert a.offset == 301  # unchanged by the failed call
 
 
+def test_observation_queries_steer_scoring():
+    """Real queries of the last positions pick what SnapKV keeps and AnchorKV anchors."""
+    B, H, S, D, G, W = 1, 2, 300, 64, 2, 8
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    v = rng.standard_normal((B, H, S, D)).astype(np.float32)
+    target = [41, 177]
+    q = np.stack([np.repeat(5.0 * k[0, h, target[h]][None], G * W, 0).reshape(G, W, D) for h in range(H)])
+    q = q.reshape(B, H * G, W, D).astype(np.float32)
+    snap = anchorkv.SnapKVCache(theta=0.2)  # 60 tokens: its 32-token window and 28 scored
+    K, _ = snap.update_and_fetch(k, v, q)
+    for h in range(H):
+        assert any(np.array_equal(K[0, h, i], k[0, h, target[h]].astype(np.float16)) for i in range(K.shape[2]))
+    cfg = anchorkv.KVCacheConfig(anchorkv_theta=0.2, anchorkv_window=W, anchorkv_rho=1.0,
+                                 anchorkv_anchor_frac=16 / S)
+    with_q, without = anchorkv.AnchorKVKVCache(cfg), anchorkv.AnchorKVKVCache(cfg)
+    with_q.update(k, v, queries=q)
+    without.update(k, v)
+    assert not np.array_equal(with_q.fetch()[0], without.fetch()[0])
+    with pytest.raises(ValueError, match="queries"):
+        anchorkv.AnchorKVKVCache(cfg).update(k, v, queries=q[:, :3])  # 3 query heads for 2 KV heads
+    bad = q.copy()
+    bad[0, 0, 0, 0] = np.nan
+    c = anchorkv.SnapKVCache(theta=0.05)
+    with pytest.raises(ValueError, match="non-finite"):
+        c.update_and_fetch(k, v, bad)
+    assert c.offset == 0
+
+
 def test_baseline_caches():
     k, v = kv(B=1, H=2, S=400)
     q = anchorkv.QuantizedKVCache(bits=4)

@@ -52,10 +52,15 @@ void count_segment(NewSegment& seg, int64_t D, int bits) {
 
 // Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable). Touches no state.
 NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape& shape, int64_t S, const float* K,
-                            const float* V) {
+                            const float* V, const cache::ObservationQueries& queries) {
   const AnchorKVConfig& cfg = st.config;
   const int64_t D = shape.D;
   compress::SegmentInput in{shape.B, shape.H, S, D, K, V};
+  if (!queries.empty()) {
+    in.Q = queries.q.data();
+    in.G = queries.G;
+    in.W = queries.W;
+  }
   NewSegment seg;
   seg.codec =
       st.codec ? st.codec
@@ -83,7 +88,7 @@ NewSegment compress_head(const AnchorKVState& st, const internal::CacheShape& sh
     core::f16_to_f32_n(st.head.k[r].data(), &K[static_cast<size_t>(r * S * D)], S * D);
     core::f16_to_f32_n(st.head.v[r].data(), &V[static_cast<size_t>(r * S * D)], S * D);
   });
-  return compress_segment(st, shape, S, K.data(), V.data());
+  return compress_segment(st, shape, S, K.data(), V.data(), st.head_queries);
 }
 
 class AnchorKVStore final : public internal::CacheStore {
@@ -97,7 +102,7 @@ class AnchorKVStore final : public internal::CacheStore {
     const int64_t S = in.S();
     const CompressTrigger trigger = st.config.trigger;
     if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
-      NewSegment seg = compress_segment(st, shape, S, in.k.data(), in.v.data());
+      NewSegment seg = compress_segment(st, shape, S, in.k.data(), in.v.data(), in.queries);
       st.tail.resize_rows(shape.rows());
       commit_segment(st, std::move(seg));
     } else if (!st.compressed() && trigger == CompressTrigger::kFirstDecode && S == 1 && st.seen_prefill_call &&
@@ -107,11 +112,14 @@ class AnchorKVStore final : public internal::CacheStore {
       tail.append(in);
       commit_segment(st, std::move(seg));
       st.head.clear();
+      st.head_queries = {};
       st.tail = std::move(tail);
     } else if (st.compressed()) {
       st.tail.append(in);
     } else {
+      cache::ObservationQueries q = in.queries;  // copied before the append: a throw changes nothing
       st.head.append(in);
+      st.head_queries = std::move(q);
     }
     if (S > 1) st.seen_prefill_call = true;
   }
@@ -125,6 +133,7 @@ class AnchorKVStore final : public internal::CacheStore {
     NewSegment seg = compress_head(st, shape);
     commit_segment(st, std::move(seg));
     st.head.clear();
+    st.head_queries = {};
     st.tail.resize_rows(shape.rows());
   }
 

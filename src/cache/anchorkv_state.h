@@ -23,6 +23,10 @@ struct AnchorKVState {
   int64_t segment_tokens = 0;                    // per row
   std::shared_ptr<const compress::ResidualCodec> codec;
   bool seen_prefill_call = false;  // a call with S > 1 happened
+  // Observation queries given with the call that last appended to the head
+  // (its last positions); compress_head scores with them. Not saved in cache
+  // files: a head restored from a file compresses with proxy keys.
+  cache::ObservationQueries head_queries;
 
   // Seed accounting, updated at each change.
   int64_t segment_bytes = 0;  // sum over rows of docs/spec.md §5 formula

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "anchorkv/baselines.h"
 #include "cache/core.h"
+#include "compress/utility.h"
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/linalg.h"
@@ -74,8 +76,8 @@ class EvictionStore : public internal::CacheStore {
   virtual void prefill(const cache::StagedInput& in, const CacheShape& shape);
   // Appends (StreamingLLM also evicts to stay at capacity).
   virtual void decode(const cache::StagedInput& in, const CacheShape&) { kept_.append(in); }
-  // Positions (ascending, within [0, S)) to keep from a [S, D] prefill row.
-  virtual std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const = 0;
+  // Positions (ascending, within [0, S)) to keep from prefill row `r`.
+  virtual std::vector<int32_t> select(const cache::StagedInput& in, int64_t r, int64_t budget) const = 0;
 
   double theta_;
   bool selected_ = false;
@@ -86,7 +88,7 @@ class EvictionStore : public internal::CacheStore {
 void EvictionStore::prefill(const cache::StagedInput& in, const CacheShape& shape) {
   const int64_t S = in.S(), D = shape.D, R = shape.rows(), budget = budget_tokens(S);
   std::vector<std::vector<int32_t>> keep(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) keep[r] = select(in.key_row(r), S, D, budget);
+  for (int64_t r = 0; r < R; ++r) keep[r] = select(in, r, budget);
   cache::ExactRows rows = kept_;  // only tokens stored before the prefill: small
   rows.resize_rows(R);
   for (int64_t r = 0; r < R; ++r) {
@@ -115,8 +117,8 @@ class StreamingLLMStore final : public EvictionStore {
   }
 
  private:
-  std::vector<int32_t> select(const float*, int64_t S, int64_t, int64_t budget) const override {
-    const int64_t sk = std::min(sinks_, budget);
+  std::vector<int32_t> select(const cache::StagedInput& in, int64_t, int64_t budget) const override {
+    const int64_t S = in.S(), sk = std::min(sinks_, budget);
     std::vector<int32_t> keep;
     for (int64_t t = 0; t < sk; ++t) keep.push_back(static_cast<int32_t>(t));
     for (int64_t t = std::max(sk, S - (budget - sk)); t < S; ++t) keep.push_back(static_cast<int32_t>(t));
@@ -151,23 +153,30 @@ class SnapKVStore final : public EvictionStore {
   }
 
  private:
-  std::vector<int32_t> select(const float* K, int64_t S, int64_t D, int64_t budget) const override;
+  std::vector<int32_t> select(const cache::StagedInput& in, int64_t r, int64_t budget) const override;
   int64_t window_, kernel_;
 };
 
-std::vector<int32_t> SnapKVStore::select(const float* K, int64_t S, int64_t D, int64_t budget) const {
+std::vector<int32_t> SnapKVStore::select(const cache::StagedInput& in, int64_t r, int64_t budget) const {
+  const int64_t S = in.S(), D = in.D();
+  const float* K = in.key_row(r);
   const int64_t w = std::min({window_, budget, S});
   const int64_t n_cand = S - w;
-  // Observation-window attention: the trailing w keys as queries over all S positions.
-  std::vector<float> logits(static_cast<size_t>(w * S));
-  core::dot_matrix(K + (S - w) * D, w, D, K, S, D, D, logits.data(), S);
+  // Observation-window attention summed over the observers: the real queries
+  // of the last positions (causal) when given, else the trailing w keys.
+  const compress::Observers o = in.queries.empty()
+                                    ? compress::proxy_observers(K, S, D, w)
+                                    : compress::query_observers(in.queries.row(r), in.queries.G, in.queries.W);
+  std::vector<float> logits(static_cast<size_t>(o.m * S));
+  core::dot_matrix(o.rows, o.m, D, K, S, D, D, logits.data(), S);
   const float inv = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<double> score(static_cast<size_t>(S), 0.0);
-  for (int64_t i = 0; i < w; ++i) {
+  for (int64_t i = 0; i < o.m; ++i) {
     float* row = &logits[static_cast<size_t>(i * S)];
-    for (int64_t t = 0; t < S; ++t) row[t] *= inv;
-    core::softmax_inplace(row, S);
-    for (int64_t t = 0; t < S; ++t) score[t] += row[t];
+    const int64_t n = o.visible(i, S);
+    for (int64_t t = 0; t < n; ++t) row[t] *= inv;
+    core::softmax_inplace(row, n);
+    for (int64_t t = 0; t < n; ++t) score[t] += row[t];
   }
   // Average pooling of width kernel over the candidates (window of valid neighbours).
   const int64_t half = kernel_ / 2;
@@ -222,7 +231,7 @@ class H2OStore final : public EvictionStore {
   }
 
  private:
-  std::vector<int32_t> select(const float*, int64_t, int64_t, int64_t) const override { return {}; }
+  std::vector<int32_t> select(const cache::StagedInput&, int64_t, int64_t) const override { return {}; }
   void prefill(const cache::StagedInput& in, const CacheShape& shape) override;
   void decode(const cache::StagedInput& in, const CacheShape& shape) override;
   int64_t recent_tokens(int64_t T) const {
@@ -231,6 +240,18 @@ class H2OStore final : public EvictionStore {
   double recent_share_;
   std::vector<std::vector<float>> score_;  // rows x [kept] accumulated attention
 };
+
+// The queries of position t of the call's row r, each with its weight: the G
+// real queries (1/G each) where the call gave queries for t, else the key.
+std::vector<std::pair<const float*, double>> position_queries(const cache::StagedInput& in, int64_t r, int64_t t) {
+  const cache::ObservationQueries& q = in.queries;
+  const int64_t first = in.S() - q.W;
+  if (q.empty() || t < first) return {{in.key_row(r) + t * in.D(), 1.0}};
+  std::vector<std::pair<const float*, double>> out;
+  for (int64_t g = 0; g < q.G; ++g)
+    out.emplace_back(q.row(r) + (g * q.W + t - first) * q.D, 1.0 / static_cast<double>(q.G));
+  return out;
+}
 
 void H2OStore::prefill(const cache::StagedInput& in, const CacheShape& shape) {
   const int64_t S = in.S(), D = shape.D, R = shape.rows();
@@ -245,14 +266,17 @@ void H2OStore::prefill(const cache::StagedInput& in, const CacheShape& shape) {
   core::parallel_for(R, 0, [&](int64_t r) {  // rows are independent: same result for any thread count
     std::vector<float> row(static_cast<size_t>(S));
     const float* K = in.key_row(r);
-    // Accumulated causal attention received, every key acting as a query.
+    // Accumulated causal attention received: from each position's real
+    // queries (mean over the GQA group) where the call gave them, else from
+    // its key acting as a query.
     std::vector<double> acc(static_cast<size_t>(S), 0.0);
-    for (int64_t i = 0; i < S; ++i) {
-      core::dot_matrix(K + i * D, 1, D, K, i + 1, D, D, row.data(), i + 1);
-      for (int64_t t = 0; t <= i; ++t) row[t] *= inv;
-      core::softmax_inplace(row.data(), i + 1);
-      for (int64_t t = 0; t <= i; ++t) acc[t] += row[t];
-    }
+    for (int64_t i = 0; i < S; ++i)
+      for (const auto& [q, weight] : position_queries(in, r, i)) {
+        core::dot_matrix(q, 1, D, K, i + 1, D, D, row.data(), i + 1);
+        for (int64_t t = 0; t <= i; ++t) row[t] *= inv;
+        core::softmax_inplace(row.data(), i + 1);
+        for (int64_t t = 0; t <= i; ++t) acc[t] += weight * row[t];
+      }
     std::vector<int32_t> cand(static_cast<size_t>(S - n_recent));
     std::iota(cand.begin(), cand.end(), 0);
     const int64_t heavy = std::min<int64_t>(T - n_recent, static_cast<int64_t>(cand.size()));
@@ -289,10 +313,12 @@ void H2OStore::decode(const cache::StagedInput& in, const CacheShape& shape) {
     scores[r].resize(static_cast<size_t>(n0 + S), 0.0f);
     for (int64_t t = 0; t < S; ++t) {
       const int64_t n = n0 + t + 1;  // tokens visible to new token t
-      core::dot_matrix(&keys[(n - 1) * D], 1, D, keys.data(), n, D, D, logit.data(), n);
-      for (int64_t i = 0; i < n; ++i) logit[i] *= inv;
-      core::softmax_inplace(logit.data(), n);
-      for (int64_t i = 0; i < n; ++i) scores[r][i] += logit[i];
+      for (const auto& [q, weight] : position_queries(in, r, t)) {
+        core::dot_matrix(q, 1, D, keys.data(), n, D, D, logit.data(), n);
+        for (int64_t i = 0; i < n; ++i) logit[i] *= inv;
+        core::softmax_inplace(logit.data(), n);
+        for (int64_t i = 0; i < n; ++i) scores[r][i] += static_cast<float>(weight * logit[i]);
+      }
     }
   }
   kept_.append(in);  // strong guarantee on its own; nothing below throws

@@ -99,6 +99,36 @@ StagedInput stage_input(std::string_view op, const TensorView& keys, const Tenso
   return in;
 }
 
+void stage_queries(std::string_view op, const TensorView& queries, StagedInput& in) {
+  check_view(op, "queries", queries);
+  const Shape4& s = queries.shape;
+  if (s[0] != in.B() || s[3] != in.D() || s[1] % in.H() != 0)
+    core::fail(ErrorCode::kShapeMismatch, op,
+               "queries " + shape_string(s) + " do not fit keys " + shape_string(in.shape) +
+                   ": need the same B and D and a multiple of H query heads");
+  if (s[2] < 1 || s[2] > in.S())
+    core::fail(ErrorCode::kShapeMismatch, op,
+               "queries cover " + std::to_string(s[2]) + " positions; the call adds " + std::to_string(in.S()) +
+                   " (need 1 <= W <= S: the queries of the call's last W positions)");
+  ObservationQueries q;
+  q.G = s[1] / in.H();
+  q.W = s[2];
+  q.D = s[3];
+  q.q.resize(static_cast<size_t>(queries.numel()));
+  int64_t i = 0;
+  for (int64_t b = 0; b < s[0]; ++b)
+    for (int64_t h = 0; h < s[1]; ++h)
+      for (int64_t p = 0; p < s[2]; ++p)
+        for (int64_t d = 0; d < s[3]; ++d) {
+          const float x = queries.at(b, h, p, d);
+          if (!std::isfinite(x))
+            core::fail(ErrorCode::kNonFinite, op,
+                       "queries hold a non-finite value (" + std::to_string(x) + ") at " + index_string(s, i));
+          q.q[static_cast<size_t>(i++)] = x;
+        }
+  in.queries = std::move(q);
+}
+
 void ExactRows::append(const StagedInput& in) {
   const int64_t rows = in.B() * in.H();
   const size_t n = static_cast<size_t>(in.S() * in.D());

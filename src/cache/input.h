@@ -11,11 +11,22 @@
 
 namespace anchorkv::cache {
 
+// Real queries of a call's last W positions (the observation window), as
+// contiguous f32 [B, Hq, W, D] with Hq = G * H: row r = b * H + h holds its
+// GQA group's G query heads, [G, W, D], contiguous. Empty when none were given.
+struct ObservationQueries {
+  int64_t G = 0, W = 0, D = 0;
+  core::UninitVector<float> q;
+  bool empty() const { return q.empty(); }
+  const float* row(int64_t r) const { return q.data() + r * G * W * D; }
+};
+
 // K and V of one call, validated, as contiguous [B, H, S, D] f32 holding the
 // fp16-rounded values (what fp16 storage keeps).
 struct StagedInput {
   Shape4 shape{0, 0, 0, 0};
   core::UninitVector<float> k, v;
+  ObservationQueries queries;  // optional
   int64_t B() const { return shape[0]; }
   int64_t H() const { return shape[1]; }
   int64_t S() const { return shape[2]; }
@@ -30,6 +41,11 @@ struct StagedInput {
 // `op`; never modifies anything.
 StagedInput stage_input(std::string_view op, const TensorView& keys, const TensorView& values,
                         bool has_expected, int64_t expected_B, int64_t expected_H, int64_t expected_D);
+
+// Checks `queries` against the staged call `in` (B and D equal, Hq a multiple
+// of H, 1 <= W <= S, every value finite) and stores them in in.queries. Throws
+// anchorkv::Error naming `op`; `in` is unchanged on a throw.
+void stage_queries(std::string_view op, const TensorView& queries, StagedInput& in);
 
 // Per-row exact fp16 storage: rows x [n, D].
 struct ExactRows {

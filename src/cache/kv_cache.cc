@@ -20,10 +20,11 @@ KVCache& KVCache::operator=(KVCache&&) noexcept = default;
 namespace {
 // Validates, stages and stores one call under the caller's writer lock.
 void store_call(internal::WriteLocked<internal::CacheStore>& w, const TensorView& keys,
-                const TensorView& values, const char* method) {
+                const TensorView& values, const TensorView* queries, const char* method) {
   internal::CacheShape& shape = w.shape;
-  const cache::StagedInput in = cache::stage_input(std::string(w.store.api_name()) + "::" + method, keys,
-                                                   values, shape.known, shape.B, shape.H, shape.D);
+  const std::string op = std::string(w.store.api_name()) + "::" + method;
+  cache::StagedInput in = cache::stage_input(op, keys, values, shape.known, shape.B, shape.H, shape.D);
+  if (queries) cache::stage_queries(op, *queries, in);
   internal::CacheShape next = shape;
   if (!next.known) next = {true, in.B(), in.H(), in.D(), 0};
   w.store.store(in, next);  // strong guarantee: nothing below runs on a throw
@@ -32,17 +33,27 @@ void store_call(internal::WriteLocked<internal::CacheStore>& w, const TensorView
 }
 }  // namespace
 
-
 KVPair KVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
   // One writer lock for both halves: the result is the state right after this call.
   auto w = CacheAccess::write(*this);
-  store_call(w, keys, values, "update_and_fetch");
+  store_call(w, keys, values, nullptr, "update_and_fetch");
+  return w.store.fetch(w.shape);
+}
+
+KVPair KVCache::update_and_fetch(const TensorView& keys, const TensorView& values, const TensorView& queries) {
+  auto w = CacheAccess::write(*this);
+  store_call(w, keys, values, &queries, "update_and_fetch");
   return w.store.fetch(w.shape);
 }
 
 void KVCache::update(const TensorView& keys, const TensorView& values) {
   auto w = CacheAccess::write(*this);
-  store_call(w, keys, values, "update");
+  store_call(w, keys, values, nullptr, "update");
+}
+
+void KVCache::update(const TensorView& keys, const TensorView& values, const TensorView& queries) {
+  auto w = CacheAccess::write(*this);
+  store_call(w, keys, values, &queries, "update");
 }
 
 KVPair KVCache::fetch() const {

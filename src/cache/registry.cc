@@ -7,13 +7,15 @@ namespace anchorkv::cache {
 namespace {
 
 CacheKind anchorkv_kind(std::string name, std::string description, MetadataLayout layout) {
-  return {std::move(name), std::move(description), false, true, [layout](double theta, int threads) {
+  return {std::move(name), std::move(description), false, true,
+          [layout](double theta, int threads) {
             AnchorKVConfig cfg;
             cfg.theta = theta;
             cfg.threads = threads;
             cfg.metadata = layout;
             return std::make_unique<AnchorKVCache>(cfg);
-          }};
+          },
+          AnchorKVConfig{}.window};
 }
 
 template <class Cache, class... Args>
@@ -23,9 +25,9 @@ CacheKind fixed_kind(std::string name, std::string description, Args... args) {
 }
 
 template <class Cache>
-CacheKind eviction_kind(std::string name, std::string description) {
+CacheKind eviction_kind(std::string name, std::string description, int64_t observation_window) {
   return {std::move(name), std::move(description), true, true,
-          [](double theta, int) { return std::make_unique<Cache>(theta); }};
+          [](double theta, int) { return std::make_unique<Cache>(theta); }, observation_window};
 }
 
 std::vector<CacheKind> build_kinds() {
@@ -40,9 +42,9 @@ std::vector<CacheKind> build_kinds() {
   k.push_back(fixed_kind<QuantizedKVCache>("quantized2", "2-bit group quantization of every token", 2));
   k.push_back(fixed_kind<KIVICache>("kivi4", "KIVI 4-bit (keys per channel, values per token, fp16 window)", 4));
   k.push_back(fixed_kind<KIVICache>("kivi2", "KIVI 2-bit", 2));
-  k.push_back(eviction_kind<StreamingLLMCache>("streamingllm", "attention sinks + recent window (evicts)"));
-  k.push_back(eviction_kind<SnapKVCache>("snapkv", "observation-window scoring at prefill (evicts)"));
-  k.push_back(eviction_kind<H2OCache>("h2o", "heavy hitters + recent window (evicts)"));
+  k.push_back(eviction_kind<StreamingLLMCache>("streamingllm", "attention sinks + recent window (evicts)", 0));
+  k.push_back(eviction_kind<SnapKVCache>("snapkv", "observation-window scoring at prefill (evicts)", 32));
+  k.push_back(eviction_kind<H2OCache>("h2o", "heavy hitters + recent window (evicts)", -1));
   return k;
 }
 
@@ -72,19 +74,39 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 }
 
 CacheSpec parse_cache_spec(const std::string& spec) {
-  static const std::string suffix = ":pre";
+  constexpr const char* op = "anchorkv::parse_cache_spec";
   CacheSpec c;
   c.spec = spec;
-  std::string name = spec;
-  if (spec.size() > suffix.size() && spec.compare(spec.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    name = spec.substr(0, spec.size() - suffix.size());
-    c.pre_rope = true;
-  }
+  const size_t colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
   c.kind = &find_cache_kind(name);
+  for (size_t at = colon; at != std::string::npos;) {
+    const size_t next = spec.find(':', at + 1);
+    const std::string mod = spec.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    bool* flag = mod == "pre" ? &c.pre_rope : mod == "obs" ? &c.observe : nullptr;
+    if (!flag)
+      core::fail(ErrorCode::kInvalidArgument, op,
+                 "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs)");
+    if (*flag) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + mod + "'");
+    *flag = true;
+    at = next;
+  }
   if (c.pre_rope && c.kind->evicts)
-    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+    core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': " + name + " evicts tokens and loses their positions, so it needs post-RoPE keys");
+  if (c.observe && c.kind->observation_window == 0)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': " + name + " ranks no token by attention, so it takes no observation queries");
   return c;
+}
+
+std::string cache_modifier_help() {
+  std::string obs;
+  for (const auto& k : cache_kinds())
+    if (k.observation_window != 0) obs += (obs.empty() ? "" : ", ") + k.name;
+  return "NAME:pre stores keys before RoPE (not for caches that evict); NAME:obs hands the cache the real "
+         "queries of the prompt's last positions for scoring (" +
+         obs + "); modifiers combine, e.g. anchorkv_compact:pre:obs";
 }
 
 }  // namespace anchorkv::cache

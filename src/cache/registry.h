@@ -18,6 +18,9 @@ struct CacheKind {
   bool evicts = false;         // drops tokens: attention positions are lost (needs post-RoPE keys)
   bool byte_budgeted = false;  // sized by theta; otherwise its size is fixed by its format
   std::function<std::unique_ptr<KVCache>(double theta, int threads)> make;
+  // Observation queries a runtime hands it under ":obs" (KVCache::update with
+  // queries): 0 it uses none, n the last n positions of each call, -1 every position.
+  int64_t observation_window = 0;
 };
 
 // In the order the tools list them.
@@ -27,13 +30,21 @@ std::vector<std::string> cache_names();
 const CacheKind& find_cache_kind(const std::string& name);
 std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int threads);
 
-// "NAME" or "NAME:pre" (keys stored before RoPE, the paper's setting; refused
-// for caches that evict). Throws Error(kInvalidArgument).
+// "NAME" followed by modifiers, in any order:
+//   :pre  keys stored before RoPE (the paper's setting; refused for caches that evict)
+//   :obs  the runtime hands the cache the real queries of its observation
+//         window (refused for caches that rank no token by attention)
+// Throws Error(kInvalidArgument).
 struct CacheSpec {
   const CacheKind* kind = nullptr;
   bool pre_rope = false;
+  bool observe = false;
   std::string spec;  // as written
+  // The queries a runtime passes with each update (CacheKind::observation_window, or 0).
+  int64_t observation_window() const { return observe ? kind->observation_window : 0; }
 };
+// Every modifier with a line of help, for --help texts.
+std::string cache_modifier_help();
 CacheSpec parse_cache_spec(const std::string& spec);
 
 }  // namespace anchorkv::cache

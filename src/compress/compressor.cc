@@ -50,13 +50,14 @@ std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorK
   for (int64_t row = 0; row < in.rows(); ++row) {
     const float* K = in.key_row(row);
     const float* V = in.value_row(row);
-    const Observation obs = observe_reference(K, V, S, D, config.window);
+    const Observers o = in.observers(row, config.window);
+    const Observation obs = observe_reference(o, K, V, S, D);
     const std::vector<float> scores = window_scores(obs, S, plan.w);
     RowAnalysis& a = out[row];
     a.anchors = select_anchors(plan, scores, row_seed(config.seed, row));
     a.k = assign_reference(K, S, D, a.anchors);
     a.v = assign_reference(V, S, D, a.anchors);
-    a.utility = utilities_reference(K, V, S, D, obs, a.anchors, a.k.anchor.data(), a.k.coef.data(),
+    a.utility = utilities_reference(o, K, V, S, D, obs, a.anchors, a.k.anchor.data(), a.k.coef.data(),
                                     a.v.anchor.data(), a.v.coef.data());
   }
   return out;
@@ -73,7 +74,7 @@ class FastAnalysis {
  public:
   FastAnalysis(const SegmentInput& in, const AnchorKVConfig& config)
       : in_(in), config_(config), plan_(plan_anchors(in.S, config)), S_(in.S), D_(in.D), R_(in.rows()),
-        m_(n_proxy_queries(in.S, config.window)), n_chunks_((in.S + kChunk - 1) / kChunk),
+        m_(in.observers(0, config.window).m), n_chunks_((in.S + kChunk - 1) / kChunk),
         inv_sqrt_d_(1.0f / std::sqrt(static_cast<float>(in.D))), work_(static_cast<size_t>(R_)),
         out_(static_cast<size_t>(R_)) {
     for (auto& w : work_) w.alpha.resize(static_cast<size_t>(S_ * m_));
@@ -135,9 +136,15 @@ class FastAnalysis {
 void FastAnalysis::proxy_logits(int64_t row, int64_t c) {
   const int64_t a = c * kChunk, b = std::min(S_, a + kChunk);
   const float* K = in_.key_row(row);
+  const Observers o = in_.observers(row, config_.window);
   float* L = work_[row].alpha.data() + a * m_;
-  core::dot_matrix(K + a * D_, b - a, D_, K + (S_ - m_) * D_, m_, D_, D_, L, m_);
+  core::dot_matrix(K + a * D_, b - a, D_, o.rows, m_, D_, D_, L, m_);
   for (int64_t i = 0; i < (b - a) * m_; ++i) L[i] *= inv_sqrt_d_;
+  if (!o.real()) return;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t t = a; t < b; ++t)  // real queries see positions up to their own
+    for (int64_t w = 0; w < m_; ++w)
+      if (t >= o.visible(w, S_)) L[(t - a) * m_ + w] = kNegInf;
 }
 
 // Softmax over positions for each proxy query (column of [S, m]).
@@ -166,11 +173,12 @@ void FastAnalysis::anchors_and_outputs(int64_t row) {
   const float* A = rw.alpha.data();
   const int64_t S = S_, m = m_, D = D_;
   std::vector<float> scores(static_cast<size_t>(S), 0.0f);
-  if (plan_.w > 0) {
+  if (plan_.w > 0) {  // as window_scores: the last w proxies, or every real query
+    const int64_t first = in_.Q ? 0 : m - plan_.w;
     for (int64_t t = 0; t < S; ++t) {
       double s = 0;
-      for (int64_t i = m - plan_.w; i < m; ++i) s += A[t * m + i];
-      scores[t] = static_cast<float>(s / static_cast<double>(plan_.w));
+      for (int64_t i = first; i < m; ++i) s += A[t * m + i];
+      scores[t] = static_cast<float>(s / static_cast<double>(m - first));
     }
   }
   out_[row].anchors = select_anchors(plan_, scores, row_seed(config_.seed, row));
@@ -249,7 +257,7 @@ void FastAnalysis::assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& 
   const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
   const float* K = in_.key_row(row);
   assign_side(K, rw.ak.data(), rw.k_norm.data(), rw.k_sq.data(), rw.ordinal, k, a, n, ra.k, sc);
-  core::dot_matrix(sc.r.data(), n, D, K + (S_ - m) * D, m, D, D, sc.qr.data(), m);
+  core::dot_matrix(sc.r.data(), n, D, in_.observers(row, config_.window).rows, m, D, D, sc.qr.data(), m);
   for (auto& x : sc.qr) x *= inv_sqrt_d_;
   core::sq_dist_matrix(in_.value_row(row) + a * D, n, D, rw.y.data(), m, D, D, sc.dist.data(), m);
   for (int64_t i = 0; i < n; ++i) {

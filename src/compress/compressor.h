@@ -24,9 +24,18 @@ struct SegmentInput {
   int64_t B = 0, H = 0, S = 0, D = 0;
   const float* K = nullptr;
   const float* V = nullptr;
+  // Optional real observation queries of the segment's last W positions, per
+  // row [G, W, D] (row r at Q + r * G * W * D); null: the trailing keys act as
+  // queries (the seed).
+  const float* Q = nullptr;
+  int64_t G = 0, W = 0;
   const float* key_row(int64_t row) const { return K + row * S * D; }
   const float* value_row(int64_t row) const { return V + row * S * D; }
   int64_t rows() const { return B * H; }
+  // What observes row `row`'s attention (compress/utility.h).
+  Observers observers(int64_t row, int64_t window) const {
+    return Q ? query_observers(Q + row * G * W * D, G, W) : proxy_observers(key_row(row), S, D, window);
+  }
 };
 
 // What compression decides for one row before residuals are allocated.

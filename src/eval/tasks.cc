@@ -21,9 +21,11 @@ int32_t argmax(const std::vector<float>& logits) {
 
 model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
   const cache::CacheSpec c = cache::parse_cache_spec(spec);
-  return model::LlamaModel(
+  model::LlamaModel m(
       w, [kind = c.kind, theta, threads](int64_t) { return kind->make(theta, threads); }, threads,
       c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
+  m.set_observation_window(c.observation_window());
+  return m;
 }
 
 std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& specs,

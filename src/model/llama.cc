@@ -414,7 +414,8 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   rope.enabled = true;
   rope.base = c.rope_base;
   rope.style = c.rope_style;
-  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), rope_cos, rope_sin;
+  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), obs_q(observe_ != 0 ? q.size() : 0), rope_cos,
+      rope_sin;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_.layers[l];
     for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
@@ -470,12 +471,24 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     ao.threads = threads_;
     ao.reference = reference_;
     if (rope_in_attention) ao.rope = rope;  // cache position 0 is token position 0
+    // The queries of the call's last W positions, head-major, as the cache
+    // stores keys: `q` is rotated in place for post-RoPE keys and left
+    // unrotated for pre-RoPE ones.
+    const int64_t W = observe_ < 0 ? T : std::min(observe_, T);
+    for (int64_t h = 0; h < Hq && W > 0; ++h)
+      for (int64_t j = 0; j < W; ++j) std::copy_n(&q[((T - W + j) * Hq + h) * hd], hd, &obs_q[(h * W + j) * hd]);
+    auto update_cache = [&] {
+      if (W > 0)
+        cache.update(kv_k, kv_v, TensorView::f32(obs_q.data(), {1, Hq, W, hd}));
+      else
+        cache.update(kv_k, kv_v);
+    };
     Tensor y;
     if (T > 1) {
       y = prefill_attention(cache, pre, kr, T, Hk, hd, kv_k, kv_v, q_view, ao);
-      cache.update(kv_k, kv_v);
+      update_cache();
     } else {
-      cache.update(kv_k, kv_v);
+      update_cache();
       y = attend(q_view, cache, ao);
     }
     const float* yp = y.data_as<float>();

@@ -124,6 +124,12 @@ class LlamaModel {
   void set_reference(bool on) { reference_ = on; }
   void set_activations(Activations a) { activations_ = a; }
   Activations activations() const { return activations_; }
+  // Observation queries handed to every layer's cache with each update
+  // (KVCache::update with queries; in the stored keys' RoPE domain): the
+  // queries of the last `n` positions of each call (n < 0: every position;
+  // 0: none, the default, and the seed's behaviour).
+  void set_observation_window(int64_t n) { observe_ = n; }
+  int64_t observation_window() const { return observe_; }
 
  private:
   LayerObserver observer_;
@@ -133,6 +139,7 @@ class LlamaModel {
   KeyRope keys_;
   bool reference_ = false;
   Activations activations_ = Activations::kInt8;
+  int64_t observe_ = 0;
   int64_t pos_ = 0;
 };
 

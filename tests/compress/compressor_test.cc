@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "../test_util.h"
@@ -21,6 +22,7 @@ constexpr double kReconstructionTol = 2e-3;
 struct Case {
   int64_t B, H, S, D;
   AnchorKVConfig cfg;
+  int64_t G = 0, W = 0;  // real observation queries when W > 0
 };
 
 std::vector<Case> cases() {
@@ -50,6 +52,9 @@ std::vector<Case> cases() {
   b3.residual_bits = 3;
   b3.scale = ResidualScale::kAbsMax;
   out.push_back({1, 2, 300, 96, b3});
+  for (int64_t S : {5, 300, 700}) out.push_back({2, 2, S, 64, base, 2, std::min<int64_t>(S, 8)});
+  out.push_back({1, 2, 400, 64, r1, 4, 1});
+  out.push_back({1, 2, 300, 64, compact, 1, 32});
   return out;
 }
 
@@ -59,7 +64,13 @@ TEST(Compressor, FastPathMatchesReference) {
                                       << c.cfg.to_string());
     const auto K = random_kv(c.B, c.H, c.S, c.D, 1);
     const auto V = random_kv(c.B, c.H, c.S, c.D, 2);
+    const auto Q = random_kv(c.B, c.H * c.G, c.W, c.D, 7);
     SegmentInput in{c.B, c.H, c.S, c.D, K.data(), V.data()};
+    if (c.W > 0) {
+      in.Q = Q.data();
+      in.G = c.G;
+      in.W = c.W;
+    }
     const auto ref = analyze_reference(in, c.cfg);
     AnchorKVConfig cfg2 = c.cfg;
     cfg2.threads = 2;
@@ -140,6 +151,32 @@ TEST(Compressor, OutputIsBitIdenticalForAnyThreadCount) {
       EXPECT_EQ(one[r].v.scales, many[r].v.scales);
     }
   }
+}
+
+// Scored anchors follow the real queries: each row's queries point at the key
+// of one position, which the proxies (keys that point nowhere) would not pick.
+TEST(Compressor, RealQueriesChooseTheScoredAnchors) {
+  const int64_t B = 1, H = 2, S = 256, D = 32, G = 2, W = 4;
+  const auto K = random_kv(B, H, S, D, 11, S);  // every token its own direction
+  const auto V = random_kv(B, H, S, D, 12);
+  std::vector<float> Q(static_cast<size_t>(B * H * G * W * D));
+  const int64_t target[] = {37, 150};
+  for (int64_t r = 0; r < H; ++r)
+    for (int64_t j = 0; j < G * W; ++j)
+      for (int64_t d = 0; d < D; ++d) Q[(r * G * W + j) * D + d] = 4.0f * K[(r * S + target[r]) * D + d];
+  AnchorKVConfig cfg;
+  cfg.anchor_frac = 8.0 / 256;  // k = 8: 4 window anchors, 4 others, all scored
+  cfg.window = 4;
+  cfg.rho = 1.0;
+  SegmentInput in{B, H, S, D, K.data(), V.data()};
+  in.Q = Q.data();
+  in.G = G;
+  in.W = W;
+  for (const auto& rows : {analyze(in, cfg), analyze_reference(in, cfg)})
+    for (int64_t r = 0; r < H; ++r) {
+      const auto& a = rows[r].anchors;
+      EXPECT_NE(std::find(a.begin(), a.end(), target[r]), a.end()) << "row " << r;
+    }
 }
 
 TEST(Compressor, StorageMatchesSeedFormulaAndAnchorsRecover) {

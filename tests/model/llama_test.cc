@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -121,6 +122,52 @@ TEST_P(Models, PreRopeKeysGiveTheSameModel) {
   float diff = 0;
   for (int64_t v = 0; v < V; ++v) diff = std::max(diff, std::fabs(la[v] - lb[v]));
   EXPECT_GT(diff, 1e-3f);
+}
+
+// With an observation window the model hands each layer's cache the real
+// (rotated) queries of the prompt's last positions: a SnapKV cache fed by hand
+// with the observer's queries, keys and values ends up holding the same bits.
+TEST_P(Models, ObservationQueriesReachTheCaches) {
+  const std::string path = shared_model(GetParam());
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  const LlamaConfig& c = w.config;
+  std::vector<int32_t> tokens = {1};
+  for (int i = 0; i < 59; ++i) tokens.push_back(3 + (i * 37) % 200 % static_cast<int>(c.vocab - 3));
+  const int64_t T = static_cast<int64_t>(tokens.size()), W = 8, hd = c.head_dim, Hq = c.n_heads,
+                Hk = c.n_kv_heads;
+  auto snap = [](int64_t) { return std::make_unique<SnapKVCache>(0.5, 4, 1); };
+  LlamaModel m(w, snap), plain(w, snap);
+  m.set_observation_window(W);
+  std::vector<std::vector<float>> q(c.n_layers), k(c.n_layers), v(c.n_layers);
+  m.set_observer([&](int64_t l, int64_t, const float* ql, const float*, const float* kl, const float* vl) {
+    auto head_major = [&](const float* x, int64_t H, int64_t from) {
+      std::vector<float> out(static_cast<size_t>(H * (T - from) * hd));
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = from; t < T; ++t)
+          std::copy_n(&x[(t * H + h) * hd], hd, &out[(h * (T - from) + t - from) * hd]);
+      return out;
+    };
+    q[l] = head_major(ql, Hq, T - W);
+    k[l] = head_major(kl, Hk, 0);
+    v[l] = head_major(vl, Hk, 0);
+  });
+  m.forward(tokens);
+  plain.forward(tokens);
+  bool any_differs = false;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    SnapKVCache by_hand(0.5, 4, 1);
+    by_hand.update(TensorView::f32(k[l].data(), {1, Hk, T, hd}), TensorView::f32(v[l].data(), {1, Hk, T, hd}),
+                   TensorView::f32(q[l].data(), {1, Hq, W, hd}));
+    const KVPair got = m.caches()[l]->fetch(), want = by_hand.fetch();
+    ASSERT_EQ(got.keys.shape(), want.keys.shape());
+    const uint16_t* g = got.keys.data_as<uint16_t>();
+    const uint16_t* e = want.keys.data_as<uint16_t>();
+    EXPECT_TRUE(std::equal(g, g + got.keys.numel(), e)) << "layer " << l;
+    const KVPair p = plain.caches()[l]->fetch();
+    any_differs = any_differs || !std::equal(g, g + got.keys.numel(), p.keys.data_as<uint16_t>());
+  }
+  EXPECT_TRUE(any_differs) << "the queries changed no layer's choice";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shared, Models, ::testing::Values("anchorkv-tiny.gguf", "stories260K.bin"));

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "cache/registry.h"
 #include "model/llama.h"
 
 namespace anchorkv::cli {
@@ -15,6 +16,13 @@ void register_logits(CLI::App& app);
 void register_runtime(CLI::App& app);
 void register_bench_persist(CLI::App& app);  // after register_bench
 void register_serve(CLI::App& app);
+
+// Help for an option naming caches: every cache name and every modifier.
+inline std::string cache_option_help(const std::string& lead) {
+  std::string names;
+  for (const auto& n : cache::cache_names()) names += (names.empty() ? "" : ", ") + n;
+  return lead + ": " + names + ". " + cache::cache_modifier_help();
+}
 
 // --activations int8|f32: what multiplies quantized weights in decode (see model::Activations).
 inline void add_activations_option(CLI::App* sub, model::Activations* a) {

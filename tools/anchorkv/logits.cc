@@ -62,8 +62,7 @@ void register_logits(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("logits", "Logits of a GGUF / llama2.c model for token ids");
   sub->add_option("--model,-m", opt->model, "model file (.gguf or llama2.c .bin)")->required();
   sub->add_option("--tokens", opt->tokens, "token ids, comma separated")->delimiter(',')->required();
-  sub->add_option("--cache", opt->cache,
-                  "cache per layer: full, anchorkv, snapkv, ... (NAME:pre = keys stored before RoPE)");
+  sub->add_option("--cache", opt->cache, cache_option_help("cache per layer"));
   sub->add_option("--theta", opt->theta, "cache byte budget");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
   sub->add_flag("--incremental", opt->incremental, "feed one token at a time");

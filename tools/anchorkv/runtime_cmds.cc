@@ -415,7 +415,7 @@ void register_runtime(CLI::App& app) {
   rbc->add_option("--text", rb->text, "prompt text (padded with random tokens to --ctx)");
   rbc->add_option("--ctx", rb->ctx, "prompt tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   rbc->add_option("-n", rb->n, "decode steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  rbc->add_option("--caches", rb->caches, "caches (NAME:pre = keys before RoPE)")->delimiter(',');
+  rbc->add_option("--caches", rb->caches, cache_option_help("caches"))->delimiter(',');
   rbc->add_option("--theta", rb->theta, "byte budget of the budgeted caches");
   rbc->add_option("--reps", rb->reps, "repetitions (median)")->check(CLI::Range(1, 100));
   rbc->add_option("--threads", rb->threads, "threads (0 = all cores)");
@@ -457,9 +457,7 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--prompt,-p", r->prompt, "prompt text (GGUF models)");
   run_cmd->add_option("--prompt-file", r->prompt_file, "prompt from a file");
   run_cmd->add_option("--tokens", r->tokens, "prompt as token ids")->delimiter(',');
-  run_cmd->add_option("--cache", r->cache,
-                      "cache per layer: " + fmt::format("{}", fmt::join(cache::cache_names(), ", ")) +
-                          " (NAME:pre = keys stored before RoPE; not for caches that evict)");
+  run_cmd->add_option("--cache", r->cache, cache_option_help("cache per layer"));
   run_cmd->add_option("--theta", r->theta, "cache byte budget");
   run_cmd->add_option("-n", r->n, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   run_cmd->add_option("--temperature", r->sampler.temperature, "0 = greedy");
@@ -487,10 +485,7 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--depths", e->depths, "passkey depths (0..1)")->delimiter(',');
   ev->add_option("--trials", e->trials, "passkey trials per (context, depth)")->check(CLI::Range(1, 1000));
   ev->add_option("--prefix-frac", e->prefix_frac, "share of the tokens fed as the (compressed) prefill");
-  ev->add_option("--caches", e->caches,
-                 "caches to compare: " + fmt::format("{}", fmt::join(cache::cache_names(), ", ")) +
-                     " (NAME:pre = keys stored before RoPE; not for caches that evict)")
-      ->delimiter(',');
+  ev->add_option("--caches", e->caches, cache_option_help("caches to compare"))->delimiter(',');
   ev->add_option("--theta", e->thetas, "byte budgets")->delimiter(',');
   ev->add_option("--json", e->json_path, "write JSON here");
   ev->add_option("--threads", e->threads, "threads (0 = all cores)");

@@ -404,7 +404,7 @@ void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with compressed prompt caches");
   sub->add_option("--model,-m", o->model, "GGUF model")->required();
-  sub->add_option("--cache", o->engine.cache, "cache per layer (NAME[:pre], see `anchorkv eval --help`)");
+  sub->add_option("--cache", o->engine.cache, cache_option_help("cache per layer"));
   sub->add_option("--theta", o->engine.theta, "cache byte budget");
   sub->add_option("--host", o->host, "address to listen on");
   sub->add_option("--port", o->port, "port")->check(CLI::Range(1, 65535));
