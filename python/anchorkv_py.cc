@@ -171,6 +171,7 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<MetadataLayout>(m, "MetadataLayout")
       .value("seed", MetadataLayout::kSeed)
       .value("compact", MetadataLayout::kCompact);
+  py::enum_<AnchorCount>(m, "AnchorCount").value("fixed", AnchorCount::kFixed).value("auto", AnchorCount::kAuto);
 
   py::class_<AnchorKVConfig>(m, "AnchorKVConfig")
       .def(py::init<>())
@@ -184,6 +185,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("allocation", &AnchorKVConfig::allocation)
       .def_readwrite("trigger", &AnchorKVConfig::trigger)
       .def_readwrite("metadata", &AnchorKVConfig::metadata)
+      .def_readwrite("anchor_count", &AnchorKVConfig::anchor_count)
       .def_readwrite("threads", &AnchorKVConfig::threads)
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);

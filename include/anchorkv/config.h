@@ -34,6 +34,15 @@ enum class MetadataLayout : uint8_t {
              // per anchor); needs k < 32768 anchors per segment
 };
 
+// How many anchors a compressed segment gets (docs/spec.md §4.7).
+enum class AnchorCount : uint8_t {
+  kFixed,  // seed: k = round(S * anchor_frac)
+  kAuto,   // per segment (one layer's prefill): k = round(S * anchor_frac) * 2^i for the i
+           // (0..4) whose anchors fit theta's bytes and whose estimated attention-output
+           // error (Eq. 6 utilities of the tokens left without a residual, plus the codec's
+           // distortion times those with one) is least
+};
+
 struct AnchorKVConfig {
   // --- the seed's fields (anchorkv_*), same names without the prefix ---
   double theta = 0.05;              // fraction of fp16 K+V bytes to retain, 0 <= theta <= 1
@@ -50,6 +59,7 @@ struct AnchorKVConfig {
   ResidualScale scale = ResidualScale::kRms;
   CompressTrigger trigger = CompressTrigger::kFirstPrefill;
   MetadataLayout metadata = MetadataLayout::kSeed;  // the budget and accounting use its real size
+  AnchorCount anchor_count = AnchorCount::kFixed;
   int threads = 0;  // worker threads for compression/reconstruction; 0 = all cores.
                     // Output is bit-identical for every value.
 
@@ -62,5 +72,6 @@ const char* to_string(ResidualAllocation v);
 const char* to_string(ResidualScale v);
 const char* to_string(CompressTrigger v);
 const char* to_string(MetadataLayout v);
+const char* to_string(AnchorCount v);
 
 }  // namespace anchorkv

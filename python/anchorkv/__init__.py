@@ -41,6 +41,7 @@ __all__ = [
 _SCALES = {"rms": _core.ResidualScale.rms, "absmax": _core.ResidualScale.absmax}
 _ALLOCATIONS = {"pooled": _core.ResidualAllocation.pooled, "per_head": _core.ResidualAllocation.per_head}
 _METADATA = {"seed": _core.MetadataLayout.seed, "compact": _core.MetadataLayout.compact}
+_ANCHOR_COUNTS = {"fixed": _core.AnchorCount.fixed, "auto": _core.AnchorCount.auto}
 _TRIGGERS = {
     "first_prefill": _core.CompressTrigger.first_prefill,
     "first_decode": _core.CompressTrigger.first_decode,
@@ -69,6 +70,8 @@ class KVCacheConfig:
     anchorkv_allocation: "pooled" across heads (seed) or "per_head".
     anchorkv_compress_at: "first_prefill" (seed) or "first_decode" (chunked prefill).
     anchorkv_metadata: "seed" (16 bytes per token) or "compact" (8 bytes + 4 per anchor).
+    anchorkv_anchor_count: "fixed" (seed: k = round(S * anchor_frac)) or "auto" (per layer,
+        k * 2^i with the least estimated attention-output error within the byte budget).
     anchorkv_threads: worker threads, 0 = all cores (results are identical for any value).
     """
 
@@ -82,6 +85,7 @@ class KVCacheConfig:
     anchorkv_allocation: str = "pooled"
     anchorkv_compress_at: str = "first_prefill"
     anchorkv_metadata: str = "seed"
+    anchorkv_anchor_count: str = "fixed"
     anchorkv_threads: int = 0
 
     def __post_init__(self):
@@ -97,7 +101,7 @@ class KVCacheConfig:
             anchorkv_residual_bits=c.residual_bits, anchorkv_seed=c.seed, anchorkv_scale=name_of(_SCALES, c.scale),
             anchorkv_allocation=name_of(_ALLOCATIONS, c.allocation),
             anchorkv_compress_at=name_of(_TRIGGERS, c.trigger), anchorkv_metadata=name_of(_METADATA, c.metadata),
-            anchorkv_threads=c.threads)
+            anchorkv_anchor_count=name_of(_ANCHOR_COUNTS, c.anchor_count), anchorkv_threads=c.threads)
 
     def _native(self) -> "_core.AnchorKVConfig":
         c = _core.AnchorKVConfig()
@@ -122,6 +126,7 @@ class KVCacheConfig:
         c.allocation = _pick(_ALLOCATIONS, "anchorkv_allocation", self.anchorkv_allocation)
         c.trigger = _pick(_TRIGGERS, "anchorkv_compress_at", self.anchorkv_compress_at)
         c.metadata = _pick(_METADATA, "anchorkv_metadata", self.anchorkv_metadata)
+        c.anchor_count = _pick(_ANCHOR_COUNTS, "anchorkv_anchor_count", self.anchorkv_anchor_count)
         c.validate()
         return c
 

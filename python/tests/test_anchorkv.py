@@ -311,6 +311,12 @@ def test_observation_queries_steer_scoring():
     with_q.update(k, v, queries=q)
     without.update(k, v)
     assert not np.array_equal(with_q.fetch()[0], without.fetch()[0])
+    auto = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_theta=0.3, anchorkv_anchor_count="auto"))
+    auto.update(k, v, queries=q)
+    assert auto.anchorkv_bytes <= 0.3 * auto.full_seq_bytes
+    assert auto.config.anchorkv_anchor_count == "auto"
+    with pytest.raises(ValueError, match="anchor_count"):
+        anchorkv.KVCacheConfig(anchorkv_anchor_count="some")
     with pytest.raises(ValueError, match="queries"):
         anchorkv.AnchorKVKVCache(cfg).update(k, v, queries=q[:, :3])  # 3 query heads for 2 KV heads
     bad = q.copy()

@@ -203,6 +203,7 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
                     static_cast<uint8_t>(c.metadata)})
     w.put<uint8_t>(e);
   w.put<int32_t>(c.threads);
+  w.put<uint8_t>(static_cast<uint8_t>(c.anchor_count));  // format 2
 }
 
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
@@ -320,6 +321,7 @@ std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader&
   c.trigger = static_cast<CompressTrigger>(r.get<uint8_t>("config.trigger"));
   c.metadata = static_cast<MetadataLayout>(r.get<uint8_t>("config.metadata"));
   c.threads = r.get<int32_t>("config.threads");
+  if (r.format_version() >= 2) c.anchor_count = static_cast<AnchorCount>(r.get<uint8_t>("config.anchor_count"));
   return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
 }
 

@@ -18,7 +18,8 @@ namespace anchorkv {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'C', 'A', 'C', 'H', 'E'};
-constexpr uint32_t kVersion = 1;
+// 2: AnchorKV configs end with u8 anchor_count. Version 1 files still load.
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderBytes = 32, kSectionHeaderBytes = 24;
 constexpr uint64_t kMaxLayers = 1 << 16;
 constexpr const char* kLoadOp = "anchorkv::load_caches";
@@ -160,7 +161,7 @@ LoadedCaches load_caches_from_memory(const uint8_t* data, size_t size, const std
     core::fail(ErrorCode::kUnsupported, kLoadOp,
                file + " was written by a newer version (format " + std::to_string(version) + "; this build reads " +
                    std::to_string(kVersion) + ")");
-  if (version != kVersion) header.fail("version", "unknown format version " + std::to_string(version));
+  if (version < 1) header.fail("version", "unknown format version " + std::to_string(version));
   if (n_sections < 1 || n_sections > 1 + kMaxLayers) header.fail("sections", "count out of range");
 
   LoadedCaches out;
@@ -178,6 +179,7 @@ LoadedCaches load_caches_from_memory(const uint8_t* data, size_t size, const std
     const uint8_t* payload = data + at + kSectionHeaderBytes;
     if (!checksum_ok(h.checksum, payload, static_cast<size_t>(h.length))) sh.fail("checksum", "xxHash64 mismatch");
     cache::ByteReader r(payload, static_cast<size_t>(h.length), kLoadOp, where);
+    r.set_format_version(version);
     if (i == 0)
       out.meta = read_meta(r);
     else

@@ -7,15 +7,18 @@ namespace anchorkv::cache {
 namespace {
 
 CacheKind anchorkv_kind(std::string name, std::string description, MetadataLayout layout) {
-  return {std::move(name), std::move(description), false, true,
-          [layout](double theta, int threads) {
-            AnchorKVConfig cfg;
-            cfg.theta = theta;
-            cfg.threads = threads;
-            cfg.metadata = layout;
-            return std::make_unique<AnchorKVCache>(cfg);
-          },
-          AnchorKVConfig{}.window};
+  auto maker = [layout](AnchorCount count) {
+    return [layout, count](double theta, int threads) -> std::unique_ptr<KVCache> {
+      AnchorKVConfig cfg;
+      cfg.theta = theta;
+      cfg.threads = threads;
+      cfg.metadata = layout;
+      cfg.anchor_count = count;
+      return std::make_unique<AnchorKVCache>(cfg);
+    };
+  };
+  return {std::move(name),        std::move(description), false, true, maker(AnchorCount::kFixed),
+          AnchorKVConfig{}.window, maker(AnchorCount::kAuto)};
 }
 
 template <class Cache, class... Args>
@@ -83,10 +86,10 @@ CacheSpec parse_cache_spec(const std::string& spec) {
   for (size_t at = colon; at != std::string::npos;) {
     const size_t next = spec.find(':', at + 1);
     const std::string mod = spec.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
-    bool* flag = mod == "pre" ? &c.pre_rope : mod == "obs" ? &c.observe : nullptr;
+    bool* flag = mod == "pre" ? &c.pre_rope : mod == "obs" ? &c.observe : mod == "auto" ? &c.auto_anchors : nullptr;
     if (!flag)
       core::fail(ErrorCode::kInvalidArgument, op,
-                 "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs)");
+                 "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs, :auto)");
     if (*flag) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + mod + "'");
     *flag = true;
     at = next;
@@ -97,6 +100,8 @@ CacheSpec parse_cache_spec(const std::string& spec) {
   if (c.observe && c.kind->observation_window == 0)
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': " + name + " ranks no token by attention, so it takes no observation queries");
+  if (c.auto_anchors && !c.kind->make_auto)
+    core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "': " + name + " has no anchor count to tune");
   return c;
 }
 
@@ -104,9 +109,13 @@ std::string cache_modifier_help() {
   std::string obs;
   for (const auto& k : cache_kinds())
     if (k.observation_window != 0) obs += (obs.empty() ? "" : ", ") + k.name;
+  std::string tuned;
+  for (const auto& k : cache_kinds())
+    if (k.make_auto) tuned += (tuned.empty() ? "" : ", ") + k.name;
   return "NAME:pre stores keys before RoPE (not for caches that evict); NAME:obs hands the cache the real "
          "queries of the prompt's last positions for scoring (" +
-         obs + "); modifiers combine, e.g. anchorkv_compact:pre:obs";
+         obs + "); NAME:auto chooses the anchor count per layer within the byte budget (" + tuned +
+         "); modifiers combine, e.g. anchorkv_compact:pre:obs:auto";
 }
 
 }  // namespace anchorkv::cache

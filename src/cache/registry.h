@@ -21,6 +21,8 @@ struct CacheKind {
   // Observation queries a runtime hands it under ":obs" (KVCache::update with
   // queries): 0 it uses none, n the last n positions of each call, -1 every position.
   int64_t observation_window = 0;
+  // The cache under ":auto" (AnchorCount::kAuto); empty where it has no anchors to tune.
+  std::function<std::unique_ptr<KVCache>(double theta, int threads)> make_auto;
 };
 
 // In the order the tools list them.
@@ -34,12 +36,17 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 //   :pre  keys stored before RoPE (the paper's setting; refused for caches that evict)
 //   :obs  the runtime hands the cache the real queries of its observation
 //         window (refused for caches that rank no token by attention)
+//   :auto AnchorKV chooses its anchor count per layer (AnchorCount::kAuto)
 // Throws Error(kInvalidArgument).
 struct CacheSpec {
   const CacheKind* kind = nullptr;
   bool pre_rope = false;
   bool observe = false;
+  bool auto_anchors = false;
   std::string spec;  // as written
+  std::unique_ptr<KVCache> make(double theta, int threads) const {
+    return auto_anchors ? kind->make_auto(theta, threads) : kind->make(theta, threads);
+  }
   // The queries a runtime passes with each update (CacheKind::observation_window, or 0).
   int64_t observation_window() const { return observe ? kind->observation_window : 0; }
 };

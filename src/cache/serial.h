@@ -52,6 +52,9 @@ class ByteReader {
   [[noreturn]] void fail(const char* field, const std::string& why) const {
     core::fail(ErrorCode::kCorruptFile, op_, context_ + ", field '" + field + "': " + why);
   }
+  // The cache-file format version being read (fields added later are read only from newer files).
+  uint32_t format_version() const { return version_; }
+  void set_format_version(uint32_t v) { version_ = v; }
   template <class T>
   T get(const char* field) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -109,6 +112,7 @@ class ByteReader {
   const uint8_t* p_;
   size_t left_;
   std::string op_, context_;
+  uint32_t version_ = 0;
 };
 
 }  // namespace anchorkv::cache

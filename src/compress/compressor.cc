@@ -402,21 +402,88 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
   return rows;
 }
 
+double residual_distortion(int bits) {
+  static constexpr double kLloydMaxGaussian[] = {1.0, 0.3634, 0.1175, 0.03454, 0.009497};
+  return kLloydMaxGaussian[std::clamp(bits, 0, 4)];
+}
+
+double estimated_error(const std::vector<RowAnalysis>& analysis, const ResidualChoice& choice, int bits) {
+  const double eps = residual_distortion(bits);
+  double err = 0;
+  for (size_t r = 0; r < analysis.size(); ++r) {
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<float>& u = side == 0 ? analysis[r].utility.key : analysis[r].utility.value;
+      const std::vector<int32_t>& chosen = side == 0 ? choice.k[r] : choice.v[r];
+      size_t next = 0;
+      for (size_t t = 0; t < u.size(); ++t) {
+        const bool has_residual = next < chosen.size() && chosen[next] == static_cast<int32_t>(t);
+        next += has_residual;
+        if (!std::isfinite(u[t])) continue;  // anchors: exact
+        err += (has_residual ? eps : 1.0) * static_cast<double>(u[t]);
+      }
+    }
+  }
+  return err;
+}
+
+std::vector<double> anchor_fractions(const SegmentInput& in, const AnchorKVConfig& config) {
+  std::vector<double> out = {config.anchor_frac};
+  if (config.anchor_count != AnchorCount::kAuto) return out;
+  const bool compact = config.metadata == MetadataLayout::kCompact;
+  const int64_t k0 = plan_anchors(in.S, config).k;
+  const double allowed = config.theta * static_cast<double>(full_row_bytes(in.S, in.D));
+  for (int i = 1; i <= kMaxAnchorDoublings; ++i) {
+    const int64_t k = k0 << i;
+    if (k > in.S / 2 || k > (compact ? kMaxCompactAnchors : kMaxAnchors)) break;
+    if (static_cast<double>(base_row_bytes(in.S, k, in.D, compact)) > allowed) break;
+    out.push_back(static_cast<double>(k) / static_cast<double>(in.S));
+  }
+  return out;
+}
+
+namespace {
+// The analysis (and the config it was made with) of the anchor fraction with
+// the least estimated error; `analyze_with` is the fast or the reference analysis.
+template <class Analyze>
+std::vector<RowAnalysis> analyze_best(const SegmentInput& in, AnchorKVConfig& config, Analyze analyze_with) {
+  const std::vector<double> fractions = anchor_fractions(in, config);
+  std::vector<RowAnalysis> best;
+  double best_err = 0;
+  AnchorKVConfig best_config = config;
+  for (double f : fractions) {
+    AnchorKVConfig c = config;
+    c.anchor_frac = f;
+    std::vector<RowAnalysis> a = analyze_with(c);
+    if (fractions.size() == 1) return a;
+    const double err = estimated_error(a, allocate_residuals(in, c, a), c.residual_bits);
+    if (best.empty() || err < best_err) {
+      best = std::move(a);
+      best_err = err;
+      best_config = c;
+    }
+  }
+  config = best_config;
+  return best;
+}
+}  // namespace
+
 std::vector<CompressedRow> compress_reference(const SegmentInput& in, const AnchorKVConfig& config,
                                               const ResidualCodec& codec) {
   check_segment(in, config);
-  const auto analysis = analyze_reference(in, config);
-  const auto choice = allocate_residuals(in, config, analysis);
-  return encode_rows(in, codec, analysis, choice, 1, config.metadata == MetadataLayout::kCompact);
+  AnchorKVConfig c = config;
+  const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) { return analyze_reference(in, x); });
+  const auto choice = allocate_residuals(in, c, analysis);
+  return encode_rows(in, codec, analysis, choice, 1, c.metadata == MetadataLayout::kCompact);
 }
 
 std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,
                                     const ResidualCodec& codec, CompressionStats* stats) {
   check_segment(in, config);
   const auto start = Clock::now();
-  const auto analysis = analyze(in, config, stats);
+  AnchorKVConfig c = config;
+  const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) { return analyze(in, x, stats); });
   auto t0 = Clock::now();
-  const auto choice = allocate_residuals(in, config, analysis);
+  const auto choice = allocate_residuals(in, c, analysis);
   const double allocate_s = seconds_since(t0);
   t0 = Clock::now();
   auto rows = encode_rows(in, codec, analysis, choice, config.threads, config.metadata == MetadataLayout::kCompact);

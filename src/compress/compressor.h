@@ -68,6 +68,19 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
                                        const std::vector<RowAnalysis>& analysis,
                                        const ResidualChoice& choice, int threads, bool compact = false);
 
+// AnchorCount::kAuto (docs/spec.md §4.7). The anchor fractions tried: the
+// configured one, then 2, 4, ... (up to 2^kMaxAnchorDoublings) times its anchors
+// while they stay within S / 2, the layout's limit and theta's bytes with the
+// metadata. Just the configured one for kFixed.
+inline constexpr int kMaxAnchorDoublings = 4;
+std::vector<double> anchor_fractions(const SegmentInput& in, const AnchorKVConfig& config);
+// Relative squared error a b-bit residual leaves (Lloyd-Max for a Gaussian coordinate).
+double residual_distortion(int bits);
+// Estimated squared attention-output error of a segment: the sum of the Eq. 6
+// utilities of the tokens without a residual plus residual_distortion(bits)
+// times those of the tokens with one (anchors are exact).
+double estimated_error(const std::vector<RowAnalysis>& analysis, const ResidualChoice& choice, int bits);
+
 std::vector<CompressedRow> compress_reference(const SegmentInput& in, const AnchorKVConfig& config,
                                               const ResidualCodec& codec);
 std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,

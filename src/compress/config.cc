@@ -33,6 +33,7 @@ void AnchorKVConfig::validate() const {
   if (trigger != CompressTrigger::kFirstPrefill && trigger != CompressTrigger::kFirstDecode)
     bad("trigger", "unknown value");
   if (metadata != MetadataLayout::kSeed && metadata != MetadataLayout::kCompact) bad("metadata", "unknown value");
+  if (anchor_count != AnchorCount::kFixed && anchor_count != AnchorCount::kAuto) bad("anchor_count", "unknown value");
   if (threads < 0 || threads > 4096) bad("threads", "must be in [0, 4096], got " + std::to_string(threads));
 }
 
@@ -40,6 +41,7 @@ const char* to_string(ResidualAllocation v) {
   return v == ResidualAllocation::kPerHead ? "per_head" : "pooled";
 }
 const char* to_string(MetadataLayout v) { return v == MetadataLayout::kCompact ? "compact" : "seed"; }
+const char* to_string(AnchorCount v) { return v == AnchorCount::kAuto ? "auto" : "fixed"; }
 const char* to_string(ResidualScale v) { return v == ResidualScale::kAbsMax ? "absmax" : "rms"; }
 const char* to_string(CompressTrigger v) {
   return v == CompressTrigger::kFirstDecode ? "first_decode" : "first_prefill";
@@ -51,7 +53,7 @@ std::string AnchorKVConfig::to_string() const {
      << " residual_bits=" << residual_bits << " seed=" << seed
      << " allocation=" << anchorkv::to_string(allocation) << " scale=" << anchorkv::to_string(scale)
      << " trigger=" << anchorkv::to_string(trigger) << " metadata=" << anchorkv::to_string(metadata)
-     << " threads=" << threads;
+     << " anchor_count=" << anchorkv::to_string(anchor_count) << " threads=" << threads;
   return os.str();
 }
 

@@ -84,6 +84,8 @@ TEST(CacheFile, EmptyHeadOnlyAndChunkedStatesRoundTrip) {
   AnchorKVConfig chunked;
   chunked.trigger = CompressTrigger::kFirstDecode;
   chunked.metadata = MetadataLayout::kCompact;
+  chunked.anchor_count = AnchorCount::kAuto;  // saved since format 2
+  chunked.theta = 0.3;
   AnchorKVCache empty, head_only, before_decode(chunked);
   FullKVCache shaped_empty;
   feed(head_only, 1, 2, 1, 16, 1);  // S == 1 before a prefill: exact head
@@ -99,6 +101,7 @@ TEST(CacheFile, EmptyHeadOnlyAndChunkedStatesRoundTrip) {
   feed(before_decode, 1, 2, 1, 16, 5);
   feed(*l.caches[2], 1, 2, 1, 16, 5);
   EXPECT_TRUE(dynamic_cast<AnchorKVCache&>(*l.caches[2]).is_compressed());
+  EXPECT_EQ(dynamic_cast<AnchorKVCache&>(*l.caches[2]).config().anchor_count, AnchorCount::kAuto);
   expect_same(before_decode, *l.caches[2], 1, 2, 16);
 }
 
@@ -255,7 +258,7 @@ TEST(CacheFile, HandMadeLayerLoadsAndBadCountsAreErrors) {
 }
 
 TEST(CacheFile, NewerVersionAndOtherFilesAreClearErrors) {
-  EXPECT_EQ(load_error(file_with({}, 2)), ErrorCode::kUnsupported);
+  EXPECT_EQ(load_error(file_with({}, 3)), ErrorCode::kUnsupported);
   EXPECT_EQ(load_error(file_with({}, 0)), ErrorCode::kCorruptFile);
   const std::vector<uint8_t> gguf = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
   EXPECT_EQ(load_error(gguf), ErrorCode::kCorruptFile);

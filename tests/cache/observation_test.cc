@@ -176,6 +176,15 @@ TEST(ObservationQueries, CacheSpecsNameThem) {
                           "snapkv:pre:obs", "anchorkv:"})
     EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
   EXPECT_NE(cache::cache_modifier_help().find(":obs"), std::string::npos);
+  // :auto tunes AnchorKV's anchor count; caches without anchors refuse it.
+  const cache::CacheSpec t = cache::parse_cache_spec("anchorkv_compact:auto:pre");
+  EXPECT_TRUE(t.auto_anchors && t.pre_rope && !t.observe);
+  auto made = t.make(0.1, 1);
+  EXPECT_EQ(dynamic_cast<AnchorKVCache&>(*made).config().anchor_count, AnchorCount::kAuto);
+  EXPECT_EQ(dynamic_cast<AnchorKVCache&>(*cache::parse_cache_spec("anchorkv").make(0.1, 1)).config().anchor_count,
+            AnchorCount::kFixed);
+  for (const char* bad : {"snapkv:auto", "full:auto", "anchorkv:auto:auto"})
+    EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
 }
 
 }  // namespace

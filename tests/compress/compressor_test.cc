@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "../test_util.h"
+#include "compress/anchors.h"
 #include "compress/budget.h"
 
 namespace anchorkv::compress {
@@ -55,6 +57,11 @@ std::vector<Case> cases() {
   for (int64_t S : {5, 300, 700}) out.push_back({2, 2, S, 64, base, 2, std::min<int64_t>(S, 8)});
   out.push_back({1, 2, 400, 64, r1, 4, 1});
   out.push_back({1, 2, 300, 64, compact, 1, 32});
+  AnchorKVConfig autok = compact;
+  autok.anchor_count = AnchorCount::kAuto;
+  autok.anchor_frac = 1.0 / 64;
+  autok.theta = 0.2;
+  out.push_back({1, 2, 640, 64, autok, 2, 8});
   return out;
 }
 
@@ -177,6 +184,75 @@ TEST(Compressor, RealQueriesChooseTheScoredAnchors) {
       const auto& a = rows[r].anchors;
       EXPECT_NE(std::find(a.begin(), a.end(), target[r]), a.end()) << "row " << r;
     }
+}
+
+// kAuto tries k0, 2 k0, 4 k0, ... while the anchors and metadata fit theta's
+// bytes, keeps the least estimated error, and never exceeds the budget.
+TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
+  const int64_t B = 1, H = 2, D = 64;
+  int more_anchors = 0;  // cases where the estimate chose more than k0
+  for (int64_t S : {512, 2000})
+    for (double theta : {0.05, 0.1, 0.2, 0.4})
+      for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact}) {
+        SCOPED_TRACE(::testing::Message() << "S=" << S << " theta=" << theta << " " << to_string(layout));
+        const auto K = random_kv(B, H, S, D, 21), V = random_kv(B, H, S, D, 22);
+        SegmentInput in{B, H, S, D, K.data(), V.data()};
+        AnchorKVConfig cfg;
+        cfg.theta = theta;
+        cfg.metadata = layout;
+        cfg.anchor_count = AnchorCount::kAuto;
+        const bool compact = layout == MetadataLayout::kCompact;
+        const auto fractions = anchor_fractions(in, cfg);
+        ASSERT_GE(fractions.size(), 1u);
+        ASSERT_LE(fractions.size(), static_cast<size_t>(kMaxAnchorDoublings + 1));
+        const int64_t k0 = plan_anchors(S, cfg).k;
+        double best_err = 0;
+        int64_t best_k = 0;
+        for (size_t i = 0; i < fractions.size(); ++i) {
+          AnchorKVConfig c = cfg;
+          c.anchor_frac = fractions[i];
+          const int64_t k = plan_anchors(S, c).k;
+          EXPECT_EQ(k, k0 << i);
+          if (i > 0) EXPECT_LE(base_row_bytes(S, k, D, compact), theta * full_row_bytes(S, D));
+          const auto a = analyze(in, c);
+          const double err = estimated_error(a, allocate_residuals(in, c, a), c.residual_bits);
+          if (i == 0 || err < best_err) {
+            best_err = err;
+            best_k = k;
+          }
+        }
+        ResidualCodec codec(D, cfg.residual_bits, cfg.scale, cfg.seed);
+        const auto rows = compress(in, cfg, codec);
+        int64_t bytes = 0;
+        for (const auto& row : rows) {
+          EXPECT_EQ(row.n_anchor, best_k);
+          bytes += base_row_bytes(S, row.n_anchor, D, compact) + row.n_residual() * residual_bytes(D, cfg.residual_bits);
+        }
+        if (base_row_bytes(S, k0, D, compact) <= theta * full_row_bytes(S, D))
+          EXPECT_LE(bytes, theta * full_row_bytes(S, D) * B * H);
+        more_anchors += best_k > k0;
+      }
+  EXPECT_GT(more_anchors, 0) << "the estimate never preferred more anchors";
+  // Fixed keeps the configured fraction alone.
+  AnchorKVConfig fixed;
+  const auto K = random_kv(1, 1, 512, 64, 1);
+  EXPECT_EQ(anchor_fractions({1, 1, 512, 64, K.data(), K.data()}, fixed), std::vector<double>{fixed.anchor_frac});
+}
+
+// The estimate: unallocated utilities count whole, allocated ones times the codec's distortion.
+TEST(Compressor, EstimatedErrorByHand) {
+  RowAnalysis a;
+  const float inf = std::numeric_limits<float>::infinity();
+  a.utility.key = {-inf, 4.0f, 2.0f, 1.0f};
+  a.utility.value = {-inf, 8.0f, 0.5f, 0.25f};
+  ResidualChoice choice;
+  choice.k = {{1}};
+  choice.v = {{1, 2}};
+  const double eps = residual_distortion(2);
+  EXPECT_NEAR(eps, 0.1175, 1e-9);
+  EXPECT_NEAR(estimated_error({a}, choice, 2), 4 * eps + 2 + 1 + 8 * eps + 0.5 * eps + 0.25, 1e-6);
+  EXPECT_GT(residual_distortion(1), residual_distortion(2));
+  EXPECT_GT(residual_distortion(3), residual_distortion(4));
 }
 
 TEST(Compressor, StorageMatchesSeedFormulaAndAnchorsRecover) {
