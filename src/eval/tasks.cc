@@ -6,6 +6,7 @@
 
 #include "cache/registry.h"
 #include "eval/prompt_cache.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "model/sampler.h"
 
@@ -101,10 +102,35 @@ ContinuationScore score_continuation(const Continuation& ref, const Continuation
   return s;
 }
 
+namespace {
+const char* const kFiller =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+}  // namespace
+
+CopyPrompt copy_prompt(const model::Tokenizer& tok, const std::vector<int32_t>& text, int64_t ctx, int64_t passage) {
+  constexpr const char* op = "anchorkv::eval::copy_prompt";
+  if (passage < 1 || 1 + 2 * passage >= ctx)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "a passage of " + std::to_string(passage) + " tokens twice does not fit " + std::to_string(ctx) +
+                   " tokens with filler between");
+  if (static_cast<int64_t>(text.size()) < passage)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "the text has " + std::to_string(text.size()) + " tokens, fewer than the passage's " +
+                   std::to_string(passage));
+  const std::vector<int32_t> filler = tok.encode(kFiller, false);
+  CopyPrompt c;
+  c.tokens.push_back(tok.bos());
+  c.tokens.insert(c.tokens.end(), text.begin(), text.begin() + passage);
+  for (size_t i = 0; static_cast<int64_t>(c.tokens.size()) < ctx - passage; ++i)
+    c.tokens.push_back(filler[i % filler.size()]);
+  c.prefix = static_cast<int64_t>(c.tokens.size());
+  c.tokens.insert(c.tokens.end(), text.begin(), text.begin() + passage);
+  return c;
+}
+
 std::vector<PasskeyTrial> passkey_trials(const model::Tokenizer& tok, const std::vector<int64_t>& ctxs,
                                          const std::vector<double>& depths, int trials_per_cell) {
-  const std::string filler =
-      "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+  const std::string filler = kFiller;
   const std::string question = "What is the pass key? The pass key is";
   core::Rng rng(2026);
   std::vector<PasskeyTrial> trials;

@@ -53,6 +53,18 @@ struct ContinuationScore {
 ContinuationScore score_continuation(const Continuation& ref, const Continuation& c,
                                      const std::vector<int32_t>& toks, int64_t P);
 
+// Copy task: BOS, a passage of `passage` tokens from `text` (token ids without
+// BOS), filler sentences, then the passage again, `ctx` tokens in all. Scored
+// as a continuation (score_continuation) from `prefix` = the position where the
+// repeat starts: predicting the repeat needs the passage back from the
+// compressed prefix. Throws Error(kInvalidArgument) when ctx cannot hold the
+// passage twice or the text is shorter than the passage.
+struct CopyPrompt {
+  std::vector<int32_t> tokens;
+  int64_t prefix = 0;
+};
+CopyPrompt copy_prompt(const model::Tokenizer& tok, const std::vector<int32_t>& text, int64_t ctx, int64_t passage);
+
 // Passkey retrieval: filler text with "The pass key is N" at a depth, then
 // "What is the pass key? The pass key is"; a greedy answer of 8 tokens is
 // right when it contains the key.

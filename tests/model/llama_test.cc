@@ -7,6 +7,9 @@
 #include <filesystem>
 
 #include "anchorkv/anchorkv.h"
+#include "eval/tasks.h"
+#include "io/gguf.h"
+#include "model/tokenizer.h"
 
 namespace anchorkv::model {
 namespace {
@@ -168,6 +171,26 @@ TEST_P(Models, ObservationQueriesReachTheCaches) {
     any_differs = any_differs || !std::equal(g, g + got.keys.numel(), p.keys.data_as<uint16_t>());
   }
   EXPECT_TRUE(any_differs) << "the queries changed no layer's choice";
+}
+
+TEST(CopyTask, PassageFillerPassage) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const Tokenizer tok = Tokenizer::from_gguf(io::GgufFile::open(path));
+  const std::vector<int32_t> text = tok.encode("In the beginning God created the heaven and the earth.", false);
+  const int64_t L = 20, ctx = 100;
+  const eval::CopyPrompt c = eval::copy_prompt(tok, text, ctx, L);
+  ASSERT_EQ(static_cast<int64_t>(c.tokens.size()), ctx);
+  EXPECT_EQ(c.prefix, ctx - L);
+  EXPECT_EQ(c.tokens[0], tok.bos());
+  for (int64_t i = 0; i < L; ++i) {
+    EXPECT_EQ(c.tokens[1 + i], text[i]);
+    EXPECT_EQ(c.tokens[c.prefix + i], text[i]);
+  }
+  EXPECT_NE(tok.decode(std::vector<int32_t>(c.tokens.begin() + 1 + L, c.tokens.begin() + c.prefix)).find("grass"),
+            std::string::npos);
+  EXPECT_THROW(eval::copy_prompt(tok, text, 40, L), Error);   // two passages do not fit
+  EXPECT_THROW(eval::copy_prompt(tok, text, 1000, 200), Error);  // the text is shorter
 }
 
 INSTANTIATE_TEST_SUITE_P(Shared, Models, ::testing::Values("anchorkv-tiny.gguf", "stories260K.bin"));

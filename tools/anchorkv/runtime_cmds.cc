@@ -248,6 +248,7 @@ struct EvalOptions {
   std::vector<int64_t> ctxs = {512};
   std::vector<double> depths = {0.1, 0.5, 0.9};
   int trials = 3;
+  int64_t passage = 128;  // copy task
   double prefix_frac = 0.5;
   std::vector<std::string> caches = {"full", "anchorkv", "snapkv", "h2o", "streamingllm", "kivi2"};
   std::vector<double> thetas = {0.05, 0.1, 0.2};
@@ -257,19 +258,26 @@ struct EvalOptions {
 
 void evaluate(const EvalOptions& o) {
   const model::LlamaWeights w = model::load_model(o.model);
+  const bool copy = o.task == "copy";
   std::vector<int32_t> toks = o.tokens;
-  if (toks.empty()) {
+  if (toks.empty() || copy) {
     if (!is_gguf(o.model))
       core::fail(ErrorCode::kInvalidArgument, "anchorkv eval",
-                 "llama2.c checkpoints carry no tokenizer: pass --tokens");
+                 copy ? "the copy task needs a GGUF model (a tokenizer)"
+                      : "llama2.c checkpoints carry no tokenizer: pass --tokens");
     if (o.text.empty())
       core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "pass --text FILE (or --tokens)");
     const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
-    toks = tok.encode(read_file(o.text), true);
+    toks = tok.encode(read_file(o.text), !copy);
+    if (copy) {
+      const eval::CopyPrompt c = eval::copy_prompt(tok, toks, o.ctxs[0], o.passage);
+      toks = c.tokens;
+    }
   }
   if (static_cast<int64_t>(toks.size()) > o.ctxs[0]) toks.resize(static_cast<size_t>(o.ctxs[0]));
   const int64_t N = static_cast<int64_t>(toks.size());
-  const int64_t P = std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.prefix_frac * N)), 2, N - 1);
+  const int64_t P = copy ? N - o.passage
+                         : std::clamp<int64_t>(static_cast<int64_t>(std::llround(o.prefix_frac * N)), 2, N - 1);
   if (N < 3) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "need at least 3 tokens of text");
   const bool tty = isatty(fileno(stderr));
   const auto runs = eval::cache_runs(o.caches, o.thetas);
@@ -277,10 +285,15 @@ void evaluate(const EvalOptions& o) {
   if (!o.prompt_cache.empty()) files = {o.prompt_cache, eval::model_identity(o.model, w)};
   const eval::PrefixFiles* pf = o.prompt_cache.empty() ? nullptr : &files;
   const eval::Continuation ref = eval::continuation(w, toks, P, "full", 0, o.threads, pf);
-  fmt::print(
-      "{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
-      o.model, N, P, N - P);
-  fmt::print("  {:<21} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio",
+  if (copy)
+    fmt::print("{}: copy task, a {}-token passage, filler, then the passage again ({} tokens); the repeat is "
+               "scored after a compressed prefix of {} tokens\n\n",
+               o.model, o.passage, N, P);
+  else
+    fmt::print(
+        "{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
+        o.model, N, P, N - P);
+  fmt::print("  {:<30} {:>5} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio",
              "ppl", "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
@@ -292,7 +305,7 @@ void evaluate(const EvalOptions& o) {
     const int64_t prefilled = P - c.prefix_from_file;  // 0 when the prefix came from a prompt cache
     const double prefill_tok_s = prefilled > 0 ? static_cast<double>(prefilled) / c.prefill_s : 0.0;
     const double decode_tok_s = static_cast<double>(sc.n - 1) / std::max(c.decode_s, 1e-9);
-    fmt::print("  {:<21} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
+    fmt::print("  {:<30} {:>5} {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n", cache,
                theta > 0 ? fmt::format("{}", theta) : "-", ratio, sc.perplexity, sc.kl_mean, 100.0 * sc.top1,
                sc.bits_per_token, prefill_tok_s, decode_tok_s);
     rows.push_back({{"cache", cache},
@@ -308,7 +321,9 @@ void evaluate(const EvalOptions& o) {
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", o.model}, {"tokens", N}, {"prefix", P}, {"results", rows}}.dump(2);
+    nlohmann::json j{{"model", o.model}, {"task", o.task}, {"tokens", N}, {"prefix", P}, {"results", rows}};
+    if (copy) j["passage"] = o.passage;
+    f << j.dump(2);
   }
 }
 
@@ -477,8 +492,12 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--model,-m", e->model, "model file")->required();
   ev->add_option("--text", e->text, "text file to score (GGUF models)");
   ev->add_option("--tokens", e->tokens, "token ids to score instead")->delimiter(',');
-  ev->add_option("--task", e->task, "perplexity (ppl, KL, top-1 after a compressed prefix) or passkey")
-      ->check(CLI::IsMember({"perplexity", "passkey"}));
+  ev->add_option("--task", e->task,
+                 "perplexity (ppl, KL, top-1 after a compressed prefix), copy (a passage of --text, filler, the "
+                 "passage again: loss on the repeat) or passkey")
+      ->check(CLI::IsMember({"perplexity", "copy", "passkey"}));
+  ev->add_option("--passage", e->passage, "copy task: passage tokens (the prompt is --ctx tokens in all)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 19));
   ev->add_option("--ctx", e->ctxs, "tokens in all (passkey: a list of context lengths)")
       ->delimiter(',')
       ->check(CLI::Range(int64_t{3}, int64_t{1} << 20));
