@@ -128,6 +128,93 @@ CopyPrompt copy_prompt(const model::Tokenizer& tok, const std::vector<int32_t>& 
   return c;
 }
 
+MultiQueryPrompt multi_query_prompt(const model::Tokenizer& tok, int64_t ctx, int n_questions, uint64_t seed) {
+  constexpr const char* op = "anchorkv::eval::multi_query_prompt";
+  static const char* const kNames[] = {"Alice", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hiro",
+                                       "Ingrid", "Jonas", "Kemal", "Lucia", "Marta", "Nils", "Omar", "Petra"};
+  constexpr int kMaxQuestions = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
+  if (n_questions < 1 || n_questions > kMaxQuestions)
+    core::fail(ErrorCode::kInvalidArgument, op, "questions must be in [1, " + std::to_string(kMaxQuestions) + "]");
+  core::Rng rng(seed);
+  struct Fact {
+    std::string name, key;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Fact> facts;
+  int64_t fact_tokens = 0;
+  for (int i = 0; i < n_questions; ++i) {
+    Fact f{kNames[i], std::to_string(10000 + rng.below(90000)), {}};
+    f.tokens = tok.encode("The pass key of " + f.name + " is " + f.key + ". ", false);
+    fact_tokens += static_cast<int64_t>(f.tokens.size());
+    facts.push_back(std::move(f));
+  }
+  const std::vector<int32_t> filler = tok.encode(kFiller, false);
+  const int64_t filler_total = ctx - 1 - fact_tokens;
+  if (filler_total < static_cast<int64_t>(filler.size()))
+    core::fail(ErrorCode::kInvalidArgument, op,
+               std::to_string(ctx) + " tokens cannot hold " + std::to_string(n_questions) + " facts and filler");
+  MultiQueryPrompt p;
+  p.prefix.push_back(tok.bos());
+  size_t next_filler = 0;
+  auto add_filler = [&](int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p.prefix.push_back(filler[next_filler++ % filler.size()]);
+  };
+  std::vector<double> depth(static_cast<size_t>(n_questions));
+  for (int i = 0; i < n_questions; ++i) {
+    depth[i] = (i + 0.5) / n_questions;  // fact i sits at this share of the filler
+    add_filler(static_cast<int64_t>(std::llround(depth[i] * static_cast<double>(filler_total))) -
+               static_cast<int64_t>(next_filler));
+    p.prefix.insert(p.prefix.end(), facts[i].tokens.begin(), facts[i].tokens.end());
+  }
+  add_filler(filler_total - static_cast<int64_t>(next_filler));
+  std::vector<int> order(static_cast<size_t>(n_questions));
+  for (int i = 0; i < n_questions; ++i) order[i] = i;
+  for (int i = n_questions - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<uint64_t>(i + 1))]);
+  for (int i : order) {
+    MultiQueryPrompt::Question q;
+    q.depth = depth[i];
+    q.question = tok.encode("What is the pass key of " + facts[i].name + "? The pass key of " + facts[i].name + " is",
+                            false);
+    q.answer = tok.encode(" " + facts[i].key + ".", false);
+    p.questions.push_back(std::move(q));
+  }
+  return p;
+}
+
+MultiQueryRun multi_query(const model::LlamaWeights& w, const MultiQueryPrompt& p, const std::string& spec,
+                          double theta, int threads, const MultiQueryRun* ref) {
+  model::LlamaModel m = make_model(w, spec, theta, threads);
+  const int64_t V = w.config.vocab;
+  m.forward(p.prefix);
+  MultiQueryRun run;
+  run.bytes = cache_totals(m);
+  for (size_t qi = 0; qi < p.questions.size(); ++qi) {
+    const auto& q = p.questions[qi];
+    std::vector<float> logits = m.forward(q.question);
+    AnswerScore a;
+    a.depth = q.depth;
+    a.exact = true;
+    for (size_t i = 0; i < q.answer.size(); ++i) {
+      const std::vector<double> lp = model::log_softmax(logits.data(), V);
+      a.nll -= lp[q.answer[i]];
+      a.exact = a.exact && argmax(logits) == q.answer[i];
+      if (ref) {
+        const auto& rp = ref->answers[qi].logp[i];
+        double kl = 0;
+        for (int64_t v = 0; v < V; ++v) kl += std::exp(rp[v]) * (rp[v] - lp[v]);
+        a.kl += kl;
+      }
+      a.logp.push_back(lp);
+      logits = m.forward({q.answer[i]});
+    }
+    const double n = static_cast<double>(q.answer.size());
+    a.nll /= n;
+    a.kl /= n;
+    run.answers.push_back(std::move(a));
+  }
+  return run;
+}
+
 std::vector<PasskeyTrial> passkey_trials(const model::Tokenizer& tok, const std::vector<int64_t>& ctxs,
                                          const std::vector<double>& depths, int trials_per_cell) {
   const std::string filler = kFiller;

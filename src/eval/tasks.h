@@ -65,6 +65,39 @@ struct CopyPrompt {
 };
 CopyPrompt copy_prompt(const model::Tokenizer& tok, const std::vector<int32_t>& text, int64_t ctx, int64_t passage);
 
+// Multi-query retrieval from one compressed prefix: filler text with n facts
+// "The pass key of NAME is KEY." at evenly spread depths, `ctx` tokens in all,
+// prefilled once (the cache compresses or evicts it); then each question
+// "What is the pass key of NAME? The pass key of NAME is" is fed in turn and
+// its answer " KEY." teacher-forced, every question and answer staying in the
+// cache after the prefix. Scored per question: the answer's NLL, KL to the
+// full cache's answer distributions, and whether every answer token is the
+// argmax (exact match under teacher forcing).
+struct MultiQueryPrompt {
+  std::vector<int32_t> prefix;
+  struct Question {
+    double depth = 0;
+    std::vector<int32_t> question, answer;
+  };
+  std::vector<Question> questions;  // in the order asked (shuffled depths)
+};
+MultiQueryPrompt multi_query_prompt(const model::Tokenizer& tok, int64_t ctx, int n_questions, uint64_t seed);
+
+struct AnswerScore {
+  double depth = 0;
+  double nll = 0;      // mean over the answer's tokens, nats
+  double kl = 0;       // mean KL(full || cache) over the answer's tokens (0 for the full cache itself)
+  bool exact = false;  // every answer token is the argmax
+  std::vector<std::vector<double>> logp;  // per answer token: log-probabilities (for KL)
+};
+struct MultiQueryRun {
+  std::vector<AnswerScore> answers;
+  CacheTotals bytes;  // right after the prefix
+};
+// `ref`: the full cache's run (for KL), or null to score the full cache.
+MultiQueryRun multi_query(const model::LlamaWeights& w, const MultiQueryPrompt& p, const std::string& spec,
+                          double theta, int threads, const MultiQueryRun* ref);
+
 // Passkey retrieval: filler text with "The pass key is N" at a depth, then
 // "What is the pass key? The pass key is"; a greedy answer of 8 tokens is
 // right when it contains the key.

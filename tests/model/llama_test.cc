@@ -193,6 +193,36 @@ TEST(CopyTask, PassageFillerPassage) {
   EXPECT_THROW(eval::copy_prompt(tok, text, 1000, 200), Error);  // the text is shorter
 }
 
+TEST(MultiQueryTask, FactsAtSpreadDepthsAndTheirQuestions) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const Tokenizer tok = Tokenizer::from_gguf(io::GgufFile::open(path));
+  const eval::MultiQueryPrompt p = eval::multi_query_prompt(tok, 600, 4, 7);
+  ASSERT_EQ(p.prefix.size(), 600u);
+  ASSERT_EQ(p.questions.size(), 4u);
+  const std::string text = tok.decode(p.prefix);
+  std::vector<double> depths;
+  for (const auto& q : p.questions) {
+    const std::string question = tok.decode(q.question), answer = tok.decode(q.answer);
+    const std::string name = question.substr(24, question.find('?') - 24);  // "What is the pass key of NAME?"
+    const std::string key = answer.substr(1, answer.size() - 2);            // " KEY."
+    EXPECT_NE(text.find("The pass key of " + name + " is " + key + "."), std::string::npos) << name;
+    depths.push_back(q.depth);
+  }
+  std::sort(depths.begin(), depths.end());
+  EXPECT_EQ(depths, (std::vector<double>{0.125, 0.375, 0.625, 0.875}));
+  EXPECT_THROW(eval::multi_query_prompt(tok, 100, 4, 7), Error);  // no room
+  EXPECT_THROW(eval::multi_query_prompt(tok, 600, 0, 7), Error);
+  // The full cache scored against itself: zero KL, finite NLL.
+  const LlamaWeights w = load_model(path);
+  const eval::MultiQueryRun full = eval::multi_query(w, p, "full", 0, 1, nullptr);
+  const eval::MultiQueryRun again = eval::multi_query(w, p, "full", 0, 2, &full);
+  for (const auto& a : again.answers) {
+    EXPECT_NEAR(a.kl, 0.0, 1e-9);
+    EXPECT_TRUE(std::isfinite(a.nll) && a.nll > 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shared, Models, ::testing::Values("anchorkv-tiny.gguf", "stories260K.bin"));
 
 TEST(Llama, BadFilesAreClearErrors) {

@@ -249,6 +249,7 @@ struct EvalOptions {
   std::vector<double> depths = {0.1, 0.5, 0.9};
   int trials = 3;
   int64_t passage = 128;  // copy task
+  int questions = 8;      // multiquery task
   double prefix_frac = 0.5;
   std::vector<std::string> caches = {"full", "anchorkv", "snapkv", "h2o", "streamingllm", "kivi2"};
   std::vector<double> thetas = {0.05, 0.1, 0.2};
@@ -364,6 +365,58 @@ void passkey(const EvalOptions& o) {
                         {"trials", o.trials},
                         {"depths", o.depths},
                         {"results", rows}}
+             .dump(2);
+  }
+}
+
+// Several questions answered from one compressed prefix (eval/tasks.h).
+void multi_query(const EvalOptions& o) {
+  if (!is_gguf(o.model))
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv eval", "multiquery needs a GGUF model (a tokenizer)");
+  const model::LlamaWeights w = model::load_model(o.model);
+  const model::Tokenizer tok = model::Tokenizer::from_gguf(io::GgufFile::open(o.model));
+  const auto runs = eval::cache_runs(o.caches, o.thetas);
+  std::vector<eval::MultiQueryPrompt> prompts;
+  for (int t = 0; t < o.trials; ++t)
+    prompts.push_back(eval::multi_query_prompt(tok, o.ctxs[0], o.questions, 2026 + static_cast<uint64_t>(t)));
+  std::vector<eval::MultiQueryRun> refs;
+  for (const auto& p : prompts) refs.push_back(eval::multi_query(w, p, "full", 0, o.threads, nullptr));
+  fmt::print("{}: {} prompts of {} tokens, {} questions each at depths spread over the prefix, answered one "
+             "after another from one compressed prefix (answers teacher-forced)\n\n",
+             o.model, o.trials, prompts[0].prefix.size(), o.questions);
+  fmt::print("  {:<30} {:>5} {:>9} {:>11} {:>11} {:>9}\n", "cache", "theta", "ratio", "answer NLL", "KL (nats)",
+             "exact");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [cache, theta] : runs) {
+    double nll = 0, kl = 0, ratio = 0;
+    int exact = 0, n = 0;
+    nlohmann::json answers = nlohmann::json::array();
+    for (size_t t = 0; t < prompts.size(); ++t) {
+      const eval::MultiQueryRun r =
+          cache == "full" ? refs[t] : eval::multi_query(w, prompts[t], cache, theta, o.threads, &refs[t]);
+      ratio += r.bytes.ratio() / static_cast<double>(prompts.size());
+      for (const auto& a : r.answers) {
+        nll += a.nll;
+        kl += a.kl;
+        exact += a.exact;
+        ++n;
+        answers.push_back({{"prompt", t}, {"depth", a.depth}, {"nll", a.nll}, {"kl", a.kl}, {"exact", a.exact}});
+      }
+    }
+    fmt::print("  {:<30} {:>5} {:>8.2f}x {:>11.4f} {:>11.5f} {:>8.1f}%\n", cache,
+               theta > 0 ? fmt::format("{}", theta) : "-", ratio, nll / n, kl / n, 100.0 * exact / n);
+    rows.push_back({{"cache", cache},
+                    {"theta", theta},
+                    {"compression_ratio_after_prefix", ratio},
+                    {"answer_nll", nll / n},
+                    {"kl_mean", kl / n},
+                    {"exact", static_cast<double>(exact) / n},
+                    {"answers", answers}});
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << nlohmann::json{{"model", o.model},      {"task", "multiquery"},      {"prompts", o.trials},
+                        {"ctx", o.ctxs[0]},      {"questions", o.questions}, {"results", rows}}
              .dump(2);
   }
 }
@@ -494,8 +547,11 @@ void register_runtime(CLI::App& app) {
   ev->add_option("--tokens", e->tokens, "token ids to score instead")->delimiter(',');
   ev->add_option("--task", e->task,
                  "perplexity (ppl, KL, top-1 after a compressed prefix), copy (a passage of --text, filler, the "
-                 "passage again: loss on the repeat) or passkey")
-      ->check(CLI::IsMember({"perplexity", "copy", "passkey"}));
+                 "passage again: loss on the repeat), passkey, or multiquery (--questions facts in one "
+                 "compressed prefix, asked one after another; --trials prompts)")
+      ->check(CLI::IsMember({"perplexity", "copy", "passkey", "multiquery"}));
+  ev->add_option("--questions", e->questions, "multiquery task: facts in the prefix, each asked once")
+      ->check(CLI::Range(1, 16));
   ev->add_option("--passage", e->passage, "copy task: passage tokens (the prompt is --ctx tokens in all)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 19));
   ev->add_option("--ctx", e->ctxs, "tokens in all (passkey: a list of context lengths)")
@@ -521,7 +577,9 @@ void register_runtime(CLI::App& app) {
   dump->callback([dk] { dump_kv(*dk); });
 
   ev->callback([e] {
-    if (e->task == "passkey")
+    if (e->task == "multiquery")
+      multi_query(*e);
+    else if (e->task == "passkey")
       passkey(*e);
     else
       evaluate(*e);
