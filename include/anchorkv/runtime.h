@@ -5,7 +5,9 @@
 //   std::vector<float> logits = rt.forward(rt.tokenize("In the beginning"));
 //
 // Cache names are those `anchorkv eval --help` lists (full, anchorkv,
-// anchorkv_compact, snapkv, kivi2, ...); "NAME:pre" stores keys before RoPE.
+// anchorkv_compact, snapkv, kivi2, ...) with optional modifiers: ":pre"
+// stores keys before RoPE, ":obs" hands the cache the prompt's real queries,
+// ":auto" lets AnchorKV choose its anchor count (e.g. "anchorkv_compact:pre:obs:auto").
 // Errors are anchorkv::Error naming the operation. One Runtime is one
 // sequence: use it from one thread at a time.
 #pragma once

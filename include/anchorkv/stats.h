@@ -7,7 +7,8 @@ namespace anchorkv {
 
 // Per-stage wall time of the last compression, seconds.
 struct CompressionStats {
-  double scores_s = 0;    // proxy-query logits + softmax
+  // Stage times sum over every anchor count tried (anchor_count = auto tries several).
+  double scores_s = 0;    // observation logits + softmax
   double anchors_s = 0;   // anchor selection + observation outputs y_w
   double assign_s = 0;    // assignment, projection, residual utilities
   double allocate_s = 0;  // budget and top-N allocation
@@ -15,6 +16,7 @@ struct CompressionStats {
   double total_s = 0;
   int64_t rows = 0;    // (batch, head) rows compressed
   int64_t tokens = 0;  // tokens per row
+  int64_t anchor_counts_tried = 0;  // 1 unless anchor_count = auto
 };
 
 }  // namespace anchorkv

@@ -480,8 +480,20 @@ std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig
                                     const ResidualCodec& codec, CompressionStats* stats) {
   check_segment(in, config);
   const auto start = Clock::now();
+  if (stats) *stats = {};
   AnchorKVConfig c = config;
-  const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) { return analyze(in, x, stats); });
+  int64_t tried = 0;
+  const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) {
+    CompressionStats one;
+    auto a = analyze(in, x, &one);
+    ++tried;
+    if (stats) {
+      stats->scores_s += one.scores_s;
+      stats->anchors_s += one.anchors_s;
+      stats->assign_s += one.assign_s;
+    }
+    return a;
+  });
   auto t0 = Clock::now();
   const auto choice = allocate_residuals(in, c, analysis);
   const double allocate_s = seconds_since(t0);
@@ -493,6 +505,7 @@ std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig
     stats->total_s = seconds_since(start);
     stats->rows = in.rows();
     stats->tokens = in.S;
+    stats->anchor_counts_tried = tried;
   }
   return rows;
 }

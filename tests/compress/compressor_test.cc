@@ -222,7 +222,9 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
           }
         }
         ResidualCodec codec(D, cfg.residual_bits, cfg.scale, cfg.seed);
-        const auto rows = compress(in, cfg, codec);
+        CompressionStats stats;
+        const auto rows = compress(in, cfg, codec, &stats);
+        EXPECT_EQ(stats.anchor_counts_tried, static_cast<int64_t>(fractions.size()));
         int64_t bytes = 0;
         for (const auto& row : rows) {
           EXPECT_EQ(row.n_anchor, best_k);
