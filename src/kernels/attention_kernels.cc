@@ -235,7 +235,6 @@ void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT a
 // kRopeStep) come from the table rows of p0 and j by angle addition, so only
 // every kRopeStep-th row and the first kRopeStep rows are read (cache-resident)
 // instead of one 2 * D-float row per entry streamed from memory.
-constexpr int64_t kRopeStep = 64;
 void QuadRopeScores(const float* HWY_RESTRICT cs, int64_t k, int64_t D, int64_t gn,
                     const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
                     const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
@@ -1076,12 +1075,15 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   if (cq.rope) {  // each residual key rotated back and to its position once, then scored by the quad
     sc.zk.resize(static_cast<size_t>(D));
     sc.codes.resize(static_cast<size_t>(D));
+    sc.cs_row.resize(static_cast<size_t>(D));
     for (int64_t j = 0; j < nr; ++j) {
       const int64_t i = sc.res_k[j], p = sc.pos[i] + cq.rope->position_offset;
       codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())],
                           sc.zk.data(), sc.codes.data());
       codec.rotation().inverse(sc.zk.data(), sc.zk.data());
-      rope_rotate(sc.zk.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
+      // the angles from cache-resident rows: a table row per residual would miss the cache
+      rope_angles(*cq.table, p, sc.cs_row.data(), sc.cs_row.data() + D / 2);
+      rope_rotate(sc.zk.data(), D, cq.rope->style, sc.cs_row.data(), sc.cs_row.data() + D / 2);
       for (int64_t g = 0; g < gn; ++g)
         s4[i * 4 + g] += sc.zks[j] * core::dot(cq.q + (q0 + g) * D, sc.zk.data(), D);
     }

@@ -5,7 +5,79 @@
 #include <mutex>
 #include <vector>
 
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/rope.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
 namespace anchorkv::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// rope_rotate over whole vectors of pairs; returns the pairs done (the caller
+// finishes the rest). Adjacent pairs (normal style) are split into x and y
+// lanes with LoadInterleaved2, split halves (NeoX) are contiguous already.
+int64_t RopeRotatePairs(float* HWY_RESTRICT x, int64_t D, int neox, const float* HWY_RESTRICT c,
+                        const float* HWY_RESTRICT s, int inverse) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), half = D / 2;
+  int64_t i = 0;
+  for (; i + N <= half; i += N) {
+    const auto vc = hn::LoadU(d, c + i);
+    const auto vs = inverse ? hn::Neg(hn::LoadU(d, s + i)) : hn::LoadU(d, s + i);
+    auto xa = hn::Zero(d), xb = hn::Zero(d);
+    if (neox) {
+      xa = hn::LoadU(d, x + i);
+      xb = hn::LoadU(d, x + half + i);
+    } else {
+      hn::LoadInterleaved2(d, x + 2 * i, xa, xb);
+    }
+    const auto ra = hn::NegMulAdd(xb, vs, hn::Mul(xa, vc));  // x c - y s
+    const auto rb = hn::MulAdd(xa, vs, hn::Mul(xb, vc));     // x s + y c
+    if (neox) {
+      hn::StoreU(ra, d, x + i);
+      hn::StoreU(rb, d, x + half + i);
+    } else {
+      hn::StoreInterleaved2(ra, rb, d, x + 2 * i);
+    }
+  }
+  return i;
+}
+
+// cos(a + b) and sin(a + b) for the D/2 angles of two table rows.
+void AddAngles(const float* HWY_RESTRICT ca, const float* HWY_RESTRICT sa, const float* HWY_RESTRICT cb,
+               const float* HWY_RESTRICT sb, int64_t half, float* HWY_RESTRICT c, float* HWY_RESTRICT s) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= half; i += N) {
+    const auto vca = hn::LoadU(d, ca + i), vsa = hn::LoadU(d, sa + i);
+    const auto vcb = hn::LoadU(d, cb + i), vsb = hn::LoadU(d, sb + i);
+    hn::StoreU(hn::NegMulAdd(vsa, vsb, hn::Mul(vca, vcb)), d, c + i);
+    hn::StoreU(hn::MulAdd(vsa, vcb, hn::Mul(vca, vsb)), d, s + i);
+  }
+  for (; i < half; ++i) {
+    c[i] = ca[i] * cb[i] - sa[i] * sb[i];
+    s[i] = sa[i] * cb[i] + ca[i] * sb[i];
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace anchorkv::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace anchorkv::kernels {
+HWY_EXPORT(RopeRotatePairs);
+HWY_EXPORT(AddAngles);
+
+void rope_angles(const RopeTable& table, int64_t p, float* c, float* s) {
+  const int64_t j = p % kRopeStep, p0 = p - j;
+  HWY_DYNAMIC_DISPATCH(AddAngles)(table.c(p0), table.s(p0), table.c(j), table.s(j), table.D / 2, c, s);
+}
 
 void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out) {
   const int64_t half = D / 2;
@@ -55,14 +127,27 @@ std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64
   return t;
 }
 
-void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse) {
-  for (int64_t i = 0; i < D / 2; ++i) {
+namespace {
+// Pairs [i0, D/2) one at a time: the reference, and the tail of the SIMD path.
+void rope_rotate_from(int64_t i0, float* x, int64_t D, RopeStyle style, const float* c, const float* s,
+                      bool inverse) {
+  for (int64_t i = i0; i < D / 2; ++i) {
     const int64_t a = rope_x(style, i, D), b = rope_y(style, i, D);
     const float sn = inverse ? -s[i] : s[i];
     const float xa = x[a], xb = x[b];
     x[a] = xa * c[i] - xb * sn;
     x[b] = xa * sn + xb * c[i];
   }
+}
+}  // namespace
+
+void rope_rotate_ref(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse) {
+  rope_rotate_from(0, x, D, style, c, s, inverse);
+}
+
+void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse) {
+  const int64_t done = HWY_DYNAMIC_DISPATCH(RopeRotatePairs)(x, D, style == RopeStyle::kNeox, c, s, inverse);
+  rope_rotate_from(done, x, D, style, c, s, inverse);
 }
 
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse) {
@@ -88,3 +173,4 @@ void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, i
 }
 
 }  // namespace anchorkv::kernels
+#endif  // HWY_ONCE

@@ -35,17 +35,29 @@ struct RopeTable {
   const float* s(int64_t p) const { return &sin[static_cast<size_t>(p * (D / 2))]; }
 };
 inline constexpr int64_t kRopeBlock = 1024;
+// Angles of p = p0 + j (p0 a multiple of kRopeStep) by angle addition from the
+// rows of p0 and j: kernels that need many positions read every kRopeStep-th
+// row and the first kRopeStep rows (cache-resident) instead of streaming one
+// row per position.
+inline constexpr int64_t kRopeStep = 64;
 // A table covering at least [0, n). Thread-safe.
 std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n);
 
 // Rotate x [D] in place by the angles of one table row (inverse: by minus them).
+// SIMD over pairs; rope_rotate_ref is its scalar twin (equal up to fused
+// multiply-add rounding).
 void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse = false);
+void rope_rotate_ref(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse = false);
 
 // Per query g and anchor j, the pair products that make q . RoPE_t(a) a dot
 // with one table row: out [nq, k, D] = C_i = q_x a_x + q_y a_y (first D/2),
 // S_i = q_y a_x - q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin.
 void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, int64_t D, RopeStyle style,
                         float* out);
+
+// cos/sin of p * theta_i (D/2 each) from `table` by angle addition (kRopeStep):
+// equal to the row of p up to float rounding.
+void rope_angles(const RopeTable& table, int64_t p, float* c, float* s);
 
 // Rotate x [D] in place by position p (exact sincos; for a handful of vectors).
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);
