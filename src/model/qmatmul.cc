@@ -5,9 +5,14 @@
 #include "model/qmatmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -48,6 +53,88 @@ inline void unpack_scales_k4(const uint8_t* packed, uint8_t sc[8], uint8_t m[8])
 constexpr int kMaxTokens = 4;
 // How far ahead of the row being read weights are prefetched.
 constexpr int64_t kPrefetchBytes = 4096;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ANCHORKV_Q4K_BYTE_KERNEL 1
+// GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_*
+// placeholders) once they are inlined under a target attribute.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Q4_K rows with bytes: a 64-byte load holds chunks c and c + 1 (sub-blocks
+// 2c / 2c + 2 in the low nibbles, 2c + 1 / 2c + 3 in the high ones); their
+// activations are two 32-byte halves each. vpmaddubsw multiplies unsigned
+// nibbles by signed bytes and adds pairs into int16 (|sum| <= 2 * 15 * 128,
+// no saturation), vpmaddwd multiplies those by the sub-scales and adds pairs
+// into int32. out[t] = this row's dot for token t.
+#define ANCHORKV_AVX512BW __attribute__((target("avx512f,avx512bw,f16c"), always_inline)) inline
+// An fp16 scale, converted in a register (a library call per block costs more than the block).
+ANCHORKV_AVX512BW float f16_in_register(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+// 32 bytes at a, then 32 at b (a masked load fills the high half: qwords
+// 4..7 read from b - 32 + 32; the masked-out ones are never touched).
+ANCHORKV_AVX512BW __m512i halves(const int8_t* a, const int8_t* b) {
+  return _mm512_mask_loadu_epi64(_mm512_maskz_loadu_epi64(0x0F, a), 0xF0, b - 32);
+}
+// int16 lanes: a in the low 256 bits, b in the high.
+ANCHORKV_AVX512BW __m512i scales(uint8_t a, uint8_t b) {
+  return _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(a), _mm512_set1_epi16(b));
+}
+#undef ANCHORKV_AVX512BW
+
+__attribute__((target("avx512f,avx512bw,f16c"))) void row_q4_k_bytes(const uint8_t* row, int64_t nb, int n_tok,
+                                                                  const int8_t* const* x, const float* const* xs,
+                                                                  const int32_t* const* sums, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[kMaxTokens];
+  float min_acc[kMaxTokens];
+  for (int t = 0; t < n_tok; ++t) {
+    acc[t] = _mm512_setzero_ps();
+    min_acc[t] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b, row += 144) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBytes + 64), _MM_HINT_T0);
+    uint8_t sc[8], m[8];
+    unpack_scales_k4(row + 4, sc, m);
+    const float d = f16_in_register(row), dmin = f16_in_register(row + 2);
+    __m512i isum[kMaxTokens];
+    for (int t = 0; t < n_tok; ++t) isum[t] = _mm512_setzero_si512();
+    for (int i = 0; i < 2; ++i) {  // chunks 2i and 2i + 1
+      const __m512i q = _mm512_loadu_si512(row + 16 + 64 * i);
+      const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+      const __m512i s_lo = scales(sc[4 * i], sc[4 * i + 2]), s_hi = scales(sc[4 * i + 1], sc[4 * i + 3]);
+      for (int t = 0; t < n_tok; ++t) {
+        const int8_t* xb = x[t] + b * 256 + 128 * i;
+        const __m512i p_lo = _mm512_maddubs_epi16(lo, halves(xb, xb + 64));
+        const __m512i p_hi = _mm512_maddubs_epi16(hi, halves(xb + 32, xb + 96));
+        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_madd_epi16(p_lo, s_lo),
+                                                               _mm512_madd_epi16(p_hi, s_hi)));
+      }
+    }
+    for (int t = 0; t < n_tok; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(d * xs[t][b]), acc[t]);
+      const int32_t* ks = sums[t] + b * 8;
+      int32_t mdot = 0;
+      for (int j = 0; j < 8; ++j) mdot += static_cast<int32_t>(m[j]) * ks[j];
+      min_acc[t] += dmin * xs[t][b] * static_cast<float>(mdot);
+    }
+  }
+  for (int t = 0; t < n_tok; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - min_acc[t];
+}
+
+#pragma GCC diagnostic pop
+
+bool cpu_has_avx512bw() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+#endif
+
+std::atomic<bool> g_q4k_byte_kernel{true};
 }  // namespace
 }  // namespace anchorkv::model
 #endif  // ANCHORKV_MODEL_QMATMUL_HELPERS_
@@ -272,6 +359,16 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       RowQ4_0<kTok>(row, groups, x, xs, acc);
       break;
     case io::GgmlType::kQ4_K:
+#ifdef ANCHORKV_Q4K_BYTE_KERNEL
+      if (g_q4k_byte_kernel.load(std::memory_order_relaxed) && cpu_has_avx512bw()) {
+        const int8_t* x8[kTok];
+        float out[kTok];
+        for (int t = 0; t < kTok; ++t) x8[t] = &a.q8[static_cast<size_t>((t0 + t) * a.cols)];
+        row_q4_k_bytes(row, groups, kTok, x8, xs, sums, out);
+        for (int t = 0; t < kTok; ++t) y[t * y_stride] = out[t];
+        return;
+      }
+#endif
       RowQ45_K<false, kTok>(row, groups, x, xs, sums, acc, min_acc);
       break;
     case io::GgmlType::kQ5_K:
@@ -318,11 +415,13 @@ void Quantize(const float* x, int64_t t0, int64_t t1, Int8Activations* out) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<int16_t, decltype(df)> d16;
+  const hn::Rebind<int8_t, decltype(df)> d8;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), G = out->group, cols = out->cols;
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t g = 0; g < cols / G; ++g) {
       const float* xg = x + t * cols + g * G;
       int16_t* q = &out->q[static_cast<size_t>(t * cols + g * G)];
+      int8_t* q8 = &out->q8[static_cast<size_t>(t * cols + g * G)];
       int32_t* sums = &out->sum[static_cast<size_t>((t * cols + g * G) / 32)];
       auto amax = hn::Zero(df);
       auto finite = hn::FirstN(df, N);
@@ -336,6 +435,7 @@ void Quantize(const float* x, int64_t t0, int64_t t1, Int8Activations* out) {
       out->scale[static_cast<size_t>(t * (cols / G) + g)] = finite_all ? m / 127.0f : NAN;
       if (!finite_all || !(m > 0.0f)) {
         std::fill_n(q, G, int16_t{0});
+        std::fill_n(q8, G, int8_t{0});
         std::fill_n(sums, G / 32, 0);
         continue;
       }
@@ -346,6 +446,7 @@ void Quantize(const float* x, int64_t t0, int64_t t1, Int8Activations* out) {
           const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xg + i), inv));
           s = hn::Add(s, qi);
           hn::StoreU(hn::DemoteTo(d16, qi), d16, q + i);
+          hn::StoreU(hn::DemoteTo(d8, qi), d8, q8 + i);
         }
         sums[k / 32] = hn::GetLane(hn::SumOfLanes(di, s));
       }
@@ -393,6 +494,7 @@ void size_activations(int64_t T, int64_t cols, int64_t group, Int8Activations* o
   out->cols = cols;
   out->group = group;
   out->q.resize(static_cast<size_t>(T * cols));
+  out->q8.resize(static_cast<size_t>(T * cols));
   out->scale.resize(static_cast<size_t>(T * (cols / group)));
   out->sum.resize(static_cast<size_t>(T * (cols / 32)));
 }
@@ -434,7 +536,9 @@ void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, I
       const float inv = ok ? 127.0f / m : 0.0f;
       for (int64_t i = 0; i < group; ++i) {
         const float v = ok ? xg[i] * inv : 0.0f;
-        out->q[static_cast<size_t>(t * cols + g * group + i)] = static_cast<int16_t>(std::nearbyint(v));
+        const auto qi = static_cast<int16_t>(std::nearbyint(v));
+        out->q[static_cast<size_t>(t * cols + g * group + i)] = qi;
+        out->q8[static_cast<size_t>(t * cols + g * group + i)] = static_cast<int8_t>(qi);
       }
     }
   for (int64_t k = 0; k < T * cols / 32; ++k) {
@@ -443,6 +547,16 @@ void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, I
     out->sum[static_cast<size_t>(k)] = s;
   }
 }
+
+bool q4k_byte_kernel_available() {
+#ifdef ANCHORKV_Q4K_BYTE_KERNEL
+  return cpu_has_avx512bw();
+#else
+  return false;
+#endif
+}
+
+void set_q4k_byte_kernel(bool on) { g_q4k_byte_kernel.store(on, std::memory_order_relaxed); }
 
 void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads) {
   matmul_int8_batch(x, T, &W, &y, 1, threads);

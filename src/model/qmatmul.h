@@ -46,6 +46,7 @@ struct QuantMatrix {
 struct Int8Activations {
   int64_t T = 0, cols = 0, group = 32;
   std::vector<int16_t> q;    // [T, cols]; int8 values, held as int16 for the multiply
+  std::vector<int8_t> q8;    // [T, cols]; the same values as bytes (byte kernels: Q4_K)
   std::vector<float> scale;  // [T, cols / group]
   std::vector<int32_t> sum;  // [T, cols / 32]: sum of q per 32 elements
 };
@@ -66,5 +67,13 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
 // products in double. Agrees with matmul_int8 to float rounding of the
 // weights' scales and of the lane sums (tested).
 void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y);
+
+// Q4_K rows on CPUs with AVX-512BW take a byte kernel (unsigned 4-bit weights
+// times signed 8-bit activations, vpmaddubsw then vpmaddwd, as llama.cpp's
+// AVX2 path): the same integer sums as the 16-bit kernel, half the
+// instructions. On by default where the CPU has it; tests switch it off to
+// compare. Returns whether this CPU can run it.
+bool q4k_byte_kernel_available();
+void set_q4k_byte_kernel(bool on);
 
 }  // namespace anchorkv::model

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -126,6 +127,36 @@ INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
                          ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
+
+// Q4_K's byte kernel (AVX-512BW) and the 16-bit kernel: the same integer
+// sums, so outputs agree to the float rounding of the flush; both agree with
+// the twin; the int8 copy of the activations matches the int16 one.
+TEST(Int8Matmul, Q4KByteKernelMatchesThe16BitKernel) {
+  if (!q4k_byte_kernel_available()) GTEST_SKIP() << "this CPU has no AVX-512BW";
+  std::mt19937 g(5);
+  const int64_t rows = 21, cols = 1024;
+  const std::vector<uint8_t> blocks = random_blocks(io::GgmlType::kQ4_K, rows, cols, g);
+  const QuantMatrix W{io::GgmlType::kQ4_K, blocks.data(), rows, cols, cols / 256 * 144};
+  for (int64_t T : {1, 2, 4, 6}) {
+    const std::vector<float> x = random_activations(T, cols, g);
+    std::vector<float> bytes(static_cast<size_t>(T * rows)), words(bytes.size()), ref(bytes.size());
+    set_q4k_byte_kernel(true);
+    matmul_int8(x.data(), T, W, bytes.data(), 2);
+    set_q4k_byte_kernel(false);
+    matmul_int8(x.data(), T, W, words.data(), 2);
+    set_q4k_byte_kernel(true);
+    matmul_int8_ref(x.data(), T, W, ref.data());
+    float scale = 0.0f;
+    for (float v : ref) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      ASSERT_NEAR(bytes[i], words[i], 1e-5f * scale) << "T " << T << " at " << i;
+      ASSERT_NEAR(bytes[i], ref[i], 1e-5f * scale) << "T " << T << " at " << i;
+    }
+    Int8Activations a;
+    quantize_int8(x.data(), T, cols, 256, &a, 1);
+    for (size_t i = 0; i < a.q.size(); ++i) ASSERT_EQ(a.q8[i], a.q[i]) << i;
+  }
+}
 
 TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
   // The dispatcher picks the best target of this CPU; force each one it has
