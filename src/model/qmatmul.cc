@@ -85,45 +85,60 @@ ANCHORKV_AVX512BW __m512i scales(uint8_t a, uint8_t b) {
 }
 #undef ANCHORKV_AVX512BW
 
-__attribute__((target("avx512f,avx512bw,f16c"))) void row_q4_k_bytes(const uint8_t* row, int64_t nb, int n_tok,
-                                                                  const int8_t* const* x, const float* const* xs,
-                                                                  const int32_t* const* sums, float* out) {
+// n_rows rows (row_bytes apart) times n_tok tokens, n_rows * n_tok <= 4:
+// out[r * n_tok + t]. Decode passes four rows of one token, so the token's
+// activations are loaded once per four rows.
+__attribute__((target("avx512f,avx512bw,f16c"))) void rows_q4_k_bytes(const uint8_t* rows, int64_t row_bytes,
+                                                                   int n_rows, int64_t nb, int n_tok,
+                                                                   const int8_t* const* x, const float* const* xs,
+                                                                   const int32_t* const* sums, float* out) {
+  constexpr int kMaxPairs = 4;
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  __m512 acc[kMaxTokens];
-  float min_acc[kMaxTokens];
-  for (int t = 0; t < n_tok; ++t) {
-    acc[t] = _mm512_setzero_ps();
-    min_acc[t] = 0.0f;
+  __m512 acc[kMaxPairs];
+  float min_acc[kMaxPairs];
+  for (int i = 0; i < n_rows * n_tok; ++i) {
+    acc[i] = _mm512_setzero_ps();
+    min_acc[i] = 0.0f;
   }
-  for (int64_t b = 0; b < nb; ++b, row += 144) {
-    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBytes + 64), _MM_HINT_T0);
-    uint8_t sc[8], m[8];
-    unpack_scales_k4(row + 4, sc, m);
-    const float d = f16_in_register(row), dmin = f16_in_register(row + 2);
-    __m512i isum[kMaxTokens];
-    for (int t = 0; t < n_tok; ++t) isum[t] = _mm512_setzero_si512();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i isum[kMaxPairs];
+    for (int i = 0; i < n_rows * n_tok; ++i) isum[i] = _mm512_setzero_si512();
+    uint8_t sc[kMaxPairs][8], m[kMaxPairs][8];
+    for (int r = 0; r < n_rows; ++r) {
+      const uint8_t* blk = rows + r * row_bytes + b * 144;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
+      unpack_scales_k4(blk + 4, sc[r], m[r]);
+    }
     for (int i = 0; i < 2; ++i) {  // chunks 2i and 2i + 1
-      const __m512i q = _mm512_loadu_si512(row + 16 + 64 * i);
-      const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-      const __m512i s_lo = scales(sc[4 * i], sc[4 * i + 2]), s_hi = scales(sc[4 * i + 1], sc[4 * i + 3]);
       for (int t = 0; t < n_tok; ++t) {
         const int8_t* xb = x[t] + b * 256 + 128 * i;
-        const __m512i p_lo = _mm512_maddubs_epi16(lo, halves(xb, xb + 64));
-        const __m512i p_hi = _mm512_maddubs_epi16(hi, halves(xb + 32, xb + 96));
-        isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(_mm512_madd_epi16(p_lo, s_lo),
-                                                               _mm512_madd_epi16(p_hi, s_hi)));
+        const __m512i x_lo = halves(xb, xb + 64), x_hi = halves(xb + 32, xb + 96);
+        for (int r = 0; r < n_rows; ++r) {
+          const __m512i q = _mm512_loadu_si512(rows + r * row_bytes + b * 144 + 16 + 64 * i);
+          const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+          const __m512i s_lo = scales(sc[r][4 * i], sc[r][4 * i + 2]),
+                        s_hi = scales(sc[r][4 * i + 1], sc[r][4 * i + 3]);
+          __m512i& sum = isum[r * n_tok + t];
+          sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(lo, x_lo), s_lo),
+                                                       _mm512_madd_epi16(_mm512_maddubs_epi16(hi, x_hi), s_hi)));
+        }
       }
     }
-    for (int t = 0; t < n_tok; ++t) {
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_set1_ps(d * xs[t][b]), acc[t]);
-      const int32_t* ks = sums[t] + b * 8;
-      int32_t mdot = 0;
-      for (int j = 0; j < 8; ++j) mdot += static_cast<int32_t>(m[j]) * ks[j];
-      min_acc[t] += dmin * xs[t][b] * static_cast<float>(mdot);
+    for (int r = 0; r < n_rows; ++r) {
+      const uint8_t* blk = rows + r * row_bytes + b * 144;
+      const float d = f16_in_register(blk), dmin = f16_in_register(blk + 2);
+      for (int t = 0; t < n_tok; ++t) {
+        const int at = r * n_tok + t;
+        acc[at] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[at]), _mm512_set1_ps(d * xs[t][b]), acc[at]);
+        const int32_t* ks = sums[t] + b * 8;
+        int32_t mdot = 0;
+        for (int j = 0; j < 8; ++j) mdot += static_cast<int32_t>(m[r][j]) * ks[j];
+        min_acc[at] += dmin * xs[t][b] * static_cast<float>(mdot);
+      }
     }
   }
-  for (int t = 0; t < n_tok; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - min_acc[t];
+  for (int i = 0; i < n_rows * n_tok; ++i) out[i] = _mm512_reduce_add_ps(acc[i]) - min_acc[i];
 }
 
 #pragma GCC diagnostic pop
@@ -364,7 +379,7 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
         const int8_t* x8[kTok];
         float out[kTok];
         for (int t = 0; t < kTok; ++t) x8[t] = &a.q8[static_cast<size_t>((t0 + t) * a.cols)];
-        row_q4_k_bytes(row, groups, kTok, x8, xs, sums, out);
+        rows_q4_k_bytes(row, W.row_bytes, 1, groups, kTok, x8, xs, sums, out);
         for (int t = 0; t < kTok; ++t) y[t * y_stride] = out[t];
         return;
       }
@@ -402,9 +417,23 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
     for (; t + kMaxTokens <= a.T; t += kMaxTokens)
       for (int64_t r = tile; r < end; ++r)
         DotRow<kMaxTokens>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
-    for (; t < a.T; ++t)
-      for (int64_t r = tile; r < end; ++r)
-        DotRow<1>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
+    for (; t < a.T; ++t) {
+      int64_t r = tile;
+#ifdef ANCHORKV_Q4K_BYTE_KERNEL
+      if (W.type == io::GgmlType::kQ4_K && g_q4k_byte_kernel.load(std::memory_order_relaxed) &&
+          cpu_has_avx512bw()) {  // four rows per pass share the token's activations
+        const int8_t* x8 = &a.q8[static_cast<size_t>(t * a.cols)];
+        const float* xs = &a.scale[static_cast<size_t>(t * (a.cols / a.group))];
+        const int32_t* sums = &a.sum[static_cast<size_t>(t * (a.cols / 32))];
+        for (; r + 4 <= end; r += 4) {
+          float out[4];
+          rows_q4_k_bytes(W.blocks + r * W.row_bytes, W.row_bytes, 4, a.cols / 256, 1, &x8, &xs, &sums, out);
+          for (int i = 0; i < 4; ++i) y[t * W.rows + r + i] = out[i];
+        }
+      }
+#endif
+      for (; r < end; ++r) DotRow<1>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
+    }
   }
   return true;
 #endif
