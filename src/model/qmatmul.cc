@@ -55,7 +55,7 @@ constexpr int kMaxTokens = 4;
 constexpr int64_t kPrefetchBytes = 4096;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ANCHORKV_Q4K_BYTE_KERNEL 1
+#define ANCHORKV_BYTE_KERNELS 1
 // GCC 12 warns inside its own AVX-512 headers (their _mm512_undefined_*
 // placeholders) once they are inlined under a target attribute.
 #pragma GCC diagnostic push
@@ -141,6 +141,75 @@ __attribute__((target("avx512f,avx512bw,f16c"))) void rows_q4_k_bytes(const uint
   for (int i = 0; i < n_rows * n_tok; ++i) out[i] = _mm512_reduce_add_ps(acc[i]) - min_acc[i];
 }
 
+// Q6_K rows with bytes. Half h of a super-block (128 elements) takes ql[64h,
+// 64h + 64), qh[32h, 32h + 32) and scales[8h, 8h + 8): element 32k + l (k = 0..3,
+// l < 32) has low bits from ql[l] / ql[l + 32] (low nibble for k = 0, 1, high
+// for k = 2, 3) and high bits 2k of qh[l], scale sc[2k + l / 16], value
+// d * sc * (q - 32). One 512-bit register holds k = 0 and 1 (the 64 ql bytes
+// as they lie, qh in both halves shifted by 0 and 2), another k = 2 and 3; q is
+// unsigned (0..63), so vpmaddubsw takes it as is (pairs <= 2 * 63 * 128) and
+// the -32 comes back as 32 * sum(sc * x), from the same instructions on a
+// vector of 32s.
+__attribute__((target("avx512f,avx512bw,f16c"))) void rows_q6_k_bytes(const uint8_t* rows, int64_t row_bytes,
+                                                                   int n_rows, int64_t nb, int n_tok,
+                                                                   const int8_t* const* x, const float* const* xs,
+                                                                   float* out) {
+  constexpr int kMaxPairs = 4;
+  const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03), c32 = _mm512_set1_epi8(32);
+  const __m512i shift01 = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+  const __m512i shift23 = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(4), _mm512_set1_epi16(6));
+  // byte j of each 128-bit lane picks scale (lane * 2 + j / 8) of the 8 in a 64-bit word
+  const __m256i pick01 = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                          3, 3, 3, 3, 3, 3, 3);
+  const __m256i pick23 = _mm256_add_epi8(pick01, _mm256_set1_epi8(4));
+  __m512 acc[kMaxPairs];
+  for (int i = 0; i < n_rows * n_tok; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i isum[kMaxPairs];
+    for (int i = 0; i < n_rows * n_tok; ++i) isum[i] = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      for (int r = 0; r < n_rows; ++r) {
+        const uint8_t* blk = rows + r * row_bytes + b * 210;
+        if (half == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 64), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 128), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes + 192), _MM_HINT_T0);
+        }
+        const __m512i ql = _mm512_loadu_si512(blk + 64 * half);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half)));
+        const __m512i q01 = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift01), m2), 4));
+        const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift23), m2), 4));
+        int64_t sc8;
+        std::memcpy(&sc8, blk + 192 + 8 * half, 8);
+        const __m256i scb = _mm256_set1_epi64x(sc8);
+        const __m512i s01 = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(scb, pick01));
+        const __m512i s23 = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(scb, pick23));
+        for (int t = 0; t < n_tok; ++t) {
+          const int8_t* xb = x[t] + b * 256 + 128 * half;
+          const __m512i x01 = _mm512_loadu_si512(xb), x23 = _mm512_loadu_si512(xb + 64);
+          const __m512i dot = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q01, x01), s01),
+                                               _mm512_madd_epi16(_mm512_maddubs_epi16(q23, x23), s23));
+          const __m512i bias = _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(c32, x01), s01),
+                                                _mm512_madd_epi16(_mm512_maddubs_epi16(c32, x23), s23));
+          __m512i& sum = isum[r * n_tok + t];
+          sum = _mm512_add_epi32(sum, _mm512_sub_epi32(dot, bias));
+        }
+      }
+    }
+    for (int r = 0; r < n_rows; ++r) {
+      const float d = f16_in_register(rows + r * row_bytes + b * 210 + 208);
+      for (int t = 0; t < n_tok; ++t) {
+        const int at = r * n_tok + t;
+        acc[at] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[at]), _mm512_set1_ps(d * xs[t][b]), acc[at]);
+      }
+    }
+  }
+  for (int i = 0; i < n_rows * n_tok; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
+}
+
 #pragma GCC diagnostic pop
 
 bool cpu_has_avx512bw() {
@@ -149,7 +218,7 @@ bool cpu_has_avx512bw() {
 }
 #endif
 
-std::atomic<bool> g_q4k_byte_kernel{true};
+std::atomic<bool> g_byte_kernels{true};
 }  // namespace
 }  // namespace anchorkv::model
 #endif  // ANCHORKV_MODEL_QMATMUL_HELPERS_
@@ -374,8 +443,8 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       RowQ4_0<kTok>(row, groups, x, xs, acc);
       break;
     case io::GgmlType::kQ4_K:
-#ifdef ANCHORKV_Q4K_BYTE_KERNEL
-      if (g_q4k_byte_kernel.load(std::memory_order_relaxed) && cpu_has_avx512bw()) {
+#ifdef ANCHORKV_BYTE_KERNELS
+      if (g_byte_kernels.load(std::memory_order_relaxed) && cpu_has_avx512bw()) {
         const int8_t* x8[kTok];
         float out[kTok];
         for (int t = 0; t < kTok; ++t) x8[t] = &a.q8[static_cast<size_t>((t0 + t) * a.cols)];
@@ -390,6 +459,16 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       RowQ45_K<true, kTok>(row, groups, x, xs, sums, acc, min_acc);
       break;
     case io::GgmlType::kQ6_K:
+#ifdef ANCHORKV_BYTE_KERNELS
+      if (g_byte_kernels.load(std::memory_order_relaxed) && cpu_has_avx512bw()) {
+        const int8_t* x8[kTok];
+        float out[kTok];
+        for (int t = 0; t < kTok; ++t) x8[t] = &a.q8[static_cast<size_t>((t0 + t) * a.cols)];
+        rows_q6_k_bytes(row, W.row_bytes, 1, groups, kTok, x8, xs, out);
+        for (int t = 0; t < kTok; ++t) y[t * y_stride] = out[t];
+        return;
+      }
+#endif
       RowQ6_K<kTok>(row, groups, x, xs, acc);
       break;
     default:
@@ -419,15 +498,20 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
         DotRow<kMaxTokens>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
     for (; t < a.T; ++t) {
       int64_t r = tile;
-#ifdef ANCHORKV_Q4K_BYTE_KERNEL
-      if (W.type == io::GgmlType::kQ4_K && g_q4k_byte_kernel.load(std::memory_order_relaxed) &&
+#ifdef ANCHORKV_BYTE_KERNELS
+      const bool k4 = W.type == io::GgmlType::kQ4_K, k6 = W.type == io::GgmlType::kQ6_K;
+      if ((k4 || k6) && g_byte_kernels.load(std::memory_order_relaxed) &&
           cpu_has_avx512bw()) {  // four rows per pass share the token's activations
         const int8_t* x8 = &a.q8[static_cast<size_t>(t * a.cols)];
         const float* xs = &a.scale[static_cast<size_t>(t * (a.cols / a.group))];
         const int32_t* sums = &a.sum[static_cast<size_t>(t * (a.cols / 32))];
         for (; r + 4 <= end; r += 4) {
           float out[4];
-          rows_q4_k_bytes(W.blocks + r * W.row_bytes, W.row_bytes, 4, a.cols / 256, 1, &x8, &xs, &sums, out);
+          const uint8_t* rows = W.blocks + r * W.row_bytes;
+          if (k4)
+            rows_q4_k_bytes(rows, W.row_bytes, 4, a.cols / 256, 1, &x8, &xs, &sums, out);
+          else
+            rows_q6_k_bytes(rows, W.row_bytes, 4, a.cols / 256, 1, &x8, &xs, out);
           for (int i = 0; i < 4; ++i) y[t * W.rows + r + i] = out[i];
         }
       }
@@ -577,15 +661,15 @@ void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, I
   }
 }
 
-bool q4k_byte_kernel_available() {
-#ifdef ANCHORKV_Q4K_BYTE_KERNEL
+bool byte_kernels_available() {
+#ifdef ANCHORKV_BYTE_KERNELS
   return cpu_has_avx512bw();
 #else
   return false;
 #endif
 }
 
-void set_q4k_byte_kernel(bool on) { g_q4k_byte_kernel.store(on, std::memory_order_relaxed); }
+void set_byte_kernels(bool on) { g_byte_kernels.store(on, std::memory_order_relaxed); }
 
 void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads) {
   matmul_int8_batch(x, T, &W, &y, 1, threads);

@@ -68,12 +68,13 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
 // weights' scales and of the lane sums (tested).
 void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y);
 
-// Q4_K rows on CPUs with AVX-512BW take a byte kernel (unsigned 4-bit weights
-// times signed 8-bit activations, vpmaddubsw then vpmaddwd, as llama.cpp's
-// AVX2 path): the same integer sums as the 16-bit kernel, half the
-// instructions. On by default where the CPU has it; tests switch it off to
-// compare. Returns whether this CPU can run it.
-bool q4k_byte_kernel_available();
-void set_q4k_byte_kernel(bool on);
+// Q4_K and Q6_K rows on CPUs with AVX-512BW take byte kernels (unsigned
+// weight integers times signed 8-bit activations, vpmaddubsw then vpmaddwd by
+// the sub-scales, as llama.cpp's AVX2 path; Q6_K's -32 offset comes back as
+// 32 * sum(scale * x)): the same integer sums as the 16-bit kernels, half the
+// instructions. On by default where the CPU has them; tests switch them off
+// to compare. Returns whether this CPU can run them.
+bool byte_kernels_available();
+void set_byte_kernels(bool on);
 
 }  // namespace anchorkv::model

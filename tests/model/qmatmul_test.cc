@@ -128,23 +128,29 @@ INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
-// Q4_K's byte kernel (AVX-512BW) and the 16-bit kernel: the same integer
-// sums, so outputs agree to the float rounding of the flush; both agree with
-// the twin; the int8 copy of the activations matches the int16 one.
-TEST(Int8Matmul, Q4KByteKernelMatchesThe16BitKernel) {
-  if (!q4k_byte_kernel_available()) GTEST_SKIP() << "this CPU has no AVX-512BW";
+// The byte kernels (AVX-512BW: Q4_K, Q6_K) and the 16-bit kernels: the same
+// integer sums, so outputs agree to the float rounding of the flush; both
+// agree with the twin (one and four rows per pass, token blocks and single
+// tokens); the int8 copy of the activations matches the int16 one.
+class ByteKernel : public ::testing::TestWithParam<io::GgmlType> {};
+
+TEST_P(ByteKernel, MatchesThe16BitKernelAndTheTwin) {
+  if (!byte_kernels_available()) GTEST_SKIP() << "this CPU has no AVX-512BW";
+  const io::GgmlType type = GetParam();
   std::mt19937 g(5);
   const int64_t rows = 21, cols = 1024;
-  const std::vector<uint8_t> blocks = random_blocks(io::GgmlType::kQ4_K, rows, cols, g);
-  const QuantMatrix W{io::GgmlType::kQ4_K, blocks.data(), rows, cols, cols / 256 * 144};
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  const std::vector<uint8_t> blocks = random_blocks(type, rows, cols, g);
+  const QuantMatrix W{type, blocks.data(), rows, cols, cols / be * bb};
   for (int64_t T : {1, 2, 4, 6}) {
     const std::vector<float> x = random_activations(T, cols, g);
     std::vector<float> bytes(static_cast<size_t>(T * rows)), words(bytes.size()), ref(bytes.size());
-    set_q4k_byte_kernel(true);
+    set_byte_kernels(true);
     matmul_int8(x.data(), T, W, bytes.data(), 2);
-    set_q4k_byte_kernel(false);
+    set_byte_kernels(false);
     matmul_int8(x.data(), T, W, words.data(), 2);
-    set_q4k_byte_kernel(true);
+    set_byte_kernels(true);
     matmul_int8_ref(x.data(), T, W, ref.data());
     float scale = 0.0f;
     for (float v : ref) scale = std::max(scale, std::fabs(v));
@@ -157,6 +163,9 @@ TEST(Int8Matmul, Q4KByteKernelMatchesThe16BitKernel) {
     for (size_t i = 0; i < a.q.size(); ++i) ASSERT_EQ(a.q8[i], a.q[i]) << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, ByteKernel, ::testing::Values(io::GgmlType::kQ4_K, io::GgmlType::kQ6_K),
+                         [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
 TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
   // The dispatcher picks the best target of this CPU; force each one it has
