@@ -178,6 +178,79 @@ HeadErrors head_errors(const LayerCapture& L, const std::vector<float>& k_hat, c
   return e;
 }
 
+// The layer's prefix handed to a fresh cache of `spec`, as the runtime would
+// (keys in the spec's RoPE domain, the observation queries it asks for).
+std::unique_ptr<KVCache> compress_layer(const LayerCapture& L, const cache::CacheSpec& spec, double theta,
+                                        int threads, int64_t Hq, int64_t Hk, int64_t N, int64_t P, int64_t D,
+                                        const RopeOptions& rope) {
+  const std::vector<float>& K = spec.pre_rope ? L.k_pre : L.k_post;
+  std::vector<float> kp(static_cast<size_t>(Hk * P * D)), vp(kp.size());
+  for (int64_t h = 0; h < Hk; ++h) {
+    std::copy_n(&K[static_cast<size_t>(h * N * D)], P * D, &kp[static_cast<size_t>(h * P * D)]);
+    std::copy_n(&L.v[static_cast<size_t>(h * N * D)], P * D, &vp[static_cast<size_t>(h * P * D)]);
+  }
+  std::unique_ptr<KVCache> cache = spec.make(theta, threads);
+  const TensorView kv_k = TensorView::f32(kp.data(), {1, Hk, P, D}), kv_v = TensorView::f32(vp.data(), {1, Hk, P, D});
+  const int64_t win = spec.observation_window();
+  if (win == 0) {
+    cache->update(kv_k, kv_v);
+    return cache;
+  }
+  const int64_t W = win < 0 ? P : std::min(win, P);
+  std::vector<float> qw(static_cast<size_t>(Hq * W * D));
+  for (int64_t hq = 0; hq < Hq; ++hq)
+    for (int64_t j = 0; j < W; ++j) {
+      float* dst = &qw[static_cast<size_t>((hq * W + j) * D)];
+      std::copy_n(&L.q[static_cast<size_t>((hq * N + P - W + j) * D)], D, dst);
+      if (spec.pre_rope) kernels::rope_rotate_at(dst, D, rope, P - W + j, /*inverse=*/true);  // captured rotated
+    }
+  cache->update(kv_k, kv_v, TensorView::f32(qw.data(), {1, Hq, W, D}));
+  return cache;
+}
+
+// Every head's errors of one layer.
+void layer_errors(const LayerCapture& L, const cache::CacheSpec& spec, double theta, int threads,
+                  const model::LlamaConfig& c, int64_t l, int64_t N, int64_t P, int64_t stride, const RopeOptions& rope,
+                  std::vector<HeadErrors>& out) {
+  const int64_t D = c.head_dim, Hk = c.n_kv_heads, G = c.n_heads / c.n_kv_heads;
+  const std::unique_ptr<KVCache> cache = compress_layer(L, spec, theta, threads, c.n_heads, Hk, N, P, D, rope);
+  const KVPair rec = cache->fetch();
+  const std::vector<float> k_rec = rec.keys.to_f32(), v_rec = rec.values.to_f32();
+  for (int64_t h = 0; h < Hk; ++h) {
+    std::vector<float> k_hat(k_rec.begin() + h * P * D, k_rec.begin() + (h + 1) * P * D);
+    std::vector<float> v_hat(v_rec.begin() + h * P * D, v_rec.begin() + (h + 1) * P * D);
+    if (spec.pre_rope)
+      for (int64_t t = 0; t < P; ++t) kernels::rope_rotate_at(&k_hat[t * D], D, rope, t);
+    HeadErrors e = head_errors(L, k_hat, v_hat, approximated_keys(*cache, h, P), h, G, N, P, D, stride);
+    e.layer = l;
+    e.kv_head = h;
+    out.push_back(e);
+  }
+}
+
+// The mean of a layer's heads.
+HeadErrors mean_of_heads(const std::vector<HeadErrors>& heads, int64_t l) {
+  HeadErrors m;
+  m.layer = l;
+  double n = 0;
+  for (const HeadErrors& e : heads) {
+    if (e.layer != l) continue;
+    n += 1;
+    m.err += e.err;
+    m.key_err += e.key_err;
+    m.value_err += e.value_err;
+    m.unimportant_key_err += e.unimportant_key_err;
+    m.important_key_err += e.important_key_err;
+    m.approx_mass_true += e.approx_mass_true;
+    m.approx_mass_cache += e.approx_mass_cache;
+    m.approx_share += e.approx_share;
+  }
+  for (double* x : {&m.err, &m.key_err, &m.value_err, &m.unimportant_key_err, &m.important_key_err,
+                    &m.approx_mass_true, &m.approx_mass_cache, &m.approx_share})
+    *x /= std::max(1.0, n);
+  return m;
+}
+
 }  // namespace
 
 ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
@@ -189,78 +262,26 @@ ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int
   if (P < 2 || P >= N) core::fail(ErrorCode::kInvalidArgument, kOp, "the prefix must leave tokens after it");
   if (stride < 1) core::fail(ErrorCode::kInvalidArgument, kOp, "stride must be >= 1");
   const auto& c = w.config;
-  const int64_t D = c.head_dim, Hk = c.n_kv_heads, G = c.n_heads / c.n_kv_heads;
-  const std::vector<LayerCapture> layers = capture(w, toks, threads);
   RopeOptions rope;
   rope.enabled = true;
   rope.base = c.rope_base;
   rope.style = c.rope_style;
-
   ErrorAnalysis out;
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const LayerCapture& L = layers[static_cast<size_t>(l)];
-    const std::vector<float>& K = spec.pre_rope ? L.k_pre : L.k_post;
-    // The prefix as the cache stores it, with the observation queries its spec asks for.
-    std::vector<float> kp(static_cast<size_t>(Hk * P * D)), vp(kp.size());
-    for (int64_t h = 0; h < Hk; ++h) {
-      std::copy_n(&K[static_cast<size_t>(h * N * D)], P * D, &kp[static_cast<size_t>(h * P * D)]);
-      std::copy_n(&L.v[static_cast<size_t>(h * N * D)], P * D, &vp[static_cast<size_t>(h * P * D)]);
-    }
-    std::unique_ptr<KVCache> cache = spec.make(theta, threads);
-    const TensorView kv_k = TensorView::f32(kp.data(), {1, Hk, P, D}), kv_v = TensorView::f32(vp.data(), {1, Hk, P, D});
-    const int64_t win = spec.observation_window();
-    if (win != 0) {
-      const int64_t W = win < 0 ? P : std::min(win, P);
-      std::vector<float> qw(static_cast<size_t>(c.n_heads * W * D));
-      for (int64_t hq = 0; hq < c.n_heads; ++hq)
-        for (int64_t j = 0; j < W; ++j) {
-          float* dst = &qw[static_cast<size_t>((hq * W + j) * D)];
-          std::copy_n(&L.q[static_cast<size_t>((hq * N + P - W + j) * D)], D, dst);
-          if (spec.pre_rope) kernels::rope_rotate_at(dst, D, rope, P - W + j, /*inverse=*/true);
-        }
-      cache->update(kv_k, kv_v, TensorView::f32(qw.data(), {1, c.n_heads, W, D}));
-    } else {
-      cache->update(kv_k, kv_v);
-    }
-    const KVPair rec = cache->fetch();
-    const std::vector<float> k_rec = rec.keys.to_f32(), v_rec = rec.values.to_f32();
-    for (int64_t h = 0; h < Hk; ++h) {
-      std::vector<float> k_hat(k_rec.begin() + h * P * D, k_rec.begin() + (h + 1) * P * D);
-      std::vector<float> v_hat(v_rec.begin() + h * P * D, v_rec.begin() + (h + 1) * P * D);
-      if (spec.pre_rope)
-        for (int64_t t = 0; t < P; ++t) kernels::rope_rotate_at(&k_hat[t * D], D, rope, t);
-      HeadErrors e = head_errors(L, k_hat, v_hat, approximated_keys(*cache, h, P), h, G, N, P, D, stride);
-      e.layer = l;
-      e.kv_head = h;
-      out.heads.push_back(e);
-    }
-  }
+  const std::vector<LayerCapture> layers = capture(w, toks, threads);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    layer_errors(layers[static_cast<size_t>(l)], spec, theta, threads, c, l, N, P, stride, rope, out.heads);
 
   const auto ref = continuation_logp(w, toks, P, cache::parse_cache_spec("full"),
                                      [](int64_t) { return std::make_unique<FullKVCache>(); }, threads);
   out.kl_all = mean_kl(ref, continuation_logp(w, toks, P, spec, [&](int64_t) { return spec.make(theta, threads); },
                                               threads));
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    LayerErrors le;
-    le.layer = l;
-    le.kl_alone = mean_kl(ref, continuation_logp(
-                                   w, toks, P, spec,
-                                   [&](int64_t i) -> std::unique_ptr<KVCache> {
-                                     if (i == l) return spec.make(theta, threads);
-                                     return std::make_unique<FullKVCache>();
-                                   },
-                                   threads));
-    le.mean.layer = l;
-    for (const HeadErrors& e : out.heads) {
-      if (e.layer != l) continue;
-      for (auto [dst, src] : {std::pair{&le.mean.err, e.err}, {&le.mean.key_err, e.key_err},
-                              {&le.mean.value_err, e.value_err}, {&le.mean.unimportant_key_err, e.unimportant_key_err},
-                              {&le.mean.important_key_err, e.important_key_err},
-                              {&le.mean.approx_mass_true, e.approx_mass_true},
-                              {&le.mean.approx_mass_cache, e.approx_mass_cache}, {&le.mean.approx_share, e.approx_share}})
-        *dst += src / static_cast<double>(Hk);
-    }
-    out.layers.push_back(le);
+    auto only_l = [&](int64_t i) -> std::unique_ptr<KVCache> {
+      if (i == l) return spec.make(theta, threads);
+      return std::make_unique<FullKVCache>();
+    };
+    out.layers.push_back({l, mean_kl(ref, continuation_logp(w, toks, P, spec, only_l, threads)),
+                          mean_of_heads(out.heads, l)});
   }
   return out;
 }

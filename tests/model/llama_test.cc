@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "anchorkv/anchorkv.h"
+#include "eval/error_analysis.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
 #include "model/tokenizer.h"
@@ -221,6 +222,39 @@ TEST(MultiQueryTask, FactsAtSpreadDepthsAndTheirQuestions) {
     EXPECT_NEAR(a.kl, 0.0, 1e-9);
     EXPECT_TRUE(std::isfinite(a.nll) && a.nll > 0);
   }
+}
+
+// The error analysis: zero for the full cache, a consistent split for a lossy one.
+TEST(ErrorAnalysis, FullCacheHasNoErrorAndLossyOneSplitsIt) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  const Tokenizer tok = Tokenizer::from_gguf(io::GgufFile::open(path));
+  const std::vector<int32_t> toks = tok.encode(
+      "In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+      "darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters.",
+      true);
+  const int64_t P = static_cast<int64_t>(toks.size()) / 2;
+  const eval::ErrorAnalysis full = eval::analyze_errors(w, toks, P, "full", 0, 2, 3);
+  EXPECT_NEAR(full.kl_all, 0.0, 1e-12);
+  for (const auto& e : full.heads) {
+    EXPECT_NEAR(e.err, 0.0, 1e-12);
+    EXPECT_EQ(e.approx_share, 0.0);
+  }
+  const eval::ErrorAnalysis a = eval::analyze_errors(w, toks, P, "anchorkv_compact:obs", 0.05, 2, 3);
+  ASSERT_EQ(a.layers.size(), static_cast<size_t>(w.config.n_layers));
+  ASSERT_EQ(a.heads.size(), static_cast<size_t>(w.config.n_layers * w.config.n_kv_heads));
+  EXPECT_GT(a.kl_all, 0.0);
+  for (const auto& e : a.heads) {
+    EXPECT_GT(e.err, 0.0);
+    EXPECT_GT(e.approx_share, 0.0);
+    EXPECT_LE(e.approx_share, 1.0);
+    EXPECT_GE(e.approx_mass_true, 0.0);
+    EXPECT_LE(e.approx_mass_true, 1.0 + 1e-9);
+  }
+  for (const auto& l : a.layers) EXPECT_GE(l.kl_alone, 0.0);
+  EXPECT_THROW(eval::analyze_errors(w, toks, P, "snapkv", 0.2, 2), Error);  // evicts: positions lost
+  EXPECT_THROW(eval::analyze_errors(w, toks, 1, "full", 0, 2), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shared, Models, ::testing::Values("anchorkv-tiny.gguf", "stories260K.bin"));
