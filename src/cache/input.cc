@@ -114,18 +114,22 @@ void stage_queries(std::string_view op, const TensorView& queries, StagedInput& 
   q.G = s[1] / in.H();
   q.W = s[2];
   q.D = s[3];
-  q.q.resize(static_cast<size_t>(queries.numel()));
-  int64_t i = 0;
-  for (int64_t b = 0; b < s[0]; ++b)
-    for (int64_t h = 0; h < s[1]; ++h)
-      for (int64_t p = 0; p < s[2]; ++p)
-        for (int64_t d = 0; d < s[3]; ++d) {
-          const float x = queries.at(b, h, p, d);
-          if (!std::isfinite(x))
-            core::fail(ErrorCode::kNonFinite, op,
-                       "queries hold a non-finite value (" + std::to_string(x) + ") at " + index_string(s, i));
-          q.q[static_cast<size_t>(i++)] = x;
-        }
+  const int64_t n = queries.numel();
+  q.q.resize(static_cast<size_t>(n));
+  if (queries.is_contiguous() && queries.dtype == DType::kF32) {
+    std::copy_n(static_cast<const float*>(queries.data), n, q.q.data());
+  } else {
+    int64_t i = 0;
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t h = 0; h < s[1]; ++h)
+        for (int64_t p = 0; p < s[2]; ++p)
+          for (int64_t d = 0; d < s[3]; ++d) q.q[static_cast<size_t>(i++)] = queries.at(b, h, p, d);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(q.q[static_cast<size_t>(i)]))
+      core::fail(ErrorCode::kNonFinite, op,
+                 "queries hold a non-finite value (" + std::to_string(q.q[static_cast<size_t>(i)]) + ") at " +
+                     index_string(s, i));
   in.queries = std::move(q);
 }
 

@@ -474,7 +474,9 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     // The queries of the call's last W positions, head-major, as the cache
     // stores keys: `q` is rotated in place for post-RoPE keys and left
     // unrotated for pre-RoPE ones.
-    const int64_t W = observe_ < 0 ? T : std::min(observe_, T);
+    // Caches that observe a window score the prompt only: a decode step's one
+    // query goes to them only when every position is asked for (H2O).
+    const int64_t W = observe_ < 0 ? T : T > 1 ? std::min(observe_, T) : 0;
     for (int64_t h = 0; h < Hq && W > 0; ++h)
       for (int64_t j = 0; j < W; ++j) std::copy_n(&q[((T - W + j) * Hq + h) * hd], hd, &obs_q[(h * W + j) * hd]);
     auto update_cache = [&] {

@@ -126,8 +126,9 @@ class LlamaModel {
   Activations activations() const { return activations_; }
   // Observation queries handed to every layer's cache with each update
   // (KVCache::update with queries; in the stored keys' RoPE domain): the
-  // queries of the last `n` positions of each call (n < 0: every position;
-  // 0: none, the default, and the seed's behaviour).
+  // queries of the last `n` positions of each prefill chunk (n < 0: every
+  // position of every call, decode steps included; 0: none, the default, and
+  // the seed's behaviour).
   void set_observation_window(int64_t n) { observe_ = n; }
   int64_t observation_window() const { return observe_; }
 
