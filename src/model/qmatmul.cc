@@ -16,6 +16,8 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "model/amx_matmul.h"
+#include "model/kquant_scales.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -30,24 +32,6 @@
 #define ANCHORKV_MODEL_QMATMUL_HELPERS_
 namespace anchorkv::model {
 namespace {
-
-// The eight 6-bit scales and eight minimums of a Q4_K / Q5_K super-block from
-// its 12 packed bytes, with 32-bit word operations (a byte per value; the
-// layout of dequant.cc's scale_min_k4: scales 0-3 and minimums 0-3 in the low
-// 6 bits of bytes 0-7, the others' low 4 bits in bytes 8-11 and high 2 bits in
-// the top of bytes 0-7). Little-endian words, as GGUF itself.
-inline void unpack_scales_k4(const uint8_t* packed, uint8_t sc[8], uint8_t m[8]) {
-  uint32_t u[3];
-  std::memcpy(u, packed, 12);
-  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-  const uint32_t scales_lo = u[0] & k6, mins_lo = u[1] & k6;
-  const uint32_t scales_hi = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
-  const uint32_t mins_hi = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
-  std::memcpy(sc, &scales_lo, 4);
-  std::memcpy(sc + 4, &scales_hi, 4);
-  std::memcpy(m, &mins_lo, 4);
-  std::memcpy(m + 4, &mins_hi, 4);
-}
 
 // Tokens whose activations one pass over a weight row serves.
 constexpr int kMaxTokens = 4;
@@ -671,6 +655,33 @@ bool byte_kernels_available() {
 
 void set_byte_kernels(bool on) { g_byte_kernels.store(on, std::memory_order_relaxed); }
 
+namespace {
+// Prefill on AMX tiles: rows in groups of 16 (a matrix's last, partial group
+// goes through the row kernels), contiguous ranges of groups per thread.
+void matmul_amx_batch(Int8Activations* const acts[2], const bool quantized[2], const QuantMatrix* W,
+                      float* const* y, int n, int threads) {
+  thread_local AmxTokens buffers[2];  // named outside the lambda: see matmul_int8_batch
+  AmxTokens* packed = buffers;
+  for (int slot = 0; slot < 2; ++slot)
+    if (quantized[slot]) pack_amx_tokens(*acts[slot], &packed[slot], threads);
+  auto slot_of = [&](int m) { return int8_group(W[m].type) == 32 ? 0 : 1; };
+  int64_t total = 0;
+  for (int m = 0; m < n; ++m) total += (W[m].rows + 15) / 16;
+  const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), std::max<int64_t>(total, 1));
+  core::parallel_for(parts, threads, [&](int64_t i) {
+    const int64_t begin = total * i / parts, end = total * (i + 1) / parts;
+    int64_t first = 0;  // the first group of matrix m in the joined group space
+    for (int m = 0; m < n; first += (W[m].rows + 15) / 16, ++m) {
+      const int64_t g0 = std::max(begin, first) - first, g1 = std::min(end, first + (W[m].rows + 15) / 16) - first;
+      if (g1 <= g0) continue;
+      const int64_t r0 = 16 * g0, r1 = std::min(W[m].rows, 16 * g1), whole = (r1 - r0) / 16 * 16;
+      if (whole > 0) rows_amx(W[m], r0, whole, packed[slot_of(m)], y[m]);
+      if (r0 + whole < r1) HWY_DYNAMIC_DISPATCH(DotRows)(W[m], r0 + whole, r1 - r0 - whole, *acts[slot_of(m)], y[m]);
+    }
+  });
+}
+}  // namespace
+
 void matmul_int8(const float* x, int64_t T, const QuantMatrix& W, float* y, int threads) {
   matmul_int8_batch(x, T, &W, &y, 1, threads);
 }
@@ -699,6 +710,9 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
     quantized[slot] = true;
     total += W[m].rows;
   }
+  bool tiles = T >= kAmxMinTokens;
+  for (int m = 0; m < n; ++m) tiles = tiles && amx_matmul_usable(W[m].type);
+  if (tiles) return matmul_amx_batch(acts, quantized, W, y, n, threads);
   // One contiguous range of the matrices' rows, taken one after another, per
   // thread: each core then streams its weights in order, which the hardware
   // prefetchers follow (interleaved small tasks halved the two-thread

@@ -2,6 +2,8 @@
 // exact arithmetic on the dequantized weights, for every weight type it takes.
 #include "model/qmatmul.h"
 
+#include "model/amx_matmul.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -204,6 +206,84 @@ TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_GE(tested, 1);
 }
+
+// The AMX tiles (prefill, from kAmxMinTokens tokens) and the row kernels:
+// the same integer sums per block, so outputs agree to float rounding; both
+// agree with the twin; one, two and three threads give the same bits; rows
+// past the last whole group of 16 and tokens past the last whole tile of 16
+// are covered.
+class AmxTiles : public ::testing::TestWithParam<io::GgmlType> {};
+
+TEST_P(AmxTiles, MatchTheRowKernelsAndTheTwin) {
+  if (!amx_available()) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
+  const io::GgmlType type = GetParam();
+  ASSERT_TRUE(amx_matmul_usable(type));
+  std::mt19937 g(23);
+  const int64_t rows = 16 * 3 + 5, cols = 768;
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  const std::vector<uint8_t> blocks = random_blocks(type, rows, cols, g);
+  const QuantMatrix W{type, blocks.data(), rows, cols, cols / be * bb};
+  for (int64_t T : {kAmxMinTokens, int64_t{16}, int64_t{23}, int64_t{40}}) {
+    const std::vector<float> x = random_activations(T, cols, g);
+    std::vector<float> tiles(static_cast<size_t>(T * rows)), rows_kernel(tiles.size()), ref(tiles.size());
+    matmul_int8(x.data(), T, W, tiles.data(), 2);
+    for (int threads : {1, 3}) {
+      std::vector<float> again(tiles.size());
+      matmul_int8(x.data(), T, W, again.data(), threads);
+      ASSERT_EQ(0, std::memcmp(again.data(), tiles.data(), tiles.size() * 4)) << "threads " << threads;
+    }
+    set_amx(false);
+    matmul_int8(x.data(), T, W, rows_kernel.data(), 2);
+    set_amx(true);
+    matmul_int8_ref(x.data(), T, W, ref.data());
+    std::vector<float> w(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      io::dequantize_row_ref(type, blocks.data() + r * W.row_bytes, cols, w.data());
+      for (int64_t t = 0; t < T; ++t) {
+        double magnitude = 0;
+        for (int64_t i = 0; i < cols; ++i) magnitude += std::fabs(double(w[i]) * x[t * cols + i]);
+        const size_t at = static_cast<size_t>(t * rows + r);
+        ASSERT_NEAR(tiles[at], rows_kernel[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
+        ASSERT_NEAR(tiles[at], ref[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(AmxTiles, ABatchOfMixedTypesGivesTheBitsOfSeparateCalls) {
+  if (!amx_available()) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
+  std::mt19937 g(29);
+  const int64_t cols = 512, T = 21;
+  const io::GgmlType types[] = {io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ4_0};
+  const int64_t rows[] = {48, 35, 16};
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<QuantMatrix> W;
+  for (int m = 0; m < 3; ++m) {
+    int64_t be = 0, bb = 0;
+    io::ggml_block(types[m], &be, &bb);
+    blocks.push_back(random_blocks(types[m], rows[m], cols, g));
+    W.push_back({types[m], blocks.back().data(), rows[m], cols, cols / be * bb});
+  }
+  const std::vector<float> x = random_activations(T, cols, g);
+  std::vector<std::vector<float>> batch(3), alone(3);
+  std::vector<float*> ys;
+  for (int m = 0; m < 3; ++m) {
+    batch[m].assign(static_cast<size_t>(T * rows[m]), -1.0f);
+    alone[m].resize(batch[m].size());
+    ys.push_back(batch[m].data());
+    matmul_int8(x.data(), T, W[m], alone[m].data(), 1);
+  }
+  matmul_int8_batch(x.data(), T, W.data(), ys.data(), 3, 2);
+  for (int m = 0; m < 3; ++m)
+    ASSERT_EQ(0, std::memcmp(batch[m].data(), alone[m].data(), batch[m].size() * 4)) << m;
+  EXPECT_THROW(rows_amx(W[0], 0, 8, AmxTokens{}, ys[0]), Error);  // not a whole group of 16
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, AmxTiles,
+                         ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K,
+                                           io::GgmlType::kQ5_K),
+                         [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
 TEST(Int8Matmul, ABatchGivesTheBitsOfSeparateCalls) {
   // Mixed group sizes (32 and 256) and row counts that split unevenly between threads.

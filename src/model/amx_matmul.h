@@ -1,0 +1,60 @@
+// Prefill matmuls on AMX int8 tiles (Intel Sapphire Rapids and later). One
+// tile instruction multiplies 16 weight rows by 16 tokens over a 32-element
+// block (8192 multiply-adds); in prefill that replaces the f32 tiles, whose
+// two cores managed ~150 GFLOP/s.
+//
+// Numerics are those of qmatmul.h (the same int8 activations and the same
+// exact integer sums per 32-element block), except that the float part is
+// summed per block rather than per super-block: for the K-quants each
+// sub-block's integer sum is converted and scaled by d * scale_j on its own.
+// The results agree with the other integer kernels to float rounding (tested
+// against them and the scalar twin); they depend only on row and token, never
+// on the thread count.
+//
+// Layout. A weight block is the tiles' first operand as it lies in memory:
+// 16 rows of 32 bytes, one row per weight row (Q8_0 is read straight from the
+// GGUF blocks; the 4- and 5-bit types are unpacked first, once per 16 rows,
+// into unsigned bytes with the offset or minimum moved into a correction
+// through the activations' per-32 sums). The tokens are the second operand:
+// per 16 tokens and block, 8 rows of 64 bytes (4 consecutive elements of each
+// of the 16 tokens), rearranged once per call.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/qmatmul.h"
+
+namespace anchorkv::model {
+
+// Whether this CPU has AMX-INT8 and the kernel lets this process use the tile
+// registers (asked once, with arch_prctl, on Linux).
+bool amx_available();
+// Weight types with a tile kernel: Q4_0, Q8_0, Q4_K, Q5_K.
+bool amx_matmul_supported(io::GgmlType type);
+// On by default where available; tests switch it off to compare.
+void set_amx(bool on);
+// amx_available(), switched on, and a type with a tile kernel.
+bool amx_matmul_usable(io::GgmlType type);
+
+// Fewest tokens for which the tiles beat the row kernels (measured).
+constexpr int64_t kAmxMinTokens = 8;
+
+// T tokens' activations as the tiles' second operand (see Layout); tokens
+// past T in the last 16 are zero.
+struct AmxTokens {
+  int64_t T = 0, cols = 0, tiles = 0, blocks = 0;
+  std::vector<int8_t> q;        // [tiles][blocks][8][64]
+  std::vector<float> scale;     // [tiles][blocks][16]: each token's activation scale of the block
+  std::vector<float> scaled_sum;  // [tiles][blocks][16]: the block's sum of q times that scale
+  const int8_t* tile(int64_t mt, int64_t b) const { return &q[static_cast<size_t>((mt * blocks + b) * 512)]; }
+  const float* scales(int64_t mt, int64_t b) const { return &scale[static_cast<size_t>((mt * blocks + b) * 16)]; }
+  const float* sums(int64_t mt, int64_t b) const { return &scaled_sum[static_cast<size_t>((mt * blocks + b) * 16)]; }
+};
+void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads);
+
+// Rows [r0, r0 + n) of W, n a multiple of 16, for every token of x:
+// y[t * W.rows + r]. Needs amx_matmul_usable(W.type).
+void rows_amx(const QuantMatrix& W, int64_t r0, int64_t n, const AmxTokens& x, float* y);
+
+}  // namespace anchorkv::model
