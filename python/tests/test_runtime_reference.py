@@ -353,7 +353,7 @@ def test_qwen2_quantized_logits_match_numpy_reference(qwen2):
     path, W, cfg, vocab, _ = qwen2
     tokens = [3, 77, 290, 5, 100, 256, 17, 250, 42, 9, 260]
     ref = forward_general(W, cfg, tokens, rope_neox)
-    got = cli_logits(path, tokens)
+    got = cli_logits(path, tokens, "--activations", "f32")
     assert got.shape == ref.shape
     assert np.abs(got - ref).max() < 2e-3 * max(1.0, np.abs(ref).max())
     # Without biases or with adjacent-pair RoPE the reference differs clearly: the test can fail.
@@ -366,6 +366,10 @@ def test_qwen2_quantized_logits_match_numpy_reference(qwen2):
     err = np.abs(int8 - ref).max() / max(1.0, np.abs(ref).max())
     assert 1e-4 < err < 2e-2, err  # quantized activations, not f32 ones, and not noise
     assert (int8.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+    # Default prefill: 8-bit activations on AMX tiles where the CPU has them (else f32 tiles).
+    default = cli_logits(path, tokens)
+    assert np.abs(default - ref).max() < 2e-2 * max(1.0, np.abs(ref).max())
+    assert (default.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
     # NeoX RoPE inside attention (keys cached unrotated), through the compressed kernel too.
     for cache in ("full:pre", "anchorkv:pre"):
         pre = cli_logits(path, tokens, "--cache", cache, "--theta", "1.0", "--incremental", "--activations", "f32")

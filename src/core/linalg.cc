@@ -3,6 +3,7 @@
 #include "core/linalg.h"
 #include "core/rotation.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #define HWY_TARGET_INCLUDE "core/linalg.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "core/simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -87,6 +89,67 @@ void DotMatrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k
     for (; i < n; ++i)
       for (int64_t j = j0; j < j1; ++j) out[i * ldo + j] = Dot1(d, X + i * ldx, Y + j * ldy, D);
   }
+}
+
+// R rows of C, columns [0, NV * N): outer products of A's columns with B's
+// rows (one broadcast and NV multiply-adds per row and k), so no horizontal
+// sums; each lane adds in k order.
+template <int R, int NV>
+HWY_INLINE void PanelNN(DF d, const float* HWY_RESTRICT A, int64_t lda, const float* HWY_RESTRICT B, int64_t ldb,
+                        int64_t K, float* HWY_RESTRICT C, int64_t ldc) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  hn::Vec<DF> acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
+  for (int64_t k = 0; k < K; ++k) {
+    hn::Vec<DF> b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = hn::LoadU(d, B + k * ldb + v * N);
+    for (int r = 0; r < R; ++r) {
+      const auto a = hn::Set(d, A[r * lda + k]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(a, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, C + r * ldc + v * N);
+}
+
+template <int NV>
+HWY_INLINE void ColumnsNN(DF d, const float* A, int64_t n, int64_t lda, const float* B, int64_t ldb, int64_t K,
+                          float* C, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) PanelNN<4, NV>(d, A + i * lda, lda, B, ldb, K, C + i * ldc, ldc);
+  for (; i < n; ++i) PanelNN<1, NV>(d, A + i * lda, lda, B, ldb, K, C + i * ldc, ldc);
+}
+
+void MatmulNN(const float* A, int64_t n, int64_t lda, const float* B, int64_t ldb, int64_t K, int64_t m, float* C,
+              int64_t ldc) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + 4 * N <= m; j += 4 * N) ColumnsNN<4>(d, A, n, lda, B + j, ldb, K, C + j, ldc);
+  for (; j + N <= m; j += N) ColumnsNN<1>(d, A, n, lda, B + j, ldb, K, C + j, ldc);
+  for (; j < m; ++j)  // columns past the last whole vector, in the same k order
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(A[i * lda + k], B[k * ldb + j], acc);
+      C[i * ldc + j] = acc;
+    }
+}
+
+// gate[i] = silu(gate[i]) * up[i]; exp's argument is capped at 88 (hn::Exp's
+// valid range ends near 104; exp(88) already makes silu(x) = x / (1 + e^-x)
+// round to zero for x <= -88).
+void Swiglu(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto one = hn::Set(d, 1.0f), cap = hn::Set(d, 88.0f);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto g = hn::LoadU(d, gate + i);
+    const auto e = hn::Exp(d, hn::Min(hn::Neg(g), cap));
+    hn::StoreU(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::LoadU(d, up + i)), d, gate + i);
+  }
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], 88.0f))) * up[i];
 }
 
 HWY_INLINE float Dist1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
@@ -258,6 +321,8 @@ HWY_EXPORT(DotVec);
 HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(Decode2Bit);
 HWY_EXPORT(Fwht);
+HWY_EXPORT(Swiglu);
+HWY_EXPORT(MatmulNN);
 HWY_EXPORT(FwhtSupported);
 HWY_EXPORT(TargetName);
 
@@ -288,6 +353,27 @@ void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, 
       }
       out[i * ldo + j] = acc;
     }
+}
+
+void matmul_nn(const float* A, int64_t n, int64_t lda, const float* B, int64_t ldb, int64_t K, int64_t m, float* C,
+               int64_t ldc) {
+  HWY_DYNAMIC_DISPATCH(MatmulNN)(A, n, lda, B, ldb, K, m, C, ldc);
+}
+
+void matmul_nn_ref(const float* A, int64_t n, int64_t lda, const float* B, int64_t ldb, int64_t K, int64_t m,
+                   float* C, int64_t ldc) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(A[i * lda + k]) * B[k * ldb + j];
+      C[i * ldc + j] = static_cast<float>(acc);
+    }
+}
+
+void swiglu(float* gate, const float* up, int64_t n) { HWY_DYNAMIC_DISPATCH(Swiglu)(gate, up, n); }
+
+void swiglu_ref(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], 88.0f))) * up[i];
 }
 
 void fwht_simd(float* x, int64_t n) {

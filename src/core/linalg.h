@@ -51,6 +51,20 @@ void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n,
                          float* out, int64_t ldo);
 float dot_ref(const float* x, const float* y, int64_t D);
 
+// C[i * ldc + j] = sum_k A[i * lda + k] * B[k * ldb + j]   (i < n, j < m, k < K):
+// B row-major, so the SIMD version broadcasts A and streams B's rows (outer
+// products, no horizontal sums; attention's Q K^T with K transposed, P V).
+// Every output adds its products in k order; the twin sums in double.
+void matmul_nn(const float* A, int64_t n, int64_t lda, const float* B, int64_t ldb, int64_t K, int64_t m, float* C,
+               int64_t ldc);
+void matmul_nn_ref(const float* A, int64_t n, int64_t lda, const float* B, int64_t ldb, int64_t K, int64_t m,
+                   float* C, int64_t ldc);
+
+// gate[i] = silu(gate[i]) * up[i] (SwiGLU; silu(x) = x / (1 + e^-x), the
+// exponent capped at 88). SIMD exp within a few ulp of the twin's std::exp.
+void swiglu(float* gate, const float* up, int64_t n);
+void swiglu_ref(float* gate, const float* up, int64_t n);
+
 // Name of the SIMD target the dispatcher picks on this CPU (e.g. "AVX3").
 const char* simd_target_name();
 

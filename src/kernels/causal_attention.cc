@@ -1,8 +1,9 @@
 // Blocked causal self-attention (causal_attention.h). Per (head, query block)
-// task: scores of the block against each key block up to the diagonal by
-// core::dot_matrix, an online softmax (running max and normaliser per query,
-// the accumulator rescaled when the max grows), values through dot_matrix
-// again against V transposed.
+// task: scores of the block against each key block up to the diagonal as a
+// matrix product with K transposed (core::matmul_nn: outer products, no
+// horizontal sums), an online softmax (running max and normaliser per query,
+// the accumulator rescaled when the max grows), values as the product of the
+// probabilities with V's rows.
 #include "kernels/causal_attention.h"
 
 #include <algorithm>
@@ -86,8 +87,9 @@ struct BlockScratch {
   std::vector<float> q, s, acc, pv, m, l, alpha;
 };
 
-// Query block [t0, t0 + nq) of head h against keys [0, t0 + nq).
-void query_block(const float* q, const float* k16, const float* vt, int64_t T, int64_t hd, float scale,
+// Query block [t0, t0 + nq) of head h against keys [0, t0 + nq); kt is the
+// head's keys transposed [hd, T], v16 its values [T, hd].
+void query_block(const float* q, const float* kt, const float* v16, int64_t T, int64_t hd, float scale,
                  int64_t t0, int64_t nq, float* out, BlockScratch& w) {
   w.q.resize(static_cast<size_t>(kBlock * hd));
   w.s.resize(static_cast<size_t>(kBlock * kBlock));
@@ -99,15 +101,15 @@ void query_block(const float* q, const float* k16, const float* vt, int64_t T, i
   for (int64_t i = 0; i < nq * hd; ++i) w.q[static_cast<size_t>(i)] = q[t0 * hd + i] * scale;
   for (int64_t k0 = 0; k0 < t0 + nq; k0 += kBlock) {
     const int64_t nk = std::min(kBlock, t0 + nq - k0);
-    core::dot_matrix(w.q.data(), nq, hd, k16 + k0 * hd, nk, hd, hd, w.s.data(), kBlock);
+    core::matmul_nn(w.q.data(), nq, hd, kt + k0, T, hd, nk, w.s.data(), kBlock);
     for (int64_t i = 0; i < nq; ++i) {
       float* s = &w.s[static_cast<size_t>(i * kBlock)];
       for (int64_t j = std::max<int64_t>(0, t0 + i + 1 - k0); j < nk; ++j) s[j] = -HUGE_VALF;  // future keys
       w.alpha[static_cast<size_t>(i)] = HWY_DYNAMIC_DISPATCH(SoftmaxUpdate)(
           s, nk, &w.m[static_cast<size_t>(i)], &w.l[static_cast<size_t>(i)]);
     }
-    // pv[i, d] = sum_j p[i, j] v[k0 + j, d]: rows of V^T are the D-long operand.
-    core::dot_matrix(w.s.data(), nq, kBlock, vt + k0, hd, T, nk, w.pv.data(), hd);
+    // pv[i, d] = sum_j p[i, j] v[k0 + j, d]
+    core::matmul_nn(w.s.data(), nq, kBlock, v16 + k0 * hd, hd, nk, hd, w.pv.data(), hd);
     for (int64_t i = 0; i < nq; ++i)  // acc = acc * alpha + pv, row by row
       HWY_DYNAMIC_DISPATCH(ScaleAdd)
       (&w.acc[static_cast<size_t>(i * hd)], w.alpha[static_cast<size_t>(i)],
@@ -124,14 +126,17 @@ void causal_attention(const float* q, const float* k, const float* v, int64_t Hq
                       int64_t hd, float scale, float* out, int threads) {
   if (Hq <= 0 || Hk <= 0 || T <= 0 || hd <= 0) return;
   const int64_t group = Hq / Hk, kv = Hk * T * hd;
-  // K and V rounded to fp16 as the cache holds them; V transposed per head.
-  std::vector<float> k16(static_cast<size_t>(kv)), v16(static_cast<size_t>(kv)), vt(static_cast<size_t>(kv));
+  // K and V rounded to fp16 as the cache holds them; K transposed per head.
+  std::vector<float> k16(static_cast<size_t>(kv)), v16(static_cast<size_t>(kv)), kt(static_cast<size_t>(kv));
   core::round_to_f16_n(k, k16.data(), kv);
   core::round_to_f16_n(v, v16.data(), kv);
-  for (int64_t h = 0; h < Hk; ++h)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t d = 0; d < hd; ++d)
-        vt[static_cast<size_t>((h * hd + d) * T + t)] = v16[static_cast<size_t>((h * T + t) * hd + d)];
+  constexpr int64_t kTile = 32;  // transposed in tiles that stay in L1
+  core::parallel_for(Hk * ((T + kTile - 1) / kTile), threads, [&](int64_t task) {
+    const int64_t h = task / ((T + kTile - 1) / kTile), t0 = task % ((T + kTile - 1) / kTile) * kTile;
+    for (int64_t d = 0; d < hd; ++d)
+      for (int64_t t = t0; t < std::min(T, t0 + kTile); ++t)
+        kt[static_cast<size_t>((h * hd + d) * T + t)] = k16[static_cast<size_t>((h * T + t) * hd + d)];
+  });
   // Tasks from the last query blocks (the most keys) to the first, so the
   // long ones start early and the short ones fill the end.
   const int64_t blocks = (T + kBlock - 1) / kBlock;
@@ -139,7 +144,7 @@ void causal_attention(const float* q, const float* k, const float* v, int64_t Hq
     thread_local BlockScratch w;
     const int64_t b = blocks - 1 - task / Hq, h = task % Hq, kh = h / group;
     const int64_t t0 = b * kBlock;
-    query_block(q + h * T * hd, &k16[static_cast<size_t>(kh * T * hd)], &vt[static_cast<size_t>(kh * hd * T)],
+    query_block(q + h * T * hd, &kt[static_cast<size_t>(kh * hd * T)], &v16[static_cast<size_t>(kh * T * hd)],
                 T, hd, scale, t0, std::min(kBlock, T - t0), out + h * T * hd, w);
   });
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 
 #include "core/error.h"
 #include "core/linalg.h"
@@ -12,6 +13,7 @@
 #include "io/gguf.h"
 #include "kernels/causal_attention.h"
 #include "kernels/rope.h"
+#include "model/amx_matmul.h"
 #include "model/qmatmul.h"
 
 namespace anchorkv::model {
@@ -262,8 +264,10 @@ namespace {
 // 2816x1024, two threads).
 constexpr int64_t kInt8MaxTokens = 7;
 
+// On AMX every token count takes the integer path (tiles from kAmxMinTokens on).
 bool integer_path(const Weight& W, int64_t T, Activations activations) {
-  return activations == Activations::kInt8 && int8_matmul_supported(W.type) && T <= kInt8MaxTokens;
+  return activations == Activations::kInt8 && int8_matmul_supported(W.type) &&
+         (T <= kInt8MaxTokens || amx_matmul_usable(W.type));
 }
 QuantMatrix quant_matrix(const Weight& W) { return {W.type, W.blocks.data(), W.rows, W.cols, W.row_bytes()}; }
 }  // namespace
@@ -325,6 +329,16 @@ void rmsnorm(const float* x, const float* g, int64_t D, double eps, float* out) 
   for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(x[i]) * x[i];
   const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
   for (int64_t i = 0; i < D; ++i) out[i] = x[i] * inv * g[i];
+}
+
+// fn(t0, t1) over chunks of a call's tokens on the threads (per-token work:
+// norms, RoPE, SwiGLU, layout copies; left serial, they had been a quarter
+// of a 512-token prefill's single-thread time). Small calls run inline.
+void for_tokens(int64_t T, int threads, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kChunk = 16;
+  if (T <= kChunk) return fn(0, T);
+  core::parallel_for((T + kChunk - 1) / kChunk, threads,
+                     [&](int64_t i) { fn(i * kChunk, std::min(T, (i + 1) * kChunk)); });
 }
 
 // y[t, :] += b for every row t (nothing when b is empty).
@@ -414,11 +428,12 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   rope.enabled = true;
   rope.base = c.rope_base;
   rope.style = c.rope_style;
-  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), obs_q(observe_ != 0 ? q.size() : 0), rope_cos,
-      rope_sin;
+  std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), obs_q(observe_ != 0 ? q.size() : 0);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_.layers[l];
-    for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.rms_eps, &xn[t * D]);
+    });
     mm_shared(xn.data(), T, {&L.wq, &L.wk, &L.wv}, {q.data(), k.data(), v.data()});
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
@@ -442,28 +457,29 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     float* kr = pre ? k_rot.data() : k.data();
     if (rotate) {
       // one cos/sin row per position (exact sincos, as rope_rotate_at), shared by every head
-      rope_cos.resize(static_cast<size_t>(hd / 2));
-      rope_sin.resize(rope_cos.size());
-      for (int64_t t = 0; t < T; ++t) {
-        kernels::rope_table(pos_ + t, 1, hd, rope.base, rope_cos.data(), rope_sin.data());
-        const float* c_t = rope_cos.data();
-        const float* s_t = rope_sin.data();
-        for (int64_t h = 0; h < Hq; ++h)
-          kernels::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t, s_t);
-        for (int64_t h = 0; h < Hk; ++h)
-          kernels::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t, s_t);
-      }
+      for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+        std::vector<float> c_t(static_cast<size_t>(hd / 2)), s_t(c_t.size());
+        for (int64_t t = t0; t < t1; ++t) {
+          kernels::rope_table(pos_ + t, 1, hd, rope.base, c_t.data(), s_t.data());
+          for (int64_t h = 0; h < Hq; ++h)
+            kernels::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t.data(), s_t.data());
+          for (int64_t h = 0; h < Hk; ++h)
+            kernels::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t.data(), s_t.data());
+        }
+      });
     }
     if (observer_) observer_(l, T, qr, k_pre.data(), kr, v.data());
     // [T, H, hd] token-major -> [1, H, T, hd] head-major.
     const float* q_att = rope_in_attention ? q.data() : qr;
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < Hq; ++h) std::copy_n(&q_att[(t * Hq + h) * hd], hd, &qh[(h * T + t) * hd]);
-      for (int64_t h = 0; h < Hk; ++h) {
-        std::copy_n(&k[(t * Hk + h) * hd], hd, &kh[(h * T + t) * hd]);
-        std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t h = 0; h < Hq; ++h) std::copy_n(&q_att[(t * Hq + h) * hd], hd, &qh[(h * T + t) * hd]);
+        for (int64_t h = 0; h < Hk; ++h) {
+          std::copy_n(&k[(t * Hk + h) * hd], hd, &kh[(h * T + t) * hd]);
+          std::copy_n(&v[(t * Hk + h) * hd], hd, &vh[(h * T + t) * hd]);
+        }
       }
-    }
+    });
     const TensorView kv_k = TensorView::f32(kh.data(), {1, Hk, T, hd}),
                      kv_v = TensorView::f32(vh.data(), {1, Hk, T, hd});
     const TensorView q_view = TensorView::f32(qh.data(), {1, Hq, T, hd});
@@ -494,16 +510,28 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       y = attend(q_view, cache, ao);
     }
     const float* yp = y.data_as<float>();
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t t = 0; t < T; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t t = t0; t < t1; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);
+    });
     mm(att.data(), T, L.wo, o.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-    for (int64_t t = 0; t < T; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0 * D; i < t1 * D; ++i) x[i] += o[i];
+      for (int64_t t = t0; t < t1; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
+    });
     mm_shared(xn.data(), T, {&L.w_gate, &L.w_up}, {gate.data(), up.data()});
-    for (size_t i = 0; i < gate.size(); ++i)
-      gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];  // SwiGLU
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      float* g = &gate[static_cast<size_t>(t0 * c.hidden)];
+      const float* u = &up[static_cast<size_t>(t0 * c.hidden)];
+      if (reference_)
+        core::swiglu_ref(g, u, (t1 - t0) * c.hidden);
+      else
+        core::swiglu(g, u, (t1 - t0) * c.hidden);
+    });
     mm(gate.data(), T, L.w_down, o.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      for (int64_t i = t0 * D; i < t1 * D; ++i) x[i] += o[i];
+    });
   }
   const int64_t first = all_logits ? 0 : T - 1, n = T - first;
   for (int64_t t = first; t < T; ++t)

@@ -148,5 +148,45 @@ TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
   EXPECT_EQ(abs_cosine_argmax(zero_dots, 3, 0.0f, norms, 1e-12f), 0);
 }
 
+TEST(Linalg, MatmulNNMatchesReferenceOverSizesAndStrides) {
+  // Row counts around the 4-row panels, column counts around whole vectors
+  // (16 lanes on AVX-512) and 4-vector panels, padded strides.
+  Rng rng(41);
+  for (int64_t n : {1, 3, 4, 7, 64})
+    for (int64_t m : {1, 15, 16, 17, 64, 70, 128})
+      for (int64_t K : {1, 5, 64, 128}) {
+        const int64_t lda = K + 3, ldb = m + 5, ldc = m + 2;
+        const auto A = random_vec(rng, static_cast<size_t>(n * lda)), B = random_vec(rng, static_cast<size_t>(K * ldb));
+        std::vector<float> C(static_cast<size_t>(n * ldc), -7.0f), R(C.size(), -7.0f);
+        matmul_nn(A.data(), n, lda, B.data(), ldb, K, m, C.data(), ldc);
+        matmul_nn_ref(A.data(), n, lda, B.data(), ldb, K, m, R.data(), ldc);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const size_t at = static_cast<size_t>(i * ldc + j);
+            if (j >= m) {  // past the columns: untouched
+              ASSERT_EQ(C[at], -7.0f);
+              continue;
+            }
+            double mag = 0;
+            for (int64_t k = 0; k < K; ++k) mag += std::fabs(double(A[i * lda + k]) * B[k * ldb + j]);
+            ASSERT_NEAR(C[at], R[at], kSimdRelTol * mag + 1e-30) << n << "x" << m << "x" << K << " at " << i << "," << j;
+          }
+      }
+}
+
+TEST(Linalg, SwigluMatchesReference) {
+  Rng rng(43);
+  for (int64_t n : {1, 15, 16, 33, 1000}) {
+    std::vector<float> gate = random_vec(rng, static_cast<size_t>(n)), up = random_vec(rng, static_cast<size_t>(n));
+    for (auto& g : gate) g *= 12.0f;
+    if (n > 3) gate[0] = -200.0f, gate[1] = 200.0f, gate[2] = 0.0f, gate[3] = -88.5f;  // past exp's range; zero
+    std::vector<float> fast = gate, ref = gate;
+    swiglu(fast.data(), up.data(), n);
+    swiglu_ref(ref.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(fast[i], ref[i], 4e-6 * std::fabs(ref[i]) + 1e-30) << "n " << n << " at " << i << " gate " << gate[i];
+  }
+}
+
 }  // namespace
 }  // namespace anchorkv::core

@@ -31,7 +31,7 @@ inline void add_activations_option(CLI::App* sub, model::Activations* a) {
          [a](const std::string& v) {
            *a = v == "f32" ? model::Activations::kF32 : model::Activations::kInt8;
          },
-         "decode matmuls on quantized weights: int8 (8-bit activations, integer dot products) or f32")
+         "matmuls on quantized weights: int8 (8-bit activations, integer dot products; decode, and prefill where the CPU has AMX tiles) or f32")
       ->check(CLI::IsMember({"int8", "f32"}))
       ->default_str("int8");
 }
