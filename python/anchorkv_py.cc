@@ -170,7 +170,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::enum_<MetadataLayout>(m, "MetadataLayout")
       .value("seed", MetadataLayout::kSeed)
-      .value("compact", MetadataLayout::kCompact);
+      .value("compact", MetadataLayout::kCompact)
+      .value("tight", MetadataLayout::kTight);
   py::enum_<AnchorCount>(m, "AnchorCount").value("fixed", AnchorCount::kFixed).value("auto", AnchorCount::kAuto);
 
   py::class_<AnchorKVConfig>(m, "AnchorKVConfig")

@@ -40,7 +40,8 @@ __all__ = [
 
 _SCALES = {"rms": _core.ResidualScale.rms, "absmax": _core.ResidualScale.absmax}
 _ALLOCATIONS = {"pooled": _core.ResidualAllocation.pooled, "per_head": _core.ResidualAllocation.per_head}
-_METADATA = {"seed": _core.MetadataLayout.seed, "compact": _core.MetadataLayout.compact}
+_METADATA = {"seed": _core.MetadataLayout.seed, "compact": _core.MetadataLayout.compact,
+             "tight": _core.MetadataLayout.tight}
 _ANCHOR_COUNTS = {"fixed": _core.AnchorCount.fixed, "auto": _core.AnchorCount.auto}
 _TRIGGERS = {
     "first_prefill": _core.CompressTrigger.first_prefill,
@@ -69,7 +70,8 @@ class KVCacheConfig:
     anchorkv_scale: residual scale, "rms" (default, measured better) or "absmax" (seed).
     anchorkv_allocation: "pooled" across heads (seed) or "per_head".
     anchorkv_compress_at: "first_prefill" (seed) or "first_decode" (chunked prefill).
-    anchorkv_metadata: "seed" (16 bytes per token) or "compact" (8 bytes + 4 per anchor).
+    anchorkv_metadata: "seed" (16 bytes per token), "compact" (8 bytes + 4 per anchor) or "tight"
+        (4 bytes + 4 per anchor, 8-bit coefficients, at most 127 anchors per segment).
     anchorkv_anchor_count: "fixed" (seed: k = round(S * anchor_frac)) or "auto" (per layer,
         k * 2^i with the least estimated attention-output error within the byte budget).
     anchorkv_threads: worker threads, 0 = all cores (results are identical for any value).

@@ -108,11 +108,16 @@ def test_compact_metadata_layout():
     seed = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_anchor_frac=1 / 16, anchorkv_theta=0.2))
     comp = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_anchor_frac=1 / 16, anchorkv_theta=0.2,
                                                            anchorkv_metadata="compact"))
+    tight = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_anchor_frac=1 / 16, anchorkv_theta=0.2,
+                                                            anchorkv_metadata="tight"))
     seed.update_and_fetch(k, v)
     comp.update_and_fetch(k, v)
+    tight.update_and_fetch(k, v)
     # Same bytes budget, cheaper metadata: more residuals.
-    assert comp.n_residual_total > seed.n_residual_total
+    assert tight.n_residual_total > comp.n_residual_total > seed.n_residual_total
     assert abs(comp.anchorkv_bytes - seed.anchorkv_bytes) < 2 * 18
+    assert abs(tight.anchorkv_bytes - seed.anchorkv_bytes) < 2 * 18
+    assert tight.config.anchorkv_metadata == "tight"
     with pytest.raises(ValueError, match="metadata"):
         anchorkv.KVCacheConfig(anchorkv_metadata="tiny")
 

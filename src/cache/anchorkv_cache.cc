@@ -44,7 +44,7 @@ void count_segment(NewSegment& seg, int64_t D, int bits) {
   const int64_t b_res = compress::residual_bytes(D, bits);
   seg.bytes = seg.n_anchor = seg.n_residual = 0;
   for (const auto& row : seg.rows) {
-    seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.compact) + row.n_residual() * b_res;
+    seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.layout()) + row.n_residual() * b_res;
     seg.n_anchor += row.n_anchor;
     seg.n_residual += row.n_residual();
   }
@@ -209,40 +209,53 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
   w.put<int64_t>(row.length);
   w.put<int64_t>(row.n_anchor);
-  w.put<uint8_t>(row.compact);
+  w.put<uint8_t>(static_cast<uint8_t>(row.layout()));  // format <= 2: a compact flag (0 or 1)
   w.array(row.anchor_k);
   w.array(row.anchor_v);
   w.array(row.meta);
   w.array(row.meta32);
   w.array(row.anchor_pos);
+  w.array(row.meta16);  // format 3
   for (const compress::CompressedSide* side : {&row.k, &row.v}) {
     w.array(side->coef);
     w.array(side->coef16);
     w.array(side->scales);
     w.array(side->codes);
+    w.array(side->coef8);  // format 3
+    w.put<int8_t>(side->coef_exp);
   }
 }
 
-compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int64_t code_bytes, bool compact) {
+compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int64_t code_bytes,
+                                 MetadataLayout layout) {
   compress::CompressedRow row;
   row.length = r.get<int64_t>("segment.length");
   row.n_anchor = r.get<int64_t>("segment.n_anchor");
-  row.compact = r.flag("segment.compact");
+  const auto saved = r.get<uint8_t>("segment.layout");
   if (row.length != S) r.fail("segment.length", "a row of " + std::to_string(row.length) + " tokens in a segment of " +
                                                     std::to_string(S));
   if (row.n_anchor < 1 || row.n_anchor > S) r.fail("segment.n_anchor", "must be in [1, " + std::to_string(S) + "]");
-  if (row.compact != compact) r.fail("segment.compact", "the row's layout differs from the config's");
+  if (saved != static_cast<uint8_t>(layout)) r.fail("segment.layout", "the row's layout differs from the config's");
+  row.compact = layout != MetadataLayout::kSeed;
+  row.tight = layout == MetadataLayout::kTight;
   const auto n_anchor = static_cast<uint64_t>(row.n_anchor), n_other = static_cast<uint64_t>(S - row.n_anchor);
+  auto count = [&](MetadataLayout l) { return layout == l ? n_other : 0; };
+  const bool v3 = r.format_version() >= 3;
   row.anchor_k = r.array<uint16_t>("segment.anchor_k", n_anchor * static_cast<uint64_t>(D));
   row.anchor_v = r.array<uint16_t>("segment.anchor_v", n_anchor * static_cast<uint64_t>(D));
-  row.meta = r.array<uint64_t>("segment.meta", compact ? 0 : n_other);
-  row.meta32 = r.array<uint32_t>("segment.meta32", compact ? n_other : 0);
-  row.anchor_pos = r.array<int32_t>("segment.anchor_pos", compact ? n_anchor : 0);
+  row.meta = r.array<uint64_t>("segment.meta", count(MetadataLayout::kSeed));
+  row.meta32 = r.array<uint32_t>("segment.meta32", count(MetadataLayout::kCompact));
+  row.anchor_pos = r.array<int32_t>("segment.anchor_pos", row.compact ? n_anchor : 0);
+  if (v3) row.meta16 = r.array<uint16_t>("segment.meta16", count(MetadataLayout::kTight));
   for (compress::CompressedSide* side : {&row.k, &row.v}) {
-    side->coef = r.array<float>("segment.coef", compact ? 0 : n_other);
-    side->coef16 = r.array<uint16_t>("segment.coef16", compact ? n_other : 0);
+    side->coef = r.array<float>("segment.coef", count(MetadataLayout::kSeed));
+    side->coef16 = r.array<uint16_t>("segment.coef16", count(MetadataLayout::kCompact));
     side->scales = r.array_any<uint16_t>("segment.scales");
     side->codes = r.array<uint8_t>("segment.codes", side->scales.size() * static_cast<uint64_t>(code_bytes));
+    if (v3) {
+      side->coef8 = r.array<uint8_t>("segment.coef8", count(MetadataLayout::kTight));
+      side->coef_exp = r.get<int8_t>("segment.coef_exp");
+    }
   }
   if (std::string e = compress::check_row(row, D, code_bytes); !e.empty()) r.fail("segment", e);
   return row;
@@ -274,7 +287,7 @@ void AnchorKVStore::load_state(cache::ByteReader& r, const internal::CacheShape&
   NewSegment seg;
   seg.tokens = st.segment_tokens;
   for (uint64_t i = 0; i < n_rows; ++i)
-    seg.rows.push_back(load_row(r, st.segment_tokens, shape.D, code_bytes, cfg.metadata == MetadataLayout::kCompact));
+    seg.rows.push_back(load_row(r, st.segment_tokens, shape.D, code_bytes, cfg.metadata));
   if (st.head.tokens + st.segment_tokens + st.tail.tokens != shape.seen)
     r.fail("tail", "head + segment + tail tokens differ from the tokens the cache saw");
   count_segment(seg, shape.D, cfg.residual_bits);

@@ -40,6 +40,10 @@ std::vector<CacheKind> build_kinds() {
   k.push_back(anchorkv_kind("anchorkv", "AnchorKV, seed metadata layout (16 bytes per token)", MetadataLayout::kSeed));
   k.push_back(anchorkv_kind("anchorkv_compact", "AnchorKV, compact metadata (8 bytes per token + 4 per anchor)",
                             MetadataLayout::kCompact));
+  k.push_back(anchorkv_kind("anchorkv_tight",
+                            "AnchorKV, tight metadata (4 bytes per token + 4 per anchor; at most 127 anchors per "
+                            "segment, 8-bit log-scale coefficients)",
+                            MetadataLayout::kTight));
   k.push_back(fixed_kind<QuantizedKVCache>("quantized8", "8-bit group quantization of every token", 8));
   k.push_back(fixed_kind<QuantizedKVCache>("quantized4", "4-bit group quantization of every token", 4));
   k.push_back(fixed_kind<QuantizedKVCache>("quantized2", "2-bit group quantization of every token", 2));

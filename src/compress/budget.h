@@ -5,6 +5,8 @@
 #include <span>
 #include <vector>
 
+#include "anchorkv/config.h"
+
 namespace anchorkv::compress {
 
 // Seed metadata layout: per non-anchor token and side an int32-sized index
@@ -19,11 +21,23 @@ inline int64_t full_row_bytes(int64_t S, int64_t D) { return S * D * 2 * 2; }
 // position per anchor.
 inline constexpr int64_t kCompactMetaBytesPerToken = 2 * (2 + 2);
 inline constexpr int64_t kCompactBytesPerAnchor = 4;
+// Tight layout: a uint16 word for both sides' 7-bit indices and flags, one
+// 8-bit coefficient per side; an int32 position per anchor; one coefficient
+// exponent byte per side and row.
+inline constexpr int64_t kTightMetaBytesPerToken = 2 + 1 + 1;
+inline constexpr int64_t kTightBytesPerRow = 2;
 
-// fp16 anchors (K and V) + metadata of the other tokens.
-inline int64_t base_row_bytes(int64_t S, int64_t n_anchor, int64_t D, bool compact = false) {
-  return compact ? n_anchor * (D * 2 * 2 + kCompactBytesPerAnchor) + (S - n_anchor) * kCompactMetaBytesPerToken
-                 : n_anchor * D * 2 * 2 + (S - n_anchor) * kMetaBytesPerToken;
+// fp16 anchors (K and V) + metadata of the other tokens (+ per-row bytes).
+inline int64_t base_row_bytes(int64_t S, int64_t n_anchor, int64_t D, MetadataLayout layout = MetadataLayout::kSeed) {
+  const int64_t anchors = n_anchor * D * 2 * 2, others = S - n_anchor;
+  switch (layout) {
+    case MetadataLayout::kCompact:
+      return anchors + n_anchor * kCompactBytesPerAnchor + others * kCompactMetaBytesPerToken;
+    case MetadataLayout::kTight:
+      return anchors + n_anchor * kCompactBytesPerAnchor + others * kTightMetaBytesPerToken + kTightBytesPerRow;
+    default:
+      return anchors + others * kMetaBytesPerToken;
+  }
 }
 // max(0, floor((theta * full - base) / b_res)).
 int64_t residual_budget(double theta, int64_t full, int64_t base, int64_t b_res);

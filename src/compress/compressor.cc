@@ -30,15 +30,12 @@ uint64_t row_seed(uint64_t seed, int64_t row) { return core::stream_seed(seed, s
 
 void check_segment(const SegmentInput& in, const AnchorKVConfig& config) {
   const AnchorPlan plan = plan_anchors(in.S, config);
-  if (config.metadata == MetadataLayout::kCompact && plan.k > kMaxCompactAnchors && plan.k < in.S)
+  const int64_t limit = max_anchors(config.metadata);
+  if (plan.k > limit && plan.k < in.S)
     core::fail(ErrorCode::kUnsupported, "anchorkv::compress",
-               "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) +
-                   " anchors; the compact metadata layout holds at most " + std::to_string(kMaxCompactAnchors) +
-                   " (use the seed layout)");
-  if (plan.k > kMaxAnchors && plan.k < in.S)
-    core::fail(ErrorCode::kUnsupported, "anchorkv::compress",
-               "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) +
-                   " anchors; the seed metadata layout holds at most " + std::to_string(kMaxAnchors));
+               "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) + " anchors; the " +
+                   to_string(config.metadata) + " metadata layout holds at most " + std::to_string(limit) +
+                   (config.metadata == MetadataLayout::kSeed ? std::string() : " (use the seed layout)"));
 }
 
 // ---------------------------------------------------------------- reference
@@ -305,8 +302,7 @@ ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& 
     for (int64_t row = first; row < first + group; ++row) {
       const RowAnalysis& a = analysis[row];
       full += full_row_bytes(S, D);
-      base += base_row_bytes(S, static_cast<int64_t>(a.anchors.size()), D,
-                             config.metadata == MetadataLayout::kCompact);
+      base += base_row_bytes(S, static_cast<int64_t>(a.anchors.size()), D, config.metadata);
       uk.emplace_back(a.utility.key);
       uv.emplace_back(a.utility.value);
     }
@@ -321,9 +317,73 @@ ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& 
   return choice;
 }
 
+namespace {
+// Sizes a row's buffers for its layout and, for the tight layout, picks each
+// side's coefficient exponent from the largest |gamma| of its tokens.
+void prepare_row(CompressedRow& out, const RowAnalysis& a, int64_t S, MetadataLayout layout) {
+  const auto n_other = static_cast<size_t>(S - static_cast<int64_t>(a.anchors.size()));
+  out.compact = layout != MetadataLayout::kSeed;
+  out.tight = layout == MetadataLayout::kTight;
+  if (out.compact) out.anchor_pos = a.anchors;
+  switch (layout) {
+    case MetadataLayout::kTight: {
+      out.meta16.reserve(n_other);
+      float max_k = 0.0f, max_v = 0.0f;
+      for (int64_t t = 0; t < S; ++t) {  // anchors have gamma 1: harmless to include
+        max_k = std::max(max_k, std::fabs(a.k.coef[t]));
+        max_v = std::max(max_v, std::fabs(a.v.coef[t]));
+      }
+      out.k.coef_exp = tight_coef_exp(max_k);
+      out.v.coef_exp = tight_coef_exp(max_v);
+      out.k.coef8.reserve(n_other);
+      out.v.coef8.reserve(n_other);
+      break;
+    }
+    case MetadataLayout::kCompact:
+      out.meta32.reserve(n_other);
+      out.k.coef16.reserve(n_other);
+      out.v.coef16.reserve(n_other);
+      break;
+    default:
+      out.meta.reserve(n_other);
+      out.k.coef.reserve(n_other);
+      out.v.coef.reserve(n_other);
+  }
+}
+
+// Appends one token's metadata and coefficients in the row's layout and
+// returns the coefficient as stored (what the residual is taken against).
+float store_coef(CompressedSide& side, MetadataLayout layout, float g) {
+  switch (layout) {
+    case MetadataLayout::kTight: {
+      const uint8_t code = tight_coef_code(g, side.coef_exp);
+      side.coef8.push_back(code);
+      return tight_coef(code, side.coef_exp);
+    }
+    case MetadataLayout::kCompact: {
+      const uint16_t h = core::float_to_half(std::clamp(g, -core::kFp16Max, core::kFp16Max));
+      side.coef16.push_back(h);
+      return core::half_to_float(h);
+    }
+    default:
+      side.coef.push_back(g);
+      return g;
+  }
+}
+
+void store_meta(CompressedRow& out, MetadataLayout layout, const Meta& m) {
+  if (layout == MetadataLayout::kTight)
+    out.meta16.push_back(pack_meta16(m));
+  else if (layout == MetadataLayout::kCompact)
+    out.meta32.push_back(pack_meta32(m));
+  else
+    out.meta.push_back(pack_meta(m));
+}
+}  // namespace
+
 std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
                                        const std::vector<RowAnalysis>& analysis,
-                                       const ResidualChoice& choice, int threads, bool compact) {
+                                       const ResidualChoice& choice, int threads, MetadataLayout layout) {
   const int64_t S = in.S, D = in.D;
   const int64_t cb = codec.code_bytes();
   std::vector<CompressedRow> rows(static_cast<size_t>(in.rows()));
@@ -335,24 +395,13 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
     const int64_t k = static_cast<int64_t>(a.anchors.size());
     out.length = S;
     out.n_anchor = k;
-    out.compact = compact;
-    if (compact) out.anchor_pos = a.anchors;
     out.anchor_k.resize(static_cast<size_t>(k * D));
     out.anchor_v.resize(static_cast<size_t>(k * D));
     for (int64_t j = 0; j < k; ++j) {
       core::float_to_half_n(K + a.anchors[j] * D, &out.anchor_k[j * D], D);
       core::float_to_half_n(V + a.anchors[j] * D, &out.anchor_v[j * D], D);
     }
-    const int64_t n_other = S - k;
-    if (compact) {
-      out.meta32.reserve(static_cast<size_t>(n_other));
-      out.k.coef16.reserve(static_cast<size_t>(n_other));
-      out.v.coef16.reserve(static_cast<size_t>(n_other));
-    } else {
-      out.meta.reserve(static_cast<size_t>(n_other));
-      out.k.coef.reserve(static_cast<size_t>(n_other));
-      out.v.coef.reserve(static_cast<size_t>(n_other));
-    }
+    prepare_row(out, a, S, layout);
     const auto& rk = choice.k[row];
     const auto& rv = choice.v[row];
     out.k.codes.resize(rk.size() * static_cast<size_t>(cb));
@@ -372,21 +421,8 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       m.anchors_before = static_cast<int32_t>(ia);
       m.res_k = ik < rk.size() && rk[ik] == t;
       m.res_v = iv < rv.size() && rv[iv] == t;
-      // The coefficient as stored; residuals are taken against it.
-      float gk = a.k.coef[t], gv = a.v.coef[t];
-      if (compact) {
-        const uint16_t hk = core::float_to_half(std::clamp(gk, -core::kFp16Max, core::kFp16Max));
-        const uint16_t hv = core::float_to_half(std::clamp(gv, -core::kFp16Max, core::kFp16Max));
-        gk = core::half_to_float(hk);
-        gv = core::half_to_float(hv);
-        out.meta32.push_back(pack_meta32(m));
-        out.k.coef16.push_back(hk);
-        out.v.coef16.push_back(hv);
-      } else {
-        out.meta.push_back(pack_meta(m));
-        out.k.coef.push_back(gk);
-        out.v.coef.push_back(gv);
-      }
+      store_meta(out, layout, m);
+      const float gk = store_coef(out.k, layout, a.k.coef[t]), gv = store_coef(out.v, layout, a.v.coef[t]);
       if (m.res_k) {
         residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
         codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());
@@ -429,13 +465,12 @@ double estimated_error(const std::vector<RowAnalysis>& analysis, const ResidualC
 std::vector<double> anchor_fractions(const SegmentInput& in, const AnchorKVConfig& config) {
   std::vector<double> out = {config.anchor_frac};
   if (config.anchor_count != AnchorCount::kAuto) return out;
-  const bool compact = config.metadata == MetadataLayout::kCompact;
   const int64_t k0 = plan_anchors(in.S, config).k;
   const double allowed = config.theta * static_cast<double>(full_row_bytes(in.S, in.D));
   for (int i = 1; i <= kMaxAnchorDoublings; ++i) {
     const int64_t k = k0 << i;
-    if (k > in.S / 2 || k > (compact ? kMaxCompactAnchors : kMaxAnchors)) break;
-    if (static_cast<double>(base_row_bytes(in.S, k, in.D, compact)) > allowed) break;
+    if (k > in.S / 2 || k > max_anchors(config.metadata)) break;
+    if (static_cast<double>(base_row_bytes(in.S, k, in.D, config.metadata)) > allowed) break;
     out.push_back(static_cast<double>(k) / static_cast<double>(in.S));
   }
   return out;
@@ -473,7 +508,7 @@ std::vector<CompressedRow> compress_reference(const SegmentInput& in, const Anch
   AnchorKVConfig c = config;
   const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) { return analyze_reference(in, x); });
   const auto choice = allocate_residuals(in, c, analysis);
-  return encode_rows(in, codec, analysis, choice, 1, c.metadata == MetadataLayout::kCompact);
+  return encode_rows(in, codec, analysis, choice, 1, c.metadata);
 }
 
 std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,
@@ -498,7 +533,7 @@ std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig
   const auto choice = allocate_residuals(in, c, analysis);
   const double allocate_s = seconds_since(t0);
   t0 = Clock::now();
-  auto rows = encode_rows(in, codec, analysis, choice, config.threads, config.metadata == MetadataLayout::kCompact);
+  auto rows = encode_rows(in, codec, analysis, choice, config.threads, config.metadata);
   if (stats) {
     stats->allocate_s = allocate_s;
     stats->encode_s = seconds_since(t0);

@@ -63,10 +63,12 @@ std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& c
 ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& config,
                                   const std::vector<RowAnalysis>& analysis);
 
-// compact: MetadataLayout::kCompact (fp16 gammas; residuals computed against them).
+// layout: compact stores fp16 gammas, tight 8-bit ones (segment.h); residuals
+// are computed against the gammas as stored.
 std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
                                        const std::vector<RowAnalysis>& analysis,
-                                       const ResidualChoice& choice, int threads, bool compact = false);
+                                       const ResidualChoice& choice, int threads,
+                                       MetadataLayout layout = MetadataLayout::kSeed);
 
 // AnchorCount::kAuto (docs/spec.md §4.7). The anchor fractions tried: the
 // configured one, then 2, 4, ... (up to 2^kMaxAnchorDoublings) times its anchors

@@ -32,7 +32,8 @@ void AnchorKVConfig::validate() const {
   if (scale != ResidualScale::kAbsMax && scale != ResidualScale::kRms) bad("scale", "unknown value");
   if (trigger != CompressTrigger::kFirstPrefill && trigger != CompressTrigger::kFirstDecode)
     bad("trigger", "unknown value");
-  if (metadata != MetadataLayout::kSeed && metadata != MetadataLayout::kCompact) bad("metadata", "unknown value");
+  if (metadata != MetadataLayout::kSeed && metadata != MetadataLayout::kCompact && metadata != MetadataLayout::kTight)
+    bad("metadata", "unknown value");
   if (anchor_count != AnchorCount::kFixed && anchor_count != AnchorCount::kAuto) bad("anchor_count", "unknown value");
   if (threads < 0 || threads > 4096) bad("threads", "must be in [0, 4096], got " + std::to_string(threads));
 }
@@ -40,7 +41,9 @@ void AnchorKVConfig::validate() const {
 const char* to_string(ResidualAllocation v) {
   return v == ResidualAllocation::kPerHead ? "per_head" : "pooled";
 }
-const char* to_string(MetadataLayout v) { return v == MetadataLayout::kCompact ? "compact" : "seed"; }
+const char* to_string(MetadataLayout v) {
+  return v == MetadataLayout::kCompact ? "compact" : v == MetadataLayout::kTight ? "tight" : "seed";
+}
 const char* to_string(AnchorCount v) { return v == AnchorCount::kAuto ? "auto" : "fixed"; }
 const char* to_string(ResidualScale v) { return v == ResidualScale::kAbsMax ? "absmax" : "rms"; }
 const char* to_string(CompressTrigger v) {

@@ -1,6 +1,8 @@
 #include "compress/segment.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <vector>
 
 #include "core/convert.h"
@@ -8,19 +10,52 @@
 
 namespace anchorkv::compress {
 
+int8_t tight_coef_exp(float max_abs) {
+  if (!(max_abs > 0.0f) || !std::isfinite(max_abs)) return 0;
+  const double e = std::ceil(16.0 * std::log2(static_cast<double>(max_abs)) - 0.5) - 127.0;
+  return static_cast<int8_t>(std::clamp(e, -128.0, 127.0));
+}
+
+uint8_t tight_coef_code(float gamma, int coef_exp) {
+  if (!(std::fabs(gamma) > 0.0f)) return 0;  // zero (and NaN, which no assignment produces)
+  const double m = std::nearbyint(16.0 * std::log2(std::fabs(static_cast<double>(gamma)))) - coef_exp;
+  if (m < 0.5) return 0;  // below the smallest magnitude: nearer to 0 than to 2^((1 + exp) / 16) / 2
+  return static_cast<uint8_t>((gamma < 0.0f ? 0x80 : 0) | static_cast<int>(std::min(m, 127.0)));
+}
+
+float tight_coef(uint8_t code, int coef_exp) {
+  // 2^((m + exp) / 16) as 2^(j / 16) for the fraction times an exact power of
+  // two: cheap enough to fill a table per attention chunk.
+  static const auto pow16 = [] {
+    std::array<float, 16> p{};
+    for (int j = 0; j < 16; ++j) p[static_cast<size_t>(j)] = static_cast<float>(std::exp2(j / 16.0));
+    return p;
+  }();
+  const int m = code & 0x7F;
+  if (m == 0) return 0.0f;
+  const int x = m + coef_exp;
+  const float v = std::ldexp(pow16[static_cast<size_t>(x & 15)], x >> 4);  // x >> 4 floors: arithmetic shift
+  return (code & 0x80) != 0 ? -v : v;
+}
+
+void tight_coef_table(int coef_exp, float table[256]) {
+  for (int c = 0; c < 256; ++c) table[c] = tight_coef(static_cast<uint8_t>(c), coef_exp);
+}
+
 int64_t CompressedRow::buffer_bytes() const {
-  auto side = [](const CompressedSide& s) {
-    return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.coef16.size() * sizeof(uint16_t) + s.codes.size() +
-                                s.scales.size() * sizeof(uint16_t));
+  auto side = [&](const CompressedSide& s) {
+    return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.coef16.size() * sizeof(uint16_t) +
+                                s.coef8.size() + (tight ? 1 : 0) + s.codes.size() + s.scales.size() * sizeof(uint16_t));
   };
   return static_cast<int64_t>((anchor_k.size() + anchor_v.size()) * sizeof(uint16_t) + meta.size() * sizeof(uint64_t) +
-                              meta32.size() * sizeof(uint32_t) + anchor_pos.size() * sizeof(int32_t)) +
+                              meta32.size() * sizeof(uint32_t) + meta16.size() * sizeof(uint16_t) +
+                              anchor_pos.size() * sizeof(int32_t)) +
          side(k) + side(v);
 }
 
 Meta CompressedRow::meta_at(int64_t e) const {
   if (!compact) return unpack_meta(meta[e]);
-  Meta m = unpack_meta32(meta32[e]);
+  Meta m = fields_at(e);
   // Anchor j has anchor_pos[j] - j non-anchor tokens before it (non-decreasing in j):
   // the anchors before entry e are those with anchor_pos[j] - j <= e.
   int64_t lo = 0, hi = n_anchor;
@@ -35,8 +70,15 @@ Meta CompressedRow::meta_at(int64_t e) const {
   return m;
 }
 
-float CompressedRow::coef_k(int64_t e) const { return compact ? core::half_to_float(k.coef16[e]) : k.coef[e]; }
-float CompressedRow::coef_v(int64_t e) const { return compact ? core::half_to_float(v.coef16[e]) : v.coef[e]; }
+namespace {
+float side_coef(const CompressedSide& s, bool compact, bool tight, int64_t e) {
+  if (tight) return tight_coef(s.coef8[e], s.coef_exp);
+  return compact ? core::half_to_float(s.coef16[e]) : s.coef[e];
+}
+}  // namespace
+
+float CompressedRow::coef_k(int64_t e) const { return side_coef(k, compact, tight, e); }
+float CompressedRow::coef_v(int64_t e) const { return side_coef(v, compact, tight, e); }
 
 std::vector<int32_t> CompressedRow::anchor_positions() const {
   if (compact) return anchor_pos;
@@ -54,10 +96,12 @@ std::vector<int32_t> CompressedRow::anchor_positions() const {
 
 namespace {
 
-std::string check_side(const CompressedSide& s, int64_t n_other, bool compact, int64_t n_flagged, int64_t code_bytes,
-                       const char* name) {
+std::string check_side(const CompressedSide& s, int64_t n_other, MetadataLayout layout, int64_t n_flagged,
+                       int64_t code_bytes, const char* name) {
   const auto n = static_cast<size_t>(n_other);
-  if ((compact ? s.coef16.size() : s.coef.size()) != n || (compact ? s.coef.size() : s.coef16.size()) != 0)
+  auto want = [&](MetadataLayout l) { return layout == l ? n : size_t{0}; };
+  if (s.coef.size() != want(MetadataLayout::kSeed) || s.coef16.size() != want(MetadataLayout::kCompact) ||
+      s.coef8.size() != want(MetadataLayout::kTight))
     return std::string(name) + " coefficients: wrong count for the layout";
   if (static_cast<int64_t>(s.scales.size()) != n_flagged)
     return std::string(name) + ": " + std::to_string(s.scales.size()) + " residual scales for " +
@@ -76,7 +120,7 @@ std::string check_positions(const CompressedRow& row) {
         return "anchor_pos: positions must ascend inside the row";
     return "";
   }
-  if (!row.anchor_pos.empty() || !row.meta32.empty()) return "compact buffers in a seed-layout row";
+  if (!row.anchor_pos.empty() || !row.meta32.empty() || !row.meta16.empty()) return "compact buffers in a seed-layout row";
   int64_t before = 0;
   for (uint64_t w : row.meta) {
     const int64_t b = unpack_meta(w).anchors_before;
@@ -94,19 +138,24 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
   if (static_cast<int64_t>(row.anchor_k.size()) != row.n_anchor * D ||
       static_cast<int64_t>(row.anchor_v.size()) != row.n_anchor * D)
     return "anchors: wrong size";
-  if (row.n_other() != n_other || (row.compact ? !row.meta.empty() : !row.meta32.empty()))
+  if (row.tight && !row.compact) return "a tight row lists its anchor positions";
+  const MetadataLayout layout = row.layout();
+  auto want = [&](MetadataLayout l) { return layout == l ? n_other : int64_t{0}; };
+  if (static_cast<int64_t>(row.meta.size()) != want(MetadataLayout::kSeed) ||
+      static_cast<int64_t>(row.meta32.size()) != want(MetadataLayout::kCompact) ||
+      static_cast<int64_t>(row.meta16.size()) != want(MetadataLayout::kTight))
     return "metadata: wrong count for the layout";
   if (std::string e = check_positions(row); !e.empty()) return e;
   int64_t flagged_k = 0, flagged_v = 0;
   for (int64_t e = 0; e < n_other; ++e) {
-    const Meta m = row.compact ? unpack_meta32(row.meta32[e]) : unpack_meta(row.meta[e]);
+    const Meta m = row.fields_at(e);
     if (m.anchor_k >= row.n_anchor || m.anchor_v >= row.n_anchor)
       return "metadata: anchor ordinal beyond n_anchor at entry " + std::to_string(e);
     flagged_k += m.res_k;
     flagged_v += m.res_v;
   }
-  if (std::string e = check_side(row.k, n_other, row.compact, flagged_k, code_bytes, "keys"); !e.empty()) return e;
-  return check_side(row.v, n_other, row.compact, flagged_v, code_bytes, "values");
+  if (std::string e = check_side(row.k, n_other, layout, flagged_k, code_bytes, "keys"); !e.empty()) return e;
+  return check_side(row.v, n_other, layout, flagged_v, code_bytes, "values");
 }
 
 namespace {

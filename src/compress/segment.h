@@ -19,12 +19,23 @@
 //   k.coef16, v.coef16  [n_other] fp16 gamma
 //   anchor_pos          [n_anchor] int32 positions (anchors_before is derived)
 // = 8 bytes per non-anchor token + 4 per anchor.
+//
+// Tight layout (MetadataLayout::kTight): as compact, with
+//   meta16              [n_other] uint16: anchor K (bits 0..6), K residual (7),
+//                       anchor V (8..14), V residual (15)
+//   k.coef8, v.coef8    [n_other] uint8 gamma: 0 means 0; else bit 7 the sign and
+//                       m = bits 0..6 (1..127) the magnitude 2^((m + coef_exp) / 16)
+//   k.coef_exp, v.coef_exp  one int8 per row and side (chosen so the row's
+//                       largest |gamma| is in range; gamma = 1 is exact when in range)
+// = 4 bytes per non-anchor token + 4 per anchor + 2 per row. Steps of 2^(1/16)
+// put gamma within 2.2% of its value, small beside what an anchor leaves.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "anchorkv/config.h"
 #include "compress/codec.h"
 
 namespace anchorkv::compress {
@@ -32,6 +43,14 @@ namespace anchorkv::compress {
 inline constexpr int kMetaFieldBits = 20;
 inline constexpr int64_t kMaxAnchors = (int64_t{1} << kMetaFieldBits) - 1;
 inline constexpr int64_t kMaxCompactAnchors = (int64_t{1} << 15) - 1;
+inline constexpr int64_t kMaxTightAnchors = (int64_t{1} << 7) - 1;
+// The most anchors a segment row may hold in a layout (a row whose every
+// token is an anchor needs no metadata and may hold more).
+inline int64_t max_anchors(MetadataLayout layout) {
+  return layout == MetadataLayout::kTight     ? kMaxTightAnchors
+         : layout == MetadataLayout::kCompact ? kMaxCompactAnchors
+                                              : kMaxAnchors;
+}
 
 struct Meta {
   int32_t anchor_k = 0;
@@ -71,6 +90,32 @@ inline Meta unpack_meta32(uint32_t w) {
   m.res_v = ((w >> 31) & 1) != 0;
   return m;
 }
+// Tight layout: as compact, 7-bit anchor ordinals.
+inline uint16_t pack_meta16(const Meta& m) {
+  return static_cast<uint16_t>((static_cast<uint32_t>(m.anchor_k) & 0x7F) | (static_cast<uint32_t>(m.res_k) << 7) |
+                               ((static_cast<uint32_t>(m.anchor_v) & 0x7F) << 8) |
+                               (static_cast<uint32_t>(m.res_v) << 15));
+}
+inline Meta unpack_meta16(uint16_t w) {
+  Meta m;
+  m.anchor_k = w & 0x7F;
+  m.res_k = ((w >> 7) & 1) != 0;
+  m.anchor_v = (w >> 8) & 0x7F;
+  m.res_v = ((w >> 15) & 1) != 0;
+  return m;
+}
+inline bool meta16_res_k(uint16_t w) { return ((w >> 7) & 1) != 0; }
+inline bool meta16_res_v(uint16_t w) { return ((w >> 15) & 1) != 0; }
+
+// Tight coefficients (see the layout above). The exponent that puts the
+// largest magnitude at the top code, the code of a gamma, and the 256 values
+// the codes stand for; encoder and decoder use the same table, so a decoded
+// gamma is bit for bit the one the residuals were taken against.
+int8_t tight_coef_exp(float max_abs);
+uint8_t tight_coef_code(float gamma, int coef_exp);
+float tight_coef(uint8_t code, int coef_exp);
+void tight_coef_table(int coef_exp, float table[256]);
+
 inline bool meta_res_k(uint64_t w) { return ((w >> 60) & 1) != 0; }
 inline bool meta_res_v(uint64_t w) { return ((w >> 61) & 1) != 0; }
 inline bool meta32_res_k(uint32_t w) { return ((w >> 15) & 1) != 0; }
@@ -79,6 +124,8 @@ inline bool meta32_res_v(uint32_t w) { return ((w >> 31) & 1) != 0; }
 struct CompressedSide {
   std::vector<float> coef;      // [n_other] (seed layout)
   std::vector<uint16_t> coef16; // [n_other] fp16 (compact layout)
+  std::vector<uint8_t> coef8;   // [n_other] (tight layout)
+  int8_t coef_exp = 0;          // (tight layout)
   std::vector<uint8_t> codes;   // [n_res, code_bytes]
   std::vector<uint16_t> scales; // [n_res] fp16
   int64_t n_residual() const { return static_cast<int64_t>(scales.size()); }
@@ -87,19 +134,34 @@ struct CompressedSide {
 struct CompressedRow {
   int64_t length = 0;    // S, token positions in the segment
   int64_t n_anchor = 0;
-  bool compact = false;
+  bool compact = false;  // anchor positions listed (compact and tight layouts)
+  bool tight = false;    // meta16 and 8-bit coefficients (implies compact)
   std::vector<uint16_t> anchor_k;  // [n_anchor, D] fp16
   std::vector<uint16_t> anchor_v;  // [n_anchor, D] fp16
   std::vector<uint64_t> meta;      // [n_other] (seed layout)
   std::vector<uint32_t> meta32;    // [n_other] (compact layout)
-  std::vector<int32_t> anchor_pos; // [n_anchor] (compact layout)
+  std::vector<uint16_t> meta16;    // [n_other] (tight layout)
+  std::vector<int32_t> anchor_pos; // [n_anchor] (compact and tight layouts)
   CompressedSide k, v;
 
-  int64_t n_other() const { return static_cast<int64_t>(compact ? meta32.size() : meta.size()); }
-  // Entry e's metadata in either layout (compact: anchors_before by binary search).
+  MetadataLayout layout() const {
+    return tight ? MetadataLayout::kTight : compact ? MetadataLayout::kCompact : MetadataLayout::kSeed;
+  }
+  int64_t n_other() const {
+    return static_cast<int64_t>(tight ? meta16.size() : compact ? meta32.size() : meta.size());
+  }
+  // Entry e's metadata in any layout (compact, tight: anchors_before by binary search).
   Meta meta_at(int64_t e) const;
-  bool res_k(int64_t e) const { return compact ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]); }
-  bool res_v(int64_t e) const { return compact ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]); }
+  // Entry e's metadata without anchors_before.
+  Meta fields_at(int64_t e) const {
+    return tight ? unpack_meta16(meta16[e]) : compact ? unpack_meta32(meta32[e]) : unpack_meta(meta[e]);
+  }
+  bool res_k(int64_t e) const {
+    return tight ? meta16_res_k(meta16[e]) : compact ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]);
+  }
+  bool res_v(int64_t e) const {
+    return tight ? meta16_res_v(meta16[e]) : compact ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]);
+  }
   float coef_k(int64_t e) const;
   float coef_v(int64_t e) const;
   int64_t n_residual() const { return k.n_residual() + v.n_residual(); }
@@ -120,7 +182,7 @@ class EntryMetaReader {
   Meta next() {
     const int64_t e = e_++;
     if (!row_.compact) return unpack_meta(row_.meta[e]);
-    Meta m = unpack_meta32(row_.meta32[e]);
+    Meta m = row_.fields_at(e);
     if (need_before_) {
       // Anchor j has anchor_pos[j] - j entries before it.
       while (before_ < row_.n_anchor && row_.anchor_pos[before_] - before_ <= e) ++before_;

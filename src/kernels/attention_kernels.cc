@@ -123,30 +123,49 @@ HWY_INLINE void PushSetBits(uint64_t bits, int64_t i0, int32_t* out, int64_t& co
     out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
 }
 
-// The two metadata layouts' bit fields (compress/segment.h).
+// The metadata layouts' bit fields (compress/segment.h); Lane is the vector
+// lane a word is widened to.
 struct SeedMeta {  // anchor K in bits 0..19, anchor V in 20..39, residual flags at 60 / 61
   using Word = uint64_t;
+  using Lane = uint64_t;
   static constexpr int kVShift = 20;
   static constexpr Word kField = (Word{1} << 20) - 1, kFlagK = Word{1} << 60, kFlagV = Word{1} << 61;
   static compress::Meta unpack(Word w) { return compress::unpack_meta(w); }
 };
 struct CompactMeta {  // anchor K in bits 0..14, K residual 15, anchor V 16..30, V residual 31
   using Word = uint32_t;
+  using Lane = uint32_t;
   static constexpr int kVShift = 16;
-  static constexpr Word kField = 0x7FFF, kFlagK = Word{1} << 15, kFlagV = Word{1} << 31;
+  static constexpr Lane kField = 0x7FFF, kFlagK = Lane{1} << 15, kFlagV = Lane{1} << 31;
   static compress::Meta unpack(Word w) { return compress::unpack_meta32(w); }
+};
+struct TightMeta {  // anchor K in bits 0..6, K residual 7, anchor V 8..14, V residual 15
+  using Word = uint16_t;
+  using Lane = uint32_t;
+  static constexpr int kVShift = 8;
+  static constexpr Lane kField = 0x7F, kFlagK = Lane{1} << 7, kFlagV = Lane{1} << 15;
+  static compress::Meta unpack(Word w) { return compress::unpack_meta16(w); }
 };
 
 template <class Layout>
 HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   using Word = typename Layout::Word;
-  const hn::ScalableTag<Word> dw;
+  using Lane = typename Layout::Lane;
+  const hn::ScalableTag<Lane> dw;
+  const hn::Rebind<Word, decltype(dw)> dword;
   const hn::Rebind<uint32_t, decltype(dw)> d32;
+  auto load = [&](const Word* p) {
+    if constexpr (sizeof(Word) < sizeof(Lane)) {
+      return hn::PromoteTo(dw, hn::LoadU(dword, p));
+    } else {
+      return hn::LoadU(dw, p);
+    }
+  };
   const int64_t N = static_cast<int64_t>(hn::Lanes(dw));
   const auto field = hn::Set(dw, Layout::kField);
   const auto flag_k = hn::Set(dw, Layout::kFlagK), flag_v = hn::Set(dw, Layout::kFlagV);
   auto to32 = [&](auto v) {
-    if constexpr (sizeof(Word) == 8) {
+    if constexpr (sizeof(Lane) == 8) {
       return hn::TruncateTo(d32, v);
     } else {
       return v;
@@ -156,7 +175,7 @@ HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int
   uint8_t bits[8] = {};
   if (N <= 64) {
     for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(dw, w + i);
+      const auto v = load(w + i);
       hn::StoreU(to32(hn::And(v, field)), d32, reinterpret_cast<uint32_t*>(out->ak + i));
       hn::StoreU(to32(hn::And(hn::ShiftRight<Layout::kVShift>(v), field)), d32,
                  reinterpret_cast<uint32_t*>(out->av + i));
@@ -182,6 +201,9 @@ void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
 }
 void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   DecodeMetaWords<CompactMeta>(w, n, out);
+}
+void DecodeMetaTight(const uint16_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
+  DecodeMetaWords<TightMeta>(w, n, out);
 }
 
 // ---- Query quads: four queries of one KV row, stored token-major (s4[i * 4 + g]),
@@ -558,35 +580,40 @@ void AccumulateRowsF16(const float* HWY_RESTRICT w, int64_t k, const uint16_t* H
 #endif
 }
 
-// Residual flags set in entries [0, n): K count, V count (the slots owned by
-// the entries before a chunk).
-void CountResidualFlags(const uint64_t* HWY_RESTRICT meta, const uint32_t* HWY_RESTRICT meta32, int64_t n,
-                        int64_t* nk, int64_t* nv) {
-  int64_t ck = 0, cv = 0;
-  if (meta32) {
-    const hn::ScalableTag<uint32_t> d32;
-    const int64_t N = static_cast<int64_t>(hn::Lanes(d32));
-    const auto fk = hn::Set(d32, 1u << 15), fv = hn::Set(d32, 1u << 31);
-    int64_t i = 0;
-    for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(d32, meta32 + i);
-      ck += static_cast<int64_t>(hn::CountTrue(d32, hn::TestBit(v, fk)));
-      cv += static_cast<int64_t>(hn::CountTrue(d32, hn::TestBit(v, fv)));
-    }
-    for (; i < n; ++i) ck += compress::meta32_res_k(meta32[i]), cv += compress::meta32_res_v(meta32[i]);
-  } else {
-    const hn::ScalableTag<uint64_t> d64;
-    const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
-    const auto fk = hn::Set(d64, uint64_t{1} << 60), fv = hn::Set(d64, uint64_t{1} << 61);
-    int64_t i = 0;
-    for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(d64, meta + i);
-      ck += static_cast<int64_t>(hn::CountTrue(d64, hn::TestBit(v, fk)));
-      cv += static_cast<int64_t>(hn::CountTrue(d64, hn::TestBit(v, fv)));
-    }
-    for (; i < n; ++i) ck += compress::meta_res_k(meta[i]), cv += compress::meta_res_v(meta[i]);
+// Residual flags set in n words of one layout: K count, V count (the slots
+// owned by the entries before a chunk).
+template <class Layout>
+HWY_INLINE void CountFlags(const typename Layout::Word* HWY_RESTRICT w, int64_t n, int64_t* nk, int64_t* nv) {
+  using Word = typename Layout::Word;
+  using Lane = typename Layout::Lane;
+  const hn::ScalableTag<Lane> dl;
+  const hn::Rebind<Word, decltype(dl)> dword;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(dl));
+  const auto fk = hn::Set(dl, Layout::kFlagK), fv = hn::Set(dl, Layout::kFlagV);
+  int64_t ck = 0, cv = 0, i = 0;
+  for (; i + N <= n; i += N) {
+    hn::Vec<decltype(dl)> v;
+    if constexpr (sizeof(Word) < sizeof(Lane))
+      v = hn::PromoteTo(dl, hn::LoadU(dword, w + i));
+    else
+      v = hn::LoadU(dl, w + i);
+    ck += static_cast<int64_t>(hn::CountTrue(dl, hn::TestBit(v, fk)));
+    cv += static_cast<int64_t>(hn::CountTrue(dl, hn::TestBit(v, fv)));
+  }
+  for (; i < n; ++i) {
+    const compress::Meta m = Layout::unpack(w[i]);
+    ck += m.res_k, cv += m.res_v;
   }
   *nk = ck, *nv = cv;
+}
+
+void CountResidualFlags(const compress::CompressedRow* row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv) {
+  if (row->tight)
+    CountFlags<TightMeta>(row->meta16.data() + e0, e1 - e0, nk, nv);
+  else if (row->compact)
+    CountFlags<CompactMeta>(row->meta32.data() + e0, e1 - e0, nk, nv);
+  else
+    CountFlags<SeedMeta>(row->meta.data() + e0, e1 - e0, nk, nv);
 }
 
 float MaxOf(const float* HWY_RESTRICT x, int64_t n) { return core::HWY_NAMESPACE::MaxSpan(DF(), x, n); }
@@ -733,6 +760,7 @@ HWY_EXPORT(AccumulateRowsF16);
 HWY_EXPORT(CountResidualFlags);
 HWY_EXPORT(DecodeMetaSeed);
 HWY_EXPORT(DecodeMetaCompact);
+HWY_EXPORT(DecodeMetaTight);
 HWY_EXPORT(QuadAnchorScores);
 HWY_EXPORT(QuadRopeScores);
 HWY_EXPORT(SupportsQuadRope);
@@ -906,7 +934,14 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   sc.gk.resize(static_cast<size_t>(n));
   sc.gv.resize(static_cast<size_t>(n));
   sc.pos.resize(static_cast<size_t>(n));
-  if (row.compact) {  // one SIMD conversion instead of one call per token
+  if (row.tight) {  // 256-entry tables per side: a code indexes its gamma
+    float tk[256], tv[256];
+    compress::tight_coef_table(row.k.coef_exp, tk);
+    compress::tight_coef_table(row.v.coef_exp, tv);
+    const uint8_t* ck = &row.k.coef8[static_cast<size_t>(r.e0)];
+    const uint8_t* cv = &row.v.coef8[static_cast<size_t>(r.e0)];
+    for (int64_t i = 0; i < n; ++i) sc.gk[i] = tk[ck[i]], sc.gv[i] = tv[cv[i]];
+  } else if (row.compact) {  // one SIMD conversion instead of one call per token
     core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(r.e0)], sc.gk.data(), n);
     core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(r.e0)], sc.gv.data(), n);
   } else {
@@ -918,7 +953,9 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   int64_t nk = 0, nv = 0;
   if (!r.masked && cq.rope == nullptr) {  // positions not needed: the bit fields alone
     MetaOut mo{sc.ak.data(), sc.av.data(), sc.res_k.data(), sc.res_v.data()};
-    if (row.compact)
+    if (row.tight)
+      HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[static_cast<size_t>(r.e0)], n, &mo);
+    else if (row.compact)
       HWY_DYNAMIC_DISPATCH(DecodeMetaCompact)(&row.meta32[static_cast<size_t>(r.e0)], n, &mo);
     else
       HWY_DYNAMIC_DISPATCH(DecodeMetaSeed)(&row.meta[static_cast<size_t>(r.e0)], n, &mo);
@@ -1238,9 +1275,7 @@ void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t
 
 void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk,
                           int64_t* nv) {
-  HWY_DYNAMIC_DISPATCH(CountResidualFlags)
-  (row.compact ? nullptr : row.meta.data() + e0, row.compact ? row.meta32.data() + e0 : nullptr, e1 - e0, nk,
-   nv);
+  HWY_DYNAMIC_DISPATCH(CountResidualFlags)(&row, e0, e1, nk, nv);
 }
 
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

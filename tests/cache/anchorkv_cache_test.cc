@@ -47,6 +47,39 @@ TEST(AnchorKVCache, HandComputedBytesAtDefaults) {
   expect_invariants(c);
 }
 
+TEST(AnchorKVCache, TightMetadataBytesByHandAndCloserThanCompact) {
+  // Tight: base = 32 * (512 + 4) + 4064 * 4 + 2 = 32770; N = floor((104857.6 - 32770) / 34) = 2120.
+  const Data d = make(1, 1, 4096, 128);
+  AnchorKVConfig cfg;
+  cfg.metadata = MetadataLayout::kTight;
+  AnchorKVCache c(cfg);
+  const auto out = c.update_and_fetch(d.k(), d.v());
+  EXPECT_EQ(c.n_residual_total(), 2120);
+  EXPECT_EQ(c.anchorkv_bytes(), 32770 + 2120 * 34);
+  expect_invariants(c);
+  const compress::CompressedRow& row = internal::unlocked_state(c).segment[0];
+  EXPECT_TRUE(row.tight);
+  EXPECT_EQ(row.meta16.size(), 4064u);
+  // 8-bit coefficients cost less than the residuals they buy: closer than compact at the same theta.
+  cfg.metadata = MetadataLayout::kCompact;
+  AnchorKVCache compact(cfg);
+  const auto oc = compact.update_and_fetch(d.k(), d.v());
+  double et = 0, ec = 0;
+  const auto kt = out.keys.to_f32(), kc = oc.keys.to_f32(), vt = out.values.to_f32(), vc = oc.values.to_f32();
+  for (size_t i = 0; i < kt.size(); ++i) {
+    et += (kt[i] - d.K[i]) * (kt[i] - d.K[i]) + (vt[i] - d.V[i]) * (vt[i] - d.V[i]);
+    ec += (kc[i] - d.K[i]) * (kc[i] - d.K[i]) + (vc[i] - d.V[i]) * (vc[i] - d.V[i]);
+  }
+  EXPECT_LT(et, ec);
+  // A segment past 127 * 128 tokens keeps at most 127 anchors instead of failing.
+  const Data big = make(1, 1, 20000, 16);
+  cfg.metadata = MetadataLayout::kTight;
+  AnchorKVCache longer(cfg);
+  longer.update(big.k(), big.v());
+  EXPECT_EQ(longer.n_anchor_total(), compress::kMaxTightAnchors);
+  expect_invariants(longer);
+}
+
 TEST(AnchorKVCache, CompactMetadataBytesByHandAndLossless) {
   // Compact: base = 32 * (512 + 4) + 4064 * 8 = 49024; N = floor((104857.6 - 49024) / 34) = 1642.
   const Data d = make(1, 1, 4096, 128);

@@ -139,16 +139,19 @@ std::vector<uint8_t> small_file() {
   compact.metadata = MetadataLayout::kCompact;
   compact.theta = 0.3;
   AnchorKVCache compact_cache(compact);
+  AnchorKVConfig tight = compact;
+  tight.metadata = MetadataLayout::kTight;
+  AnchorKVCache tight_cache(tight);
   KIVICache kivi(2, 8, 8);
   H2OCache h2o(0.3);
-  for (KVCache* c : std::vector<KVCache*>{&seed_layout, &compact_cache, &kivi, &h2o}) {
+  for (KVCache* c : std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o}) {
     feed(*c, 1, 1, 48, 8, 1);
     feed(*c, 1, 1, 1, 8, 2);
   }
   PromptCacheMeta meta;
   meta.tokens = {5, 6};
   meta.entries = {{"model", "m"}};
-  return serialize_caches({&seed_layout, &compact_cache, &kivi, &h2o}, meta);
+  return serialize_caches({&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o}, meta);
 }
 
 ErrorCode load_error(const std::vector<uint8_t>& bytes) {
@@ -161,20 +164,24 @@ ErrorCode load_error(const std::vector<uint8_t>& bytes) {
   return ErrorCode{};
 }
 
-// The fuzzer's seed corpus is small_file() as written once; it must keep
-// loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR writes them anew.
+// The fuzzer's seed corpus is small_file() as written once per format
+// (seed_mixed.akvc: format 2; seed_mixed_v3.akvc: format 3, with a tight
+// row); every one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR
+// writes the current format's anew.
 TEST(CacheFile, FuzzSeedsLoad) {
   const auto bytes = small_file();
   if (const char* dir = std::getenv("ANCHORKV_WRITE_CACHEFILE_SEEDS")) {
-    std::ofstream(std::string(dir) + "/seed_mixed.akvc", std::ios::binary)
+    std::ofstream(std::string(dir) + "/seed_mixed_v3.akvc", std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
-  const std::string seed = std::string(ANCHORKV_SOURCE_DIR) + "/fuzz/corpus/cachefile/seed_mixed.akvc";
-  std::ifstream f(seed, std::ios::binary);
-  ASSERT_TRUE(f.good()) << seed;
-  const std::vector<uint8_t> stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  // (Not compared byte for byte: compression may round differently on another SIMD target.)
-  EXPECT_EQ(load_error(stored), ErrorCode{}) << "old files must keep loading (or the version must change)";
+  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc"}) {
+    const std::string seed = std::string(ANCHORKV_SOURCE_DIR) + "/fuzz/corpus/cachefile/" + name;
+    std::ifstream f(seed, std::ios::binary);
+    ASSERT_TRUE(f.good()) << seed;
+    const std::vector<uint8_t> stored((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // (Not compared byte for byte: compression may round differently on another SIMD target.)
+    EXPECT_EQ(load_error(stored), ErrorCode{}) << name << ": old files must keep loading (or the version must change)";
+  }
 }
 
 TEST(CacheFile, TruncationAtEveryByteIsAnError) {
@@ -258,7 +265,7 @@ TEST(CacheFile, HandMadeLayerLoadsAndBadCountsAreErrors) {
 }
 
 TEST(CacheFile, NewerVersionAndOtherFilesAreClearErrors) {
-  EXPECT_EQ(load_error(file_with({}, 3)), ErrorCode::kUnsupported);
+  EXPECT_EQ(load_error(file_with({}, 4)), ErrorCode::kUnsupported);
   EXPECT_EQ(load_error(file_with({}, 0)), ErrorCode::kCorruptFile);
   const std::vector<uint8_t> gguf = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
   EXPECT_EQ(load_error(gguf), ErrorCode::kCorruptFile);
@@ -290,7 +297,7 @@ namespace {
 // What a loader must refuse in a compressed row, each defect alone (the
 // checksum cannot catch a file crafted with valid checksums).
 TEST(CacheFile, CheckRowRefusesEveryInconsistency) {
-  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact}) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
     AnchorKVConfig cfg;
     cfg.metadata = layout;
     cfg.theta = 0.3;
@@ -308,11 +315,22 @@ TEST(CacheFile, CheckRowRefusesEveryInconsistency) {
         [&](auto& r) {  // an anchor ordinal past the anchors
           compress::Meta m = r.meta_at(3);
           m.anchor_k = static_cast<int32_t>(r.n_anchor);
-          if (r.compact)
+          if (r.tight)
+            r.meta16[3] = compress::pack_meta16(m);
+          else if (r.compact)
             r.meta32[3] = compress::pack_meta32(m);
           else
             r.meta[3] = compress::pack_meta(m);
         },
+        [](auto& r) {  // coefficients of another layout's size
+          if (r.tight)
+            r.k.coef8.pop_back();
+          else if (r.compact)
+            r.v.coef16.push_back(0);
+          else
+            r.k.coef.pop_back();
+        },
+        [](auto& r) { r.tight = !r.tight; },  // buffers of the other compact layout
         [&](auto& r) {  // positions out of order
           if (r.compact) {
             r.anchor_pos[1] = r.anchor_pos[0];

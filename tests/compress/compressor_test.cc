@@ -50,6 +50,10 @@ std::vector<Case> cases() {
   AnchorKVConfig compact = base;
   compact.metadata = MetadataLayout::kCompact;
   out.push_back({2, 2, 500, 64, compact});
+  AnchorKVConfig tight = base;
+  tight.metadata = MetadataLayout::kTight;
+  out.push_back({2, 2, 512, 64, tight});
+  out.push_back({1, 2, 300, 64, tight, 1, 32});
   AnchorKVConfig b3 = base;
   b3.residual_bits = 3;
   b3.scale = ResidualScale::kAbsMax;
@@ -62,6 +66,9 @@ std::vector<Case> cases() {
   autok.anchor_frac = 1.0 / 64;
   autok.theta = 0.2;
   out.push_back({1, 2, 640, 64, autok, 2, 8});
+  AnchorKVConfig autot = autok;
+  autot.metadata = MetadataLayout::kTight;
+  out.push_back({1, 2, 640, 64, autot, 2, 8});
   return out;
 }
 
@@ -193,7 +200,7 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
   int more_anchors = 0;  // cases where the estimate chose more than k0
   for (int64_t S : {512, 2000})
     for (double theta : {0.05, 0.1, 0.2, 0.4})
-      for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact}) {
+      for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
         SCOPED_TRACE(::testing::Message() << "S=" << S << " theta=" << theta << " " << to_string(layout));
         const auto K = random_kv(B, H, S, D, 21), V = random_kv(B, H, S, D, 22);
         SegmentInput in{B, H, S, D, K.data(), V.data()};
@@ -201,7 +208,6 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
         cfg.theta = theta;
         cfg.metadata = layout;
         cfg.anchor_count = AnchorCount::kAuto;
-        const bool compact = layout == MetadataLayout::kCompact;
         const auto fractions = anchor_fractions(in, cfg);
         ASSERT_GE(fractions.size(), 1u);
         ASSERT_LE(fractions.size(), static_cast<size_t>(kMaxAnchorDoublings + 1));
@@ -213,7 +219,7 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
           c.anchor_frac = fractions[i];
           const int64_t k = plan_anchors(S, c).k;
           EXPECT_EQ(k, k0 << i);
-          if (i > 0) EXPECT_LE(base_row_bytes(S, k, D, compact), theta * full_row_bytes(S, D));
+          if (i > 0) EXPECT_LE(base_row_bytes(S, k, D, layout), theta * full_row_bytes(S, D));
           const auto a = analyze(in, c);
           const double err = estimated_error(a, allocate_residuals(in, c, a), c.residual_bits);
           if (i == 0 || err < best_err) {
@@ -228,9 +234,9 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
         int64_t bytes = 0;
         for (const auto& row : rows) {
           EXPECT_EQ(row.n_anchor, best_k);
-          bytes += base_row_bytes(S, row.n_anchor, D, compact) + row.n_residual() * residual_bytes(D, cfg.residual_bits);
+          bytes += base_row_bytes(S, row.n_anchor, D, layout) + row.n_residual() * residual_bytes(D, cfg.residual_bits);
         }
-        if (base_row_bytes(S, k0, D, compact) <= theta * full_row_bytes(S, D))
+        if (base_row_bytes(S, k0, D, layout) <= theta * full_row_bytes(S, D))
           EXPECT_LE(bytes, theta * full_row_bytes(S, D) * B * H);
         more_anchors += best_k > k0;
       }

@@ -164,6 +164,12 @@ TEST(Attention, CompactMetadataLayout) {
     run_case(c, MetadataLayout::kCompact);
 }
 
+TEST(Attention, TightMetadataLayout) {
+  for (const Case& c : {Case{1000, 64, 4, 2, 7, true}, Case{1000, 80, 1, 1, 1, false},
+                        Case{4097, 128, 8, 1, 7, false}, Case{300, 64, 4, 3, 1, true}})
+    run_case(c, MetadataLayout::kTight);
+}
+
 TEST(Attention, FullCacheMatchesDenseReference) {
   const int64_t B = 2, H = 2, Hq = 8, S = 777, D = 80, Sq = 5;
   FullKVCache cache;
