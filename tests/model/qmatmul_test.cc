@@ -207,6 +207,46 @@ TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
   EXPECT_GE(tested, 1);
 }
 
+// Matrices of several types sharing their input width, for batch tests.
+struct Batch {
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<QuantMatrix> W;
+};
+
+Batch random_batch(const std::vector<io::GgmlType>& types, const std::vector<int64_t>& rows, int64_t cols,
+                   unsigned seed) {
+  std::mt19937 g(seed);
+  Batch b;
+  b.blocks.reserve(types.size());
+  for (size_t m = 0; m < types.size(); ++m) {
+    int64_t be = 0, bb = 0;
+    io::ggml_block(types[m], &be, &bb);
+    b.blocks.push_back(random_blocks(types[m], rows[m], cols, g));
+    b.W.push_back({types[m], b.blocks.back().data(), rows[m], cols, cols / be * bb});
+  }
+  return b;
+}
+
+// One batch call gives, for every thread count, the bits of separate calls.
+void expect_batch_is_separate_calls(const Batch& b, int64_t T, const std::vector<int>& thread_counts) {
+  std::mt19937 g(T);
+  const std::vector<float> x = random_activations(T, b.W[0].cols, g);
+  const int n = static_cast<int>(b.W.size());
+  for (int threads : thread_counts) {
+    std::vector<std::vector<float>> batch(n), alone(n);
+    std::vector<float*> ys;
+    for (int m = 0; m < n; ++m) {
+      batch[m].assign(static_cast<size_t>(T * b.W[m].rows), -1.0f);
+      alone[m].resize(batch[m].size());
+      ys.push_back(batch[m].data());
+      matmul_int8(x.data(), T, b.W[m], alone[m].data(), 1);
+    }
+    matmul_int8_batch(x.data(), T, b.W.data(), ys.data(), n, threads);
+    for (int m = 0; m < n; ++m)
+      ASSERT_EQ(0, std::memcmp(batch[m].data(), alone[m].data(), batch[m].size() * 4)) << m << " " << threads;
+  }
+}
+
 // The AMX tiles (prefill, from kAmxMinTokens tokens) and the row kernels:
 // the same integer sums per block, so outputs agree to float rounding; both
 // agree with the twin; one, two and three threads give the same bits; rows
@@ -253,31 +293,10 @@ TEST_P(AmxTiles, MatchTheRowKernelsAndTheTwin) {
 
 TEST(AmxTiles, ABatchOfMixedTypesGivesTheBitsOfSeparateCalls) {
   if (!amx_available()) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
-  std::mt19937 g(29);
-  const int64_t cols = 512, T = 21;
-  const io::GgmlType types[] = {io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ4_0};
-  const int64_t rows[] = {48, 35, 16};
-  std::vector<std::vector<uint8_t>> blocks;
-  std::vector<QuantMatrix> W;
-  for (int m = 0; m < 3; ++m) {
-    int64_t be = 0, bb = 0;
-    io::ggml_block(types[m], &be, &bb);
-    blocks.push_back(random_blocks(types[m], rows[m], cols, g));
-    W.push_back({types[m], blocks.back().data(), rows[m], cols, cols / be * bb});
-  }
-  const std::vector<float> x = random_activations(T, cols, g);
-  std::vector<std::vector<float>> batch(3), alone(3);
-  std::vector<float*> ys;
-  for (int m = 0; m < 3; ++m) {
-    batch[m].assign(static_cast<size_t>(T * rows[m]), -1.0f);
-    alone[m].resize(batch[m].size());
-    ys.push_back(batch[m].data());
-    matmul_int8(x.data(), T, W[m], alone[m].data(), 1);
-  }
-  matmul_int8_batch(x.data(), T, W.data(), ys.data(), 3, 2);
-  for (int m = 0; m < 3; ++m)
-    ASSERT_EQ(0, std::memcmp(batch[m].data(), alone[m].data(), batch[m].size() * 4)) << m;
-  EXPECT_THROW(rows_amx(W[0], 0, 8, AmxTokens{}, ys[0]), Error);  // not a whole group of 16
+  const Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ4_0}, {48, 35, 16}, 512, 29);
+  expect_batch_is_separate_calls(b, 21, {2});
+  std::vector<float> y(16 * 48);
+  EXPECT_THROW(rows_amx(b.W[0], 0, 8, AmxTokens{}, y.data()), Error);  // not a whole group of 16
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, AmxTiles,
@@ -287,32 +306,10 @@ INSTANTIATE_TEST_SUITE_P(Types, AmxTiles,
 
 TEST(Int8Matmul, ABatchGivesTheBitsOfSeparateCalls) {
   // Mixed group sizes (32 and 256) and row counts that split unevenly between threads.
-  std::mt19937 g(5);
-  const int64_t cols = 512, T = 3;
-  const io::GgmlType types[] = {io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K};
-  const int64_t rows[] = {37, 20, 5};
-  std::vector<std::vector<uint8_t>> blocks;
-  std::vector<QuantMatrix> W;
-  for (int m = 0; m < 3; ++m) {
-    int64_t be = 0, bb = 0;
-    io::ggml_block(types[m], &be, &bb);
-    blocks.push_back(random_blocks(types[m], rows[m], cols, g));
-    W.push_back({types[m], blocks.back().data(), rows[m], cols, cols / be * bb});
-  }
-  const std::vector<float> x = random_activations(T, cols, g);
-  for (int threads : {1, 2, 3}) {
-    std::vector<std::vector<float>> batch(3), alone(3);
-    std::vector<float*> ys;
-    for (int m = 0; m < 3; ++m) {
-      batch[m].assign(static_cast<size_t>(T * rows[m]), -1.0f);
-      alone[m].resize(batch[m].size());
-      ys.push_back(batch[m].data());
-      matmul_int8(x.data(), T, W[m], alone[m].data(), 1);
-    }
-    matmul_int8_batch(x.data(), T, W.data(), ys.data(), 3, threads);
-    for (int m = 0; m < 3; ++m)
-      ASSERT_EQ(0, std::memcmp(batch[m].data(), alone[m].data(), batch[m].size() * 4)) << m << " " << threads;
-  }
+  const Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K}, {37, 20, 5}, 512, 5);
+  expect_batch_is_separate_calls(b, 3, {1, 2, 3});
+  const std::vector<QuantMatrix>& W = b.W;
+  const std::vector<float> x(512, 1.0f);
   std::vector<float> y(64);
   QuantMatrix narrow = W[0];
   narrow.cols = 256;
