@@ -24,19 +24,19 @@ CacheKind anchorkv_kind(std::string name, std::string description, MetadataLayou
 template <class Cache, class... Args>
 CacheKind fixed_kind(std::string name, std::string description, Args... args) {
   return {std::move(name), std::move(description), false, false,
-          [=](double, int) { return std::make_unique<Cache>(args...); }};
+          [=](double, int) { return std::make_unique<Cache>(args...); }, 0, {}};
 }
 
 template <class Cache>
 CacheKind eviction_kind(std::string name, std::string description, int64_t observation_window) {
   return {std::move(name), std::move(description), true, true,
-          [](double theta, int) { return std::make_unique<Cache>(theta); }, observation_window};
+          [](double theta, int) { return std::make_unique<Cache>(theta); }, observation_window, {}};
 }
 
 std::vector<CacheKind> build_kinds() {
   std::vector<CacheKind> k;
   k.push_back({"full", "exact fp16 K/V (the reference)", false, false,
-               [](double, int) { return std::make_unique<FullKVCache>(); }});
+               [](double, int) { return std::make_unique<FullKVCache>(); }, 0, {}});
   k.push_back(anchorkv_kind("anchorkv", "AnchorKV, seed metadata layout (16 bytes per token)", MetadataLayout::kSeed));
   k.push_back(anchorkv_kind("anchorkv_compact", "AnchorKV, compact metadata (8 bytes per token + 4 per anchor)",
                             MetadataLayout::kCompact));

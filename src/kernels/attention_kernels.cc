@@ -368,7 +368,8 @@ struct Levels2Bit {
     return N >= 4 && N <= 16 && D % N == 0;
   }
   explicit Levels2Bit(const float* levels) {
-    HWY_ALIGN float table[hn::MaxLanes(DF())] = {};
+    // At least 4 entries: the scalar target compiles this too (never constructed there: supported() is false).
+    HWY_ALIGN float table[hn::MaxLanes(DF()) < 4 ? 4 : hn::MaxLanes(DF())] = {};
     for (int i = 0; i < 4; ++i) table[i] = levels[i];
     lv = hn::Load(df, table);
     shifts = hn::ShiftLeft<1>(hn::Iota(du, 0));

@@ -33,7 +33,9 @@ void run_demo(const DemoOptions& opt) {
   AnchorKVConfig cfg = opt.config;
   cfg.scale = opt.scale == "absmax" ? ResidualScale::kAbsMax : ResidualScale::kRms;
   cfg.allocation = opt.allocation == "per_head" ? ResidualAllocation::kPerHead : ResidualAllocation::kPooledAcrossHeads;
-  cfg.metadata = opt.metadata == "compact" ? MetadataLayout::kCompact : MetadataLayout::kSeed;
+  cfg.metadata = opt.metadata == "tight"     ? MetadataLayout::kTight
+                 : opt.metadata == "compact" ? MetadataLayout::kCompact
+                                             : MetadataLayout::kSeed;
   cfg.validate();
   const auto& sp = opt.spec;
   using Clock = std::chrono::steady_clock;
@@ -138,8 +140,8 @@ void register_demo(CLI::App& app) {
   sub->add_option("--scale", opt->scale, "residual scale: rms or absmax")->check(CLI::IsMember({"rms", "absmax"}));
   sub->add_option("--allocation", opt->allocation, "residual allocation: pooled or per_head")
       ->check(CLI::IsMember({"pooled", "per_head"}));
-  sub->add_option("--metadata", opt->metadata, "per-token metadata: seed (16 B) or compact (8 B)")
-      ->check(CLI::IsMember({"seed", "compact"}));
+  sub->add_option("--metadata", opt->metadata, "per-token metadata: seed (16 B), compact (8 B) or tight (4 B)")
+      ->check(CLI::IsMember({"seed", "compact", "tight"}));
   sub->add_option("--threads", opt->config.threads, "worker threads (0 = all cores)");
   sub->add_flag("--json", opt->json, "print one JSON object");
   sub->callback([opt] { run_demo(*opt); });
