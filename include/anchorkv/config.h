@@ -32,8 +32,8 @@ enum class MetadataLayout : uint8_t {
   kSeed,     // seed accounting: an int32-sized index and an fp32 coefficient per side (16 bytes/token)
   kCompact,  // uint16 index + fp16 coefficient per side (8 bytes/token) + the anchor positions (4 bytes
              // per anchor); needs k < 32768 anchors per segment
-  kTight,    // uint8 index + 8-bit log-scale coefficient per side (4 bytes/token) + the anchor positions
-             // (4 bytes per anchor) + 2 bytes per row; needs k < 128 anchors per segment
+  kTight,    // uint8 index + one byte (sign, residual flag, 6-bit log magnitude) per side (4 bytes/token)
+             // + the anchor positions (4 bytes per anchor) + 2 bytes per row; k is capped at 256
 };
 
 // How many anchors a compressed segment gets (docs/spec.md §4.7).

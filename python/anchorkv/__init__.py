@@ -71,7 +71,7 @@ class KVCacheConfig:
     anchorkv_allocation: "pooled" across heads (seed) or "per_head".
     anchorkv_compress_at: "first_prefill" (seed) or "first_decode" (chunked prefill).
     anchorkv_metadata: "seed" (16 bytes per token), "compact" (8 bytes + 4 per anchor) or "tight"
-        (4 bytes + 4 per anchor, 8-bit coefficients, at most 127 anchors per segment).
+        (4 bytes + 4 per anchor, 8-bit coefficients, at most 256 anchors per segment).
     anchorkv_anchor_count: "fixed" (seed: k = round(S * anchor_frac)) or "auto" (per layer,
         k * 2^i with the least estimated attention-output error within the byte budget).
     anchorkv_threads: worker threads, 0 = all cores (results are identical for any value).

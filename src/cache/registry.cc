@@ -41,7 +41,7 @@ std::vector<CacheKind> build_kinds() {
   k.push_back(anchorkv_kind("anchorkv_compact", "AnchorKV, compact metadata (8 bytes per token + 4 per anchor)",
                             MetadataLayout::kCompact));
   k.push_back(anchorkv_kind("anchorkv_tight",
-                            "AnchorKV, tight metadata (4 bytes per token + 4 per anchor; at most 127 anchors per "
+                            "AnchorKV, tight metadata (4 bytes per token + 4 per anchor; at most 256 anchors per "
                             "segment, 8-bit log-scale coefficients)",
                             MetadataLayout::kTight));
   k.push_back(fixed_kind<QuantizedKVCache>("quantized8", "8-bit group quantization of every token", 8));

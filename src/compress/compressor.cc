@@ -353,11 +353,11 @@ void prepare_row(CompressedRow& out, const RowAnalysis& a, int64_t S, MetadataLa
 
 // Appends one token's metadata and coefficients in the row's layout and
 // returns the coefficient as stored (what the residual is taken against).
-float store_coef(CompressedSide& side, MetadataLayout layout, float g) {
+float store_coef(CompressedSide& side, MetadataLayout layout, float g, bool residual) {
   switch (layout) {
-    case MetadataLayout::kTight: {
+    case MetadataLayout::kTight: {  // the residual flag rides in the coefficient byte
       const uint8_t code = tight_coef_code(g, side.coef_exp);
-      side.coef8.push_back(code);
+      side.coef8.push_back(static_cast<uint8_t>(code | (residual ? kTightResidual : 0)));
       return tight_coef(code, side.coef_exp);
     }
     case MetadataLayout::kCompact: {
@@ -422,7 +422,8 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       m.res_k = ik < rk.size() && rk[ik] == t;
       m.res_v = iv < rv.size() && rv[iv] == t;
       store_meta(out, layout, m);
-      const float gk = store_coef(out.k, layout, a.k.coef[t]), gv = store_coef(out.v, layout, a.v.coef[t]);
+      const float gk = store_coef(out.k, layout, a.k.coef[t], m.res_k);
+      const float gv = store_coef(out.v, layout, a.v.coef[t], m.res_v);
       if (m.res_k) {
         residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
         codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());

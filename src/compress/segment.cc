@@ -10,31 +10,36 @@
 
 namespace anchorkv::compress {
 
+namespace {
+constexpr int kTightSteps = 8;       // magnitude codes per octave
+constexpr int kTightTopCode = 0x3F;  // bits 0..5
+}  // namespace
+
 int8_t tight_coef_exp(float max_abs) {
   if (!(max_abs > 0.0f) || !std::isfinite(max_abs)) return 0;
-  const double e = std::ceil(16.0 * std::log2(static_cast<double>(max_abs)) - 0.5) - 127.0;
+  const double e = std::ceil(kTightSteps * std::log2(static_cast<double>(max_abs)) - 0.5) - kTightTopCode;
   return static_cast<int8_t>(std::clamp(e, -128.0, 127.0));
 }
 
 uint8_t tight_coef_code(float gamma, int coef_exp) {
   if (!(std::fabs(gamma) > 0.0f)) return 0;  // zero (and NaN, which no assignment produces)
-  const double m = std::nearbyint(16.0 * std::log2(std::fabs(static_cast<double>(gamma)))) - coef_exp;
-  if (m < 0.5) return 0;  // below the smallest magnitude: nearer to 0 than to 2^((1 + exp) / 16) / 2
-  return static_cast<uint8_t>((gamma < 0.0f ? 0x80 : 0) | static_cast<int>(std::min(m, 127.0)));
+  const double m = std::nearbyint(kTightSteps * std::log2(std::fabs(static_cast<double>(gamma)))) - coef_exp;
+  if (m < 0.5) return 0;  // below the smallest magnitude: nearer to 0 than to it
+  return static_cast<uint8_t>((gamma < 0.0f ? 0x80 : 0) | static_cast<int>(std::min<double>(m, kTightTopCode)));
 }
 
 float tight_coef(uint8_t code, int coef_exp) {
-  // 2^((m + exp) / 16) as 2^(j / 16) for the fraction times an exact power of
+  // 2^((m + exp) / 8) as 2^(j / 8) for the fraction times an exact power of
   // two: cheap enough to fill a table per attention chunk.
-  static const auto pow16 = [] {
-    std::array<float, 16> p{};
-    for (int j = 0; j < 16; ++j) p[static_cast<size_t>(j)] = static_cast<float>(std::exp2(j / 16.0));
+  static const auto pow8 = [] {
+    std::array<float, kTightSteps> p{};
+    for (int j = 0; j < kTightSteps; ++j) p[static_cast<size_t>(j)] = static_cast<float>(std::exp2(j / double{kTightSteps}));
     return p;
   }();
-  const int m = code & 0x7F;
+  const int m = code & kTightTopCode;
   if (m == 0) return 0.0f;
   const int x = m + coef_exp;
-  const float v = std::ldexp(pow16[static_cast<size_t>(x & 15)], x >> 4);  // x >> 4 floors: arithmetic shift
+  const float v = std::ldexp(pow8[static_cast<size_t>(x & (kTightSteps - 1))], x >> 3);  // x >> 3 floors
   return (code & 0x80) != 0 ? -v : v;
 }
 
@@ -139,6 +144,8 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
       static_cast<int64_t>(row.anchor_v.size()) != row.n_anchor * D)
     return "anchors: wrong size";
   if (row.tight && !row.compact) return "a tight row lists its anchor positions";
+  if (row.tight && (row.k.coef8.size() != static_cast<size_t>(n_other) || row.v.coef8.size() != static_cast<size_t>(n_other)))
+    return "tight coefficients (which carry the residual flags): wrong count";
   const MetadataLayout layout = row.layout();
   auto want = [&](MetadataLayout l) { return layout == l ? n_other : int64_t{0}; };
   if (static_cast<int64_t>(row.meta.size()) != want(MetadataLayout::kSeed) ||

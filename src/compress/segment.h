@@ -21,14 +21,14 @@
 // = 8 bytes per non-anchor token + 4 per anchor.
 //
 // Tight layout (MetadataLayout::kTight): as compact, with
-//   meta16              [n_other] uint16: anchor K (bits 0..6), K residual (7),
-//                       anchor V (8..14), V residual (15)
-//   k.coef8, v.coef8    [n_other] uint8 gamma: 0 means 0; else bit 7 the sign and
-//                       m = bits 0..6 (1..127) the magnitude 2^((m + coef_exp) / 16)
+//   meta16              [n_other] uint16: anchor K (bits 0..7), anchor V (8..15)
+//   k.coef8, v.coef8    [n_other] uint8: bit 7 the sign of gamma, bit 6 the
+//                       side's residual flag, m = bits 0..5 the magnitude:
+//                       m = 0 means gamma = 0, else |gamma| = 2^((m + coef_exp) / 8)
 //   k.coef_exp, v.coef_exp  one int8 per row and side (chosen so the row's
 //                       largest |gamma| is in range; gamma = 1 is exact when in range)
-// = 4 bytes per non-anchor token + 4 per anchor + 2 per row. Steps of 2^(1/16)
-// put gamma within 2.2% of its value, small beside what an anchor leaves.
+// = 4 bytes per non-anchor token + 4 per anchor + 2 per row. Steps of 2^(1/8)
+// put gamma within 4.4% of its value, small beside what an anchor leaves.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +43,7 @@ namespace anchorkv::compress {
 inline constexpr int kMetaFieldBits = 20;
 inline constexpr int64_t kMaxAnchors = (int64_t{1} << kMetaFieldBits) - 1;
 inline constexpr int64_t kMaxCompactAnchors = (int64_t{1} << 15) - 1;
-inline constexpr int64_t kMaxTightAnchors = (int64_t{1} << 7) - 1;
+inline constexpr int64_t kMaxTightAnchors = int64_t{1} << 8;
 // The most anchors a segment row may hold in a layout (a row whose every
 // token is an anchor needs no metadata and may hold more).
 inline int64_t max_anchors(MetadataLayout layout) {
@@ -90,27 +90,27 @@ inline Meta unpack_meta32(uint32_t w) {
   m.res_v = ((w >> 31) & 1) != 0;
   return m;
 }
-// Tight layout: as compact, 7-bit anchor ordinals.
+// Tight layout: 8-bit anchor ordinals in meta16, the residual flags in bit 6
+// of each side's coefficient byte.
+inline constexpr uint8_t kTightResidual = 0x40;
 inline uint16_t pack_meta16(const Meta& m) {
-  return static_cast<uint16_t>((static_cast<uint32_t>(m.anchor_k) & 0x7F) | (static_cast<uint32_t>(m.res_k) << 7) |
-                               ((static_cast<uint32_t>(m.anchor_v) & 0x7F) << 8) |
-                               (static_cast<uint32_t>(m.res_v) << 15));
+  return static_cast<uint16_t>((static_cast<uint32_t>(m.anchor_k) & 0xFF) |
+                               ((static_cast<uint32_t>(m.anchor_v) & 0xFF) << 8));
 }
-inline Meta unpack_meta16(uint16_t w) {
+inline Meta unpack_meta16(uint16_t w, uint8_t coef_k, uint8_t coef_v) {
   Meta m;
-  m.anchor_k = w & 0x7F;
-  m.res_k = ((w >> 7) & 1) != 0;
-  m.anchor_v = (w >> 8) & 0x7F;
-  m.res_v = ((w >> 15) & 1) != 0;
+  m.anchor_k = w & 0xFF;
+  m.anchor_v = (w >> 8) & 0xFF;
+  m.res_k = (coef_k & kTightResidual) != 0;
+  m.res_v = (coef_v & kTightResidual) != 0;
   return m;
 }
-inline bool meta16_res_k(uint16_t w) { return ((w >> 7) & 1) != 0; }
-inline bool meta16_res_v(uint16_t w) { return ((w >> 15) & 1) != 0; }
 
-// Tight coefficients (see the layout above). The exponent that puts the
-// largest magnitude at the top code, the code of a gamma, and the 256 values
-// the codes stand for; encoder and decoder use the same table, so a decoded
-// gamma is bit for bit the one the residuals were taken against.
+// Tight coefficients (see the layout above; codes carry no residual flag
+// here). The exponent that puts the largest magnitude at the top code, the
+// code of a gamma, and the values the codes stand for (the flag bit is
+// ignored); encoder and decoder use the same function, so a decoded gamma is
+// bit for bit the one the residuals were taken against.
 int8_t tight_coef_exp(float max_abs);
 uint8_t tight_coef_code(float gamma, int coef_exp);
 float tight_coef(uint8_t code, int coef_exp);
@@ -154,13 +154,15 @@ struct CompressedRow {
   Meta meta_at(int64_t e) const;
   // Entry e's metadata without anchors_before.
   Meta fields_at(int64_t e) const {
-    return tight ? unpack_meta16(meta16[e]) : compact ? unpack_meta32(meta32[e]) : unpack_meta(meta[e]);
+    return tight     ? unpack_meta16(meta16[e], k.coef8[e], v.coef8[e])
+           : compact ? unpack_meta32(meta32[e])
+                     : unpack_meta(meta[e]);
   }
   bool res_k(int64_t e) const {
-    return tight ? meta16_res_k(meta16[e]) : compact ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]);
+    return tight ? (k.coef8[e] & kTightResidual) != 0 : compact ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]);
   }
   bool res_v(int64_t e) const {
-    return tight ? meta16_res_v(meta16[e]) : compact ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]);
+    return tight ? (v.coef8[e] & kTightResidual) != 0 : compact ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]);
   }
   float coef_k(int64_t e) const;
   float coef_v(int64_t e) const;

@@ -123,49 +123,31 @@ HWY_INLINE void PushSetBits(uint64_t bits, int64_t i0, int32_t* out, int64_t& co
     out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
 }
 
-// The metadata layouts' bit fields (compress/segment.h); Lane is the vector
-// lane a word is widened to.
+// The seed and compact layouts' bit fields (compress/segment.h; the tight
+// layout has its own decoder below).
 struct SeedMeta {  // anchor K in bits 0..19, anchor V in 20..39, residual flags at 60 / 61
   using Word = uint64_t;
-  using Lane = uint64_t;
   static constexpr int kVShift = 20;
   static constexpr Word kField = (Word{1} << 20) - 1, kFlagK = Word{1} << 60, kFlagV = Word{1} << 61;
   static compress::Meta unpack(Word w) { return compress::unpack_meta(w); }
 };
 struct CompactMeta {  // anchor K in bits 0..14, K residual 15, anchor V 16..30, V residual 31
   using Word = uint32_t;
-  using Lane = uint32_t;
   static constexpr int kVShift = 16;
-  static constexpr Lane kField = 0x7FFF, kFlagK = Lane{1} << 15, kFlagV = Lane{1} << 31;
+  static constexpr Word kField = 0x7FFF, kFlagK = Word{1} << 15, kFlagV = Word{1} << 31;
   static compress::Meta unpack(Word w) { return compress::unpack_meta32(w); }
-};
-struct TightMeta {  // anchor K in bits 0..6, K residual 7, anchor V 8..14, V residual 15
-  using Word = uint16_t;
-  using Lane = uint32_t;
-  static constexpr int kVShift = 8;
-  static constexpr Lane kField = 0x7F, kFlagK = Lane{1} << 7, kFlagV = Lane{1} << 15;
-  static compress::Meta unpack(Word w) { return compress::unpack_meta16(w); }
 };
 
 template <class Layout>
 HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   using Word = typename Layout::Word;
-  using Lane = typename Layout::Lane;
-  const hn::ScalableTag<Lane> dw;
-  const hn::Rebind<Word, decltype(dw)> dword;
+  const hn::ScalableTag<Word> dw;
   const hn::Rebind<uint32_t, decltype(dw)> d32;
-  auto load = [&](const Word* p) {
-    if constexpr (sizeof(Word) < sizeof(Lane)) {
-      return hn::PromoteTo(dw, hn::LoadU(dword, p));
-    } else {
-      return hn::LoadU(dw, p);
-    }
-  };
   const int64_t N = static_cast<int64_t>(hn::Lanes(dw));
   const auto field = hn::Set(dw, Layout::kField);
   const auto flag_k = hn::Set(dw, Layout::kFlagK), flag_v = hn::Set(dw, Layout::kFlagV);
   auto to32 = [&](auto v) {
-    if constexpr (sizeof(Lane) == 8) {
+    if constexpr (sizeof(Word) == 8) {
       return hn::TruncateTo(d32, v);
     } else {
       return v;
@@ -175,7 +157,7 @@ HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int
   uint8_t bits[8] = {};
   if (N <= 64) {
     for (; i + N <= n; i += N) {
-      const auto v = load(w + i);
+      const auto v = hn::LoadU(dw, w + i);
       hn::StoreU(to32(hn::And(v, field)), d32, reinterpret_cast<uint32_t*>(out->ak + i));
       hn::StoreU(to32(hn::And(hn::ShiftRight<Layout::kVShift>(v), field)), d32,
                  reinterpret_cast<uint32_t*>(out->av + i));
@@ -202,8 +184,37 @@ void DecodeMetaSeed(const uint64_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
 void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   DecodeMetaWords<CompactMeta>(w, n, out);
 }
-void DecodeMetaTight(const uint16_t* HWY_RESTRICT w, int64_t n, MetaOut* out) {
-  DecodeMetaWords<TightMeta>(w, n, out);
+// Tight: 8-bit ordinals in the u16 words, residual flags in bit 6 of each
+// side's coefficient byte; all widened to 32-bit lanes.
+void DecodeMetaTight(const uint16_t* HWY_RESTRICT w, const uint8_t* HWY_RESTRICT ck, const uint8_t* HWY_RESTRICT cv,
+                     int64_t n, MetaOut* out) {
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16;
+  const hn::Rebind<uint8_t, decltype(d32)> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d32));
+  const auto field = hn::Set(d32, 0xFFu), flag = hn::Set(d32, uint32_t{compress::kTightResidual});
+  int64_t i = 0;
+  uint8_t bits[8] = {};
+  if (N <= 64) {
+    for (; i + N <= n; i += N) {
+      const auto v = hn::PromoteTo(d32, hn::LoadU(d16, w + i));
+      hn::StoreU(hn::And(v, field), d32, reinterpret_cast<uint32_t*>(out->ak + i));
+      hn::StoreU(hn::ShiftRight<8>(v), d32, reinterpret_cast<uint32_t*>(out->av + i));
+      uint64_t mk = 0, mv = 0;
+      hn::StoreMaskBits(d32, hn::TestBit(hn::PromoteTo(d32, hn::LoadU(d8, ck + i)), flag), bits);
+      std::memcpy(&mk, bits, (N + 7) / 8);
+      hn::StoreMaskBits(d32, hn::TestBit(hn::PromoteTo(d32, hn::LoadU(d8, cv + i)), flag), bits);
+      std::memcpy(&mv, bits, (N + 7) / 8);
+      PushSetBits(mk, i, out->res_k, out->nk);
+      PushSetBits(mv, i, out->res_v, out->nv);
+    }
+  }
+  for (; i < n; ++i) {
+    const compress::Meta m = compress::unpack_meta16(w[i], ck[i], cv[i]);
+    out->ak[i] = m.anchor_k, out->av[i] = m.anchor_v;
+    if (m.res_k) out->res_k[out->nk++] = static_cast<int32_t>(i);
+    if (m.res_v) out->res_v[out->nv++] = static_cast<int32_t>(i);
+  }
 }
 
 // ---- Query quads: four queries of one KV row, stored token-major (s4[i * 4 + g]),
@@ -586,18 +597,12 @@ void AccumulateRowsF16(const float* HWY_RESTRICT w, int64_t k, const uint16_t* H
 template <class Layout>
 HWY_INLINE void CountFlags(const typename Layout::Word* HWY_RESTRICT w, int64_t n, int64_t* nk, int64_t* nv) {
   using Word = typename Layout::Word;
-  using Lane = typename Layout::Lane;
-  const hn::ScalableTag<Lane> dl;
-  const hn::Rebind<Word, decltype(dl)> dword;
+  const hn::ScalableTag<Word> dl;
   const int64_t N = static_cast<int64_t>(hn::Lanes(dl));
   const auto fk = hn::Set(dl, Layout::kFlagK), fv = hn::Set(dl, Layout::kFlagV);
   int64_t ck = 0, cv = 0, i = 0;
   for (; i + N <= n; i += N) {
-    hn::Vec<decltype(dl)> v;
-    if constexpr (sizeof(Word) < sizeof(Lane))
-      v = hn::PromoteTo(dl, hn::LoadU(dword, w + i));
-    else
-      v = hn::LoadU(dl, w + i);
+    const auto v = hn::LoadU(dl, w + i);
     ck += static_cast<int64_t>(hn::CountTrue(dl, hn::TestBit(v, fk)));
     cv += static_cast<int64_t>(hn::CountTrue(dl, hn::TestBit(v, fv)));
   }
@@ -608,10 +613,22 @@ HWY_INLINE void CountFlags(const typename Layout::Word* HWY_RESTRICT w, int64_t 
   *nk = ck, *nv = cv;
 }
 
+// Bit 6 set in n coefficient bytes (the tight layout's residual flags).
+HWY_INLINE int64_t CountTightFlags(const uint8_t* HWY_RESTRICT c, int64_t n) {
+  const hn::ScalableTag<uint8_t> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d8));
+  const auto flag = hn::Set(d8, compress::kTightResidual);
+  int64_t count = 0, i = 0;
+  for (; i + N <= n; i += N) count += static_cast<int64_t>(hn::CountTrue(d8, hn::TestBit(hn::LoadU(d8, c + i), flag)));
+  for (; i < n; ++i) count += (c[i] & compress::kTightResidual) != 0;
+  return count;
+}
+
 void CountResidualFlags(const compress::CompressedRow* row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv) {
-  if (row->tight)
-    CountFlags<TightMeta>(row->meta16.data() + e0, e1 - e0, nk, nv);
-  else if (row->compact)
+  if (row->tight) {
+    *nk = CountTightFlags(row->k.coef8.data() + e0, e1 - e0);
+    *nv = CountTightFlags(row->v.coef8.data() + e0, e1 - e0);
+  } else if (row->compact)
     CountFlags<CompactMeta>(row->meta32.data() + e0, e1 - e0, nk, nv);
   else
     CountFlags<SeedMeta>(row->meta.data() + e0, e1 - e0, nk, nv);
@@ -955,7 +972,8 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   if (!r.masked && cq.rope == nullptr) {  // positions not needed: the bit fields alone
     MetaOut mo{sc.ak.data(), sc.av.data(), sc.res_k.data(), sc.res_v.data()};
     if (row.tight)
-      HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[static_cast<size_t>(r.e0)], n, &mo);
+      HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[static_cast<size_t>(r.e0)], &row.k.coef8[static_cast<size_t>(r.e0)],
+                                            &row.v.coef8[static_cast<size_t>(r.e0)], n, &mo);
     else if (row.compact)
       HWY_DYNAMIC_DISPATCH(DecodeMetaCompact)(&row.meta32[static_cast<size_t>(r.e0)], n, &mo);
     else

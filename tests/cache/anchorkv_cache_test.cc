@@ -71,8 +71,8 @@ TEST(AnchorKVCache, TightMetadataBytesByHandAndCloserThanCompact) {
     ec += (kc[i] - d.K[i]) * (kc[i] - d.K[i]) + (vc[i] - d.V[i]) * (vc[i] - d.V[i]);
   }
   EXPECT_LT(et, ec);
-  // A segment past 127 * 128 tokens keeps at most 127 anchors instead of failing.
-  const Data big = make(1, 1, 20000, 16);
+  // A segment past 256 * 128 tokens keeps at most 256 anchors instead of failing.
+  const Data big = make(1, 1, 40000, 16);
   cfg.metadata = MetadataLayout::kTight;
   AnchorKVCache longer(cfg);
   longer.update(big.k(), big.v());

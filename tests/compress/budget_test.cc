@@ -53,13 +53,13 @@ TEST(Budget, TightLayoutBytes) {
   // 4 bytes per other token, 4 per anchor on top of its fp16 K and V, 2 per row.
   EXPECT_EQ(base_row_bytes(512, 4, 64, MetadataLayout::kTight), 4 * (256 + 4) + 508 * 4 + 2);
   EXPECT_EQ(base_row_bytes(512, 4, 64, MetadataLayout::kCompact), 4 * (256 + 4) + 508 * 8);
-  EXPECT_EQ(max_anchors(MetadataLayout::kTight), 127);
+  EXPECT_EQ(max_anchors(MetadataLayout::kTight), 256);
 }
 
-// The 8-bit coefficient: zero, sign, gamma = 1 exact, steps of 2^(1/16)
-// (within 2^(1/32) of the value inside the row's range), the top code at the
-// row's largest magnitude, and the table the kernels index equal to the
-// scalar decoder bit for bit.
+// The 8-bit coefficient: zero, sign, gamma = 1 exact, steps of 2^(1/8)
+// (within 2^(1/16) of the value inside the row's range), the top code at the
+// row's largest magnitude, the residual flag bit ignored by the decoder, and
+// the table the kernels index equal to the scalar decoder bit for bit.
 TEST(Budget, TightCoefficientCode) {
   for (float max_abs : {0.3f, 1.0f, 2.7f, 40.0f}) {
     const int e = tight_coef_exp(max_abs);
@@ -68,13 +68,17 @@ TEST(Budget, TightCoefficientCode) {
     EXPECT_EQ(tight_coef(0, e), 0.0f);
     EXPECT_EQ(tight_coef(0x80, e), 0.0f);
     const uint8_t top = tight_coef_code(max_abs, e);
-    EXPECT_TRUE((top & 0x7F) >= 120 || e == -128) << int{top};  // the exponent byte bottoms out at -128
-    EXPECT_LE(std::fabs(tight_coef(top, e) / max_abs - 1.0f), 0.0219f);
-    if (max_abs >= 1.0f) EXPECT_EQ(tight_coef(tight_coef_code(1.0f, e), e), 1.0f);
+    EXPECT_GE(top & 0x3F, 60) << int{top};
+    EXPECT_EQ(top & kTightResidual, 0);
+    EXPECT_LE(std::fabs(tight_coef(top, e) / max_abs - 1.0f), 0.0443f);
+    EXPECT_EQ(tight_coef(static_cast<uint8_t>(top | kTightResidual), e), tight_coef(top, e));
+    if (max_abs >= 1.0f) {
+      EXPECT_EQ(tight_coef(tight_coef_code(1.0f, e), e), 1.0f);
+    }
     for (float g = -max_abs; g <= max_abs; g += max_abs / 97.0f) {
       if (std::fabs(g) < max_abs / 64.0f) continue;  // far below the range's top: coarse by design
       const float back = tight_coef(tight_coef_code(g, e), e);
-      ASSERT_LE(std::fabs(back / g - 1.0f), 0.0219f) << g;  // 2^(1/32) - 1 = 0.02190
+      ASSERT_LE(std::fabs(back / g - 1.0f), 0.0443f) << g;  // 2^(1/16) - 1 = 0.04427
       ASSERT_EQ(back < 0, g < 0);
     }
     float table[256];
@@ -82,10 +86,10 @@ TEST(Budget, TightCoefficientCode) {
     for (int c = 0; c < 256; ++c) ASSERT_EQ(table[c], tight_coef(static_cast<uint8_t>(c), e)) << c;
   }
   EXPECT_EQ(tight_coef_exp(0.0f), 0);
-  // The exponent byte bottoms out: magnitudes below 2^(-127/16) / 2^(1/32) become 0.
-  EXPECT_EQ(tight_coef_exp(0.001f), -128);
-  EXPECT_EQ(tight_coef_code(0.001f, -128), 0);
-  EXPECT_EQ(tight_coef_code(0.0041f, -128) & 0x7F, 1);
+  // Magnitudes below the lowest level 2^((1 + exp) / 8), rounded, become 0.
+  EXPECT_EQ(tight_coef_exp(1.0f), -63);
+  EXPECT_EQ(tight_coef_code(std::exp2(-62.0f / 8) * 0.97f, -63) & 0x3F, 1);
+  EXPECT_EQ(tight_coef_code(std::exp2(-62.0f / 8) * 0.7f, -63), 0);
   EXPECT_EQ(tight_coef_exp(std::numeric_limits<float>::infinity()), 0);
 }
 

@@ -219,7 +219,9 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
           c.anchor_frac = fractions[i];
           const int64_t k = plan_anchors(S, c).k;
           EXPECT_EQ(k, k0 << i);
-          if (i > 0) EXPECT_LE(base_row_bytes(S, k, D, layout), theta * full_row_bytes(S, D));
+          if (i > 0) {
+            EXPECT_LE(base_row_bytes(S, k, D, layout), theta * full_row_bytes(S, D));
+          }
           const auto a = analyze(in, c);
           const double err = estimated_error(a, allocate_residuals(in, c, a), c.residual_bits);
           if (i == 0 || err < best_err) {
@@ -236,8 +238,9 @@ TEST(Compressor, AutoAnchorCountFitsTheBudgetAndMinimizesTheEstimate) {
           EXPECT_EQ(row.n_anchor, best_k);
           bytes += base_row_bytes(S, row.n_anchor, D, layout) + row.n_residual() * residual_bytes(D, cfg.residual_bits);
         }
-        if (base_row_bytes(S, k0, D, layout) <= theta * full_row_bytes(S, D))
+        if (base_row_bytes(S, k0, D, layout) <= theta * full_row_bytes(S, D)) {
           EXPECT_LE(bytes, theta * full_row_bytes(S, D) * B * H);
+        }
         more_anchors += best_k > k0;
       }
   EXPECT_GT(more_anchors, 0) << "the estimate never preferred more anchors";
