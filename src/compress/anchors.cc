@@ -15,7 +15,7 @@ AnchorPlan plan_anchors(int64_t S, const AnchorKVConfig& config) {
   AnchorPlan p;
   p.S = S;
   p.k = std::min<int64_t>(S, std::max<int64_t>(1, round_half_even(static_cast<double>(S) * config.anchor_frac)));
-  // The tight layout's 7-bit ordinals hold 127 anchors (docs/spec.md §5): a
+  // The tight layout's 8-bit ordinals hold 256 anchors (docs/spec.md §5): a
   // longer segment gets fewer anchors rather than an error.
   if (config.metadata == MetadataLayout::kTight) p.k = std::min(p.k, kMaxTightAnchors);
   p.w = std::min<int64_t>(config.window, p.k);
