@@ -37,7 +37,8 @@ struct WeightTiles {
   const uint8_t* base = nullptr;
   int64_t stride = 0, block_step = 0;
   bool is_signed = false, has_min = false;
-  std::vector<uint8_t> unpacked;  // [16][cols] for the 4- and 5-bit types
+  bool half_blocks = false;       // 16-element blocks (Q6_K's sub-blocks) instead of 32
+  std::vector<uint8_t> unpacked;  // [16][cols] for the 4-, 5- and 6-bit types
   std::vector<float> scale, min;  // [blocks][16]
 };
 
@@ -49,6 +50,7 @@ void prepare_q8_0(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
   w->block_step = 34;
   w->is_signed = true;
   w->has_min = false;
+  w->half_blocks = false;
   w->scale.resize(static_cast<size_t>(nb * 16));
   for (int64_t i = 0; i < 16; ++i)
     for (int64_t b = 0; b < nb; ++b)
@@ -95,8 +97,36 @@ void unpack_q45_k_row(const uint8_t* row, int64_t nsb, bool five, uint8_t* out, 
   }
 }
 
+// Q6_K super-blocks (dequant.cc's q6_k): sub-block j (16 elements) has the
+// int8 scale sc[j]; w = d * sc_j * (q - 32), q = 4 low bits from ql and 2
+// high bits from qh.
+void unpack_q6_k_row(const uint8_t* row, int64_t nsb, uint8_t* out, float* scale, float* min) {
+  for (int64_t s = 0; s < nsb; ++s, out += 256) {
+    const uint8_t* blk = row + s * 210;
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = f16_at(blk + 208);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = blk + 64 * half;
+      const uint8_t* qh = blk + 128 + 32 * half;
+      uint8_t* o = out + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        o[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+        o[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+        o[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        o[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+      }
+    }
+    for (int j = 0; j < 16; ++j) {
+      const float ds = d * static_cast<float>(sc[j]);
+      scale[(s * 16 + j) * 16] = ds;
+      min[(s * 16 + j) * 16] = 32.0f * ds;
+    }
+  }
+}
+
 void prepare_unpacked(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
-  const int64_t nb = W.cols / 32;
+  const bool six = W.type == io::GgmlType::kQ6_K;
+  const int64_t nb = W.cols / (six ? 16 : 32);
   w->unpacked.resize(static_cast<size_t>(16 * W.cols));
   w->scale.resize(static_cast<size_t>(nb * 16));
   w->min.resize(static_cast<size_t>(nb * 16));
@@ -105,15 +135,18 @@ void prepare_unpacked(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
     uint8_t* out = &w->unpacked[static_cast<size_t>(i * W.cols)];
     if (W.type == io::GgmlType::kQ4_0)
       unpack_q4_0_row(row, nb, out, &w->scale[static_cast<size_t>(i)], &w->min[static_cast<size_t>(i)]);
+    else if (six)
+      unpack_q6_k_row(row, W.cols / 256, out, &w->scale[static_cast<size_t>(i)], &w->min[static_cast<size_t>(i)]);
     else
       unpack_q45_k_row(row, W.cols / 256, W.type == io::GgmlType::kQ5_K, out, &w->scale[static_cast<size_t>(i)],
                        &w->min[static_cast<size_t>(i)]);
   }
   w->base = w->unpacked.data();
   w->stride = W.cols;
-  w->block_step = 32;
+  w->block_step = six ? 16 : 32;
   w->is_signed = false;
   w->has_min = true;
+  w->half_blocks = six;
 }
 
 void prepare_weights(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
@@ -140,11 +173,12 @@ struct alignas(64) TileConfig {
 // tmm0, tmm1: products of blocks b and b + 1 (16 weight rows x 16 tokens,
 // int32); tmm2, tmm3: their weights (16 rows x 32 bytes); tmm4, tmm5: their
 // tokens (8 rows x 64 bytes).
-ANCHORKV_AMX_TARGET void load_tile_config() {
+// Half blocks (16 elements): weights 16 rows x 16 bytes, tokens 4 rows x 64 bytes.
+ANCHORKV_AMX_TARGET void load_tile_config(bool half_blocks) {
   TileConfig c;
   for (int t : {0, 1}) c.rows[t] = 16, c.colsb[t] = 64;
-  for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = 32;
-  for (int t : {4, 5}) c.rows[t] = 8, c.colsb[t] = 64;
+  for (int t : {2, 3}) c.rows[t] = 16, c.colsb[t] = half_blocks ? 16 : 32;
+  for (int t : {4, 5}) c.rows[t] = half_blocks ? 4 : 8, c.colsb[t] = 64;
   // GCC 12 does not see ldtilecfg read the whole struct and drops the stores
   // above without a barrier.
   asm volatile("" : : "r"(&c) : "memory");
@@ -161,17 +195,29 @@ struct GroupOperands {
   const float* min;    // [blocks][16], or nullptr
 };
 
+// The tokens' operand, activation scales and scaled sums of weight block b
+// (kHalf: 16-element blocks, the upper or lower 4 rows of a 32-element tile).
+template <bool kHalf>
+struct TokenBlock {
+  const int8_t* tile;
+  const float *scales, *sums;
+  TokenBlock(const AmxTokens& x, int64_t mt, int64_t b)
+      : tile(kHalf ? x.tile(mt, b / 2) + 256 * (b % 2) : x.tile(mt, b)),
+        scales(x.scales(mt, kHalf ? b / 2 : b)),
+        sums(kHalf ? x.sums16(mt, b) : x.sums(mt, b)) {}
+};
+
 // acc[i] (16 tokens of weight row i) += the block's product times its scales.
-ANCHORKV_AMX_TARGET inline void accumulate(const int32_t* c, const GroupOperands& w, const AmxTokens& x, int64_t mt,
-                                           int64_t b, __m512* acc) {
-  const __m512 xs = _mm512_loadu_ps(x.scales(mt, b));
+ANCHORKV_AMX_TARGET inline void accumulate(const int32_t* c, const GroupOperands& w, const float* x_scales,
+                                           const float* x_sums, int64_t b, __m512* acc) {
+  const __m512 xs = _mm512_loadu_ps(x_scales);
   const float* ws = w.scale + b * 16;
   for (int i = 0; i < 16; ++i) {
     const __m512 p = _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * i));
     acc[i] = _mm512_fmadd_ps(p, _mm512_mul_ps(_mm512_set1_ps(ws[i]), xs), acc[i]);
   }
   if (w.min != nullptr) {
-    const __m512 xm = _mm512_loadu_ps(x.sums(mt, b));
+    const __m512 xm = _mm512_loadu_ps(x_sums);
     const float* wm = w.min + b * 16;
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(wm[i]), xm, acc[i]);
   }
@@ -179,38 +225,44 @@ ANCHORKV_AMX_TARGET inline void accumulate(const int32_t* c, const GroupOperands
 
 // Block `blk`'s product into tile C from weights in tile A and tokens in tile
 // B (tile numbers must be literals: the intrinsics are macros).
-#define ANCHORKV_TILE_PRODUCT(C, A, B, blk)                         \
-  do {                                                              \
-    _tile_zero(C);                                                  \
-    _tile_loadd(A, w.base + (blk) * w.block_step, w.stride);        \
-    _tile_loadd(B, x.tile(mt, blk), 64);                            \
-    if (kSigned) _tile_dpbssd(C, A, B); else _tile_dpbusd(C, A, B); \
+#define ANCHORKV_TILE_PRODUCT(C, A, B, blk)                                       \
+  do {                                                                            \
+    _tile_zero(C);                                                                \
+    _tile_loadd(A, w.base + (blk) * w.block_step, w.stride);                      \
+    _tile_loadd(B, TokenBlock<kHalf>(x, mt, blk).tile, 64);                       \
+    if (kSigned) _tile_dpbssd(C, A, B); else _tile_dpbusd(C, A, B);               \
+  } while (0)
+#define ANCHORKV_TILE_SCALE(blk)                                                  \
+  do {                                                                            \
+    const TokenBlock<kHalf> tb(x, mt, blk);                                       \
+    accumulate(c, w, tb.scales, tb.sums, blk, acc);                               \
   } while (0)
 
 // The 16 x 16 outputs of one weight group and one token tile, out[i * 16 + t].
 // Software-pipelined: the tiles multiply block b + 1 while block b's
 // products are scaled (waiting for each product before scaling it had left
 // the cores idle for most of the tile instruction's latency).
-template <bool kSigned>
+template <bool kSigned, bool kHalf>
 ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOperands w, const AmxTokens& x,
                                                                 int64_t mt, float* out) {
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
   alignas(64) int32_t c[256];
-  const int64_t nb = x.blocks;
+  const int64_t nb = kHalf ? 2 * x.blocks : x.blocks;
   ANCHORKV_TILE_PRODUCT(0, 2, 4, 0);
   for (int64_t b = 0; b < nb; b += 2) {
     if (b + 1 < nb) ANCHORKV_TILE_PRODUCT(1, 3, 5, b + 1);
     _tile_stored(0, c, 64);
-    accumulate(c, w, x, mt, b, acc);
+    ANCHORKV_TILE_SCALE(b);
     if (b + 1 >= nb) break;
     if (b + 2 < nb) ANCHORKV_TILE_PRODUCT(0, 2, 4, b + 2);
     _tile_stored(1, c, 64);
-    accumulate(c, w, x, mt, b + 1, acc);
+    ANCHORKV_TILE_SCALE(b + 1);
   }
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
 }
 #undef ANCHORKV_TILE_PRODUCT
+#undef ANCHORKV_TILE_SCALE
 
 ANCHORKV_AMX_TARGET void release_tiles() { _tile_release(); }
 #pragma GCC diagnostic pop
@@ -238,7 +290,7 @@ bool amx_available() {
 
 bool amx_matmul_supported(io::GgmlType type) {
   return type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K ||
-         type == io::GgmlType::kQ5_K;
+         type == io::GgmlType::kQ5_K || type == io::GgmlType::kQ6_K;
 }
 
 void set_amx(bool on) { g_amx_on.store(on, std::memory_order_relaxed); }
@@ -256,6 +308,7 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads) {
   out->q.assign(static_cast<size_t>(out->tiles * nb * 512), 0);
   out->scale.assign(static_cast<size_t>(out->tiles * nb * 16), 0.0f);
   out->scaled_sum.assign(out->scale.size(), 0.0f);
+  out->scaled_sum16.assign(2 * out->scale.size(), 0.0f);
   core::parallel_for(out->tiles, threads, [&](int64_t mt) {
     for (int64_t t = mt * 16; t < std::min(a.T, mt * 16 + 16); ++t) {
       const int64_t lane = t - mt * 16;
@@ -267,6 +320,11 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads) {
         const size_t at = static_cast<size_t>((mt * nb + b) * 16 + lane);
         out->scale[at] = s;
         out->scaled_sum[at] = static_cast<float>(a.sum[static_cast<size_t>(t * nb + b)]) * s;
+        for (int h = 0; h < 2; ++h) {  // per 16 elements (Q6_K's sub-blocks)
+          int32_t sum16 = 0;
+          for (int k = 0; k < 16; ++k) sum16 += row[b * 32 + 16 * h + k];
+          out->scaled_sum16[static_cast<size_t>(((mt * nb + b) * 2 + h) * 16 + lane)] = static_cast<float>(sum16) * s;
+        }
       }
     }
   });
@@ -280,15 +338,18 @@ void rows_amx(const QuantMatrix& W, int64_t r0, int64_t n, const AmxTokens& x, f
 #ifdef ANCHORKV_AMX
   thread_local WeightTiles w;
   alignas(64) float out[256];
-  load_tile_config();
+  const bool half_blocks = W.type == io::GgmlType::kQ6_K;
+  load_tile_config(half_blocks);
   for (int64_t g = r0; g < r0 + n; g += 16) {
     prepare_weights(W, g, &w);
     const GroupOperands ops{w.base, w.stride, w.block_step, w.scale.data(), w.has_min ? w.min.data() : nullptr};
     for (int64_t mt = 0; mt < x.tiles; ++mt) {
       if (w.is_signed)
-        tile_outputs<true>(ops, x, mt, out);
+        tile_outputs<true, false>(ops, x, mt, out);
+      else if (half_blocks)
+        tile_outputs<false, true>(ops, x, mt, out);
       else
-        tile_outputs<false>(ops, x, mt, out);
+        tile_outputs<false, false>(ops, x, mt, out);
       for (int64_t t = mt * 16; t < std::min(x.T, mt * 16 + 16); ++t)
         for (int64_t i = 0; i < 16; ++i) y[t * W.rows + g + i] = out[i * 16 + (t - mt * 16)];
     }

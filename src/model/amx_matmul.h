@@ -30,7 +30,8 @@ namespace anchorkv::model {
 // Whether this CPU has AMX-INT8 and the kernel lets this process use the tile
 // registers (asked once, with arch_prctl, on Linux).
 bool amx_available();
-// Weight types with a tile kernel: Q4_0, Q8_0, Q4_K, Q5_K.
+// Weight types with a tile kernel: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (its 16-element
+// sub-blocks on 16-byte-deep tiles).
 bool amx_matmul_supported(io::GgmlType type);
 // On by default where available; tests switch it off to compare.
 void set_amx(bool on);
@@ -47,9 +48,14 @@ struct AmxTokens {
   std::vector<int8_t> q;        // [tiles][blocks][8][64]
   std::vector<float> scale;     // [tiles][blocks][16]: each token's activation scale of the block
   std::vector<float> scaled_sum;  // [tiles][blocks][16]: the block's sum of q times that scale
+  std::vector<float> scaled_sum16;  // [tiles][blocks][2][16]: the same per 16 elements (Q6_K)
   const int8_t* tile(int64_t mt, int64_t b) const { return &q[static_cast<size_t>((mt * blocks + b) * 512)]; }
   const float* scales(int64_t mt, int64_t b) const { return &scale[static_cast<size_t>((mt * blocks + b) * 16)]; }
   const float* sums(int64_t mt, int64_t b) const { return &scaled_sum[static_cast<size_t>((mt * blocks + b) * 16)]; }
+  // 16-element block h of the tokens' row (h = 2 b + half).
+  const float* sums16(int64_t mt, int64_t h) const {
+    return &scaled_sum16[static_cast<size_t>((mt * blocks * 2 + h) * 16)];
+  }
 };
 void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads);
 

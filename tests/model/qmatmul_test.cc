@@ -293,7 +293,8 @@ TEST_P(AmxTiles, MatchTheRowKernelsAndTheTwin) {
 
 TEST(AmxTiles, ABatchOfMixedTypesGivesTheBitsOfSeparateCalls) {
   if (!amx_available()) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
-  const Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ4_0}, {48, 35, 16}, 512, 29);
+  const Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K, io::GgmlType::kQ4_0},
+                               {48, 35, 21, 16}, 512, 29);
   expect_batch_is_separate_calls(b, 21, {2});
   std::vector<float> y(16 * 48);
   EXPECT_THROW(rows_amx(b.W[0], 0, 8, AmxTokens{}, y.data()), Error);  // not a whole group of 16
@@ -301,7 +302,7 @@ TEST(AmxTiles, ABatchOfMixedTypesGivesTheBitsOfSeparateCalls) {
 
 INSTANTIATE_TEST_SUITE_P(Types, AmxTiles,
                          ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K,
-                                           io::GgmlType::kQ5_K),
+                                           io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
 TEST(Int8Matmul, ABatchGivesTheBitsOfSeparateCalls) {
