@@ -32,12 +32,12 @@ float f16_at(const uint8_t* p) {
 
 // 16 weight rows of one matrix as the tiles' first operand: block b of row i
 // at base + b * block_step + i * stride, with a float scale and (unsigned
-// types) a minimum per row and block: w = scale * q - min.
+// types) a minimum per row and block: w = scale * q - min. Blocks are 32
+// elements, 16 for Q6_K.
 struct WeightTiles {
   const uint8_t* base = nullptr;
   int64_t stride = 0, block_step = 0;
   bool is_signed = false, has_min = false;
-  bool half_blocks = false;       // 16-element blocks (Q6_K's sub-blocks) instead of 32
   std::vector<uint8_t> unpacked;  // [16][cols] for the 4-, 5- and 6-bit types
   std::vector<float> scale, min;  // [blocks][16]
 };
@@ -50,7 +50,6 @@ void prepare_q8_0(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
   w->block_step = 34;
   w->is_signed = true;
   w->has_min = false;
-  w->half_blocks = false;
   w->scale.resize(static_cast<size_t>(nb * 16));
   for (int64_t i = 0; i < 16; ++i)
     for (int64_t b = 0; b < nb; ++b)
@@ -146,7 +145,6 @@ void prepare_unpacked(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
   w->block_step = six ? 16 : 32;
   w->is_signed = false;
   w->has_min = true;
-  w->half_blocks = six;
 }
 
 void prepare_weights(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
