@@ -22,7 +22,7 @@ std::vector<ObsRow> proxy_rows(const std::vector<float>& K, int64_t S, int64_t D
 }
 
 // Eq. 6 written out independently, in double, straight from the spec.
-void eq6(const std::vector<ObsRow>& rows, const std::vector<float>& K, const std::vector<float>& V, int64_t S,
+void eq6(const std::vector<ObsRow>& rows, const std::vector<float>& K, const std::vector<float>& V, int64_t /*S*/,
          int64_t D, const std::vector<int32_t>& anchors, const SideAssignment& ak, const SideAssignment& av,
          int64_t t, double* uk, double* uv) {
   const int64_t m = static_cast<int64_t>(rows.size());
@@ -116,7 +116,9 @@ TEST(Utility, RealQueriesAreCausalAndMatchEquationSix) {
     rows.emplace_back(&Q[j * D], pos + 1);
     double sum = 0;
     for (int64_t t = 0; t < S; ++t) {
-      if (t > pos) EXPECT_EQ(obs.alpha[j * S + t], 0.0f) << "row " << j << " sees position " << t;
+      if (t > pos) {
+        EXPECT_EQ(obs.alpha[j * S + t], 0.0f) << "row " << j << " sees position " << t;
+      }
       sum += obs.alpha[j * S + t];
     }
     EXPECT_NEAR(sum, 1.0, 1e-5);
