@@ -76,6 +76,7 @@ struct Options {
   std::vector<int64_t> seqs = {4096, 32768, 131072};
   int64_t heads = 8, group = 4, dim = 128;
   double theta = 0.05;
+  std::string metadata = "seed";
   int threads = 0;
   int reps = 9;
   bool json = false;
@@ -87,6 +88,9 @@ AnchorKVConfig bench_config(const Options& opt) {
   AnchorKVConfig cfg;
   cfg.theta = opt.theta;
   cfg.threads = opt.threads;
+  cfg.metadata = opt.metadata == "tight"     ? MetadataLayout::kTight
+                 : opt.metadata == "compact" ? MetadataLayout::kCompact
+                                             : MetadataLayout::kSeed;
   return cfg;
 }
 
@@ -118,9 +122,9 @@ void run_attention(const Options& opt) {
   const double machine = machine_read_gbps(threads, int64_t{1} << 30);
   if (!opt.json) {
     fmt::print(
-        "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} "
+        "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} metadata, {} "
         "threads, {}\n",
-        H, Hq, D, opt.theta, threads, core::simd_target_name());
+        H, Hq, D, opt.theta, opt.metadata, threads, core::simd_target_name());
     fmt::print("machine read bandwidth (this run): {:.1f} GB/s\n\n", machine);
     fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12} {:>13} {:>14}\n", "S", "dense ms",
                "compressed ms", "speedup", "dense GB/s", "of peak", "ratio", "compress ms", "pre dense ms",
@@ -166,6 +170,8 @@ void run_attention(const Options& opt) {
                           {"allocate", compressed.last_compression_stats().allocate_s * 1e3},
                           {"encode", compressed.last_compression_stats().encode_s * 1e3}}},
                         {"attention_workspace_bytes", cs.workspace_bytes},
+                        {"metadata", opt.metadata},
+                        {"residuals", compressed.n_residual_total()},
                         {"threads", threads},
                         {"reps", opt.reps}};
     const auto [pre_dense_ms, pre_comp_ms] = time_pre_rope(spec, opt);
@@ -302,6 +308,8 @@ void register_bench(CLI::App& app) {
   att->add_option("--group", opt->group, "query heads per KV head (GQA)")->check(CLI::Range(1, 64));
   att->add_option("--head-dim", opt->dim, "head dimension")->check(CLI::Range(1, 1024));
   att->add_option("--theta", opt->theta, "AnchorKV theta");
+  att->add_option("--metadata", opt->metadata, "AnchorKV metadata layout: seed (16 B/token), compact (8) or tight (4)")
+      ->check(CLI::IsMember({"seed", "compact", "tight"}));
   att->add_option("--threads", opt->threads, "threads (0 = all cores)");
   att->add_option("--reps", opt->reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
   att->add_flag("--json", opt->json, "print JSON");
