@@ -1129,20 +1129,26 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   if (nr == 0) return;
   float* s4 = sc.s.data();
   if (cq.rope) {  // each residual key rotated back and to its position once, then scored by the quad
-    sc.zk.resize(static_cast<size_t>(D));
-    sc.codes.resize(static_cast<size_t>(D));
-    sc.cs_row.resize(static_cast<size_t>(D));
-    for (int64_t j = 0; j < nr; ++j) {
-      const int64_t i = sc.res_k[j], p = sc.pos[i] + cq.rope->position_offset;
-      codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())],
-                          sc.zk.data(), sc.codes.data());
-      codec.rotation().inverse(sc.zk.data(), sc.zk.data());
-      // the angles from cache-resident rows: a table row per residual would miss the cache
-      rope_angles(*cq.table, p, sc.cs_row.data(), sc.cs_row.data() + D / 2);
-      rope_rotate(sc.zk.data(), D, cq.rope->style, sc.cs_row.data(), sc.cs_row.data() + D / 2);
-      for (int64_t g = 0; g < gn; ++g)
-        s4[i * 4 + g] += sc.zks[j] * core::dot(cq.q + (q0 + g) * D, sc.zk.data(), D);
+    if (sc.zk.empty()) {  // once per chunk, shared by its quads
+      sc.zk.resize(static_cast<size_t>(nr * D));
+      sc.codes.resize(static_cast<size_t>(D));
+      sc.cs_row.resize(static_cast<size_t>(D));
+      for (int64_t j = 0; j < nr; ++j) {
+        const int64_t p = sc.pos[sc.res_k[j]] + cq.rope->position_offset;
+        float* z = &sc.zk[static_cast<size_t>(j * D)];
+        codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())], z,
+                            sc.codes.data());
+        codec.rotation().inverse(z, z);
+        // the angles from cache-resident rows: a table row per residual would miss the cache
+        rope_angles(*cq.table, p, sc.cs_row.data(), sc.cs_row.data() + D / 2);
+        rope_rotate(z, D, cq.rope->style, sc.cs_row.data(), sc.cs_row.data() + D / 2);
+      }
     }
+    // the quad's queries against every rotated residual key in 4 x 4 tiles
+    sc.zdot.resize(static_cast<size_t>(4 * nr));
+    core::dot_matrix(cq.q + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
+    for (int64_t j = 0; j < nr; ++j)
+      for (int64_t g = 0; g < gn; ++g) s4[sc.res_k[j] * 4 + g] += sc.zks[j] * sc.zdot[g * nr + j];
     return;
   }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
