@@ -44,7 +44,7 @@ void count_segment(NewSegment& seg, int64_t D, int bits) {
   const int64_t b_res = compress::residual_bytes(D, bits);
   seg.bytes = seg.n_anchor = seg.n_residual = 0;
   for (const auto& row : seg.rows) {
-    seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.layout()) + row.n_residual() * b_res;
+    seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.layout) + row.n_residual() * b_res;
     seg.n_anchor += row.n_anchor;
     seg.n_residual += row.n_residual();
   }
@@ -209,7 +209,7 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
   w.put<int64_t>(row.length);
   w.put<int64_t>(row.n_anchor);
-  w.put<uint8_t>(static_cast<uint8_t>(row.layout()));  // format <= 2: a compact flag (0 or 1)
+  w.put<uint8_t>(static_cast<uint8_t>(row.layout));  // format <= 2: a compact flag (0 or 1)
   w.array(row.anchor_k);
   w.array(row.anchor_v);
   w.array(row.meta);
@@ -236,8 +236,7 @@ compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int
                                                     std::to_string(S));
   if (row.n_anchor < 1 || row.n_anchor > S) r.fail("segment.n_anchor", "must be in [1, " + std::to_string(S) + "]");
   if (saved != static_cast<uint8_t>(layout)) r.fail("segment.layout", "the row's layout differs from the config's");
-  row.compact = layout != MetadataLayout::kSeed;
-  row.tight = layout == MetadataLayout::kTight;
+  row.layout = layout;
   const auto n_anchor = static_cast<uint64_t>(row.n_anchor), n_other = static_cast<uint64_t>(S - row.n_anchor);
   auto count = [&](MetadataLayout l) { return layout == l ? n_other : 0; };
   const bool v3 = r.format_version() >= 3;
@@ -245,7 +244,7 @@ compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int
   row.anchor_v = r.array<uint16_t>("segment.anchor_v", n_anchor * static_cast<uint64_t>(D));
   row.meta = r.array<uint64_t>("segment.meta", count(MetadataLayout::kSeed));
   row.meta32 = r.array<uint32_t>("segment.meta32", count(MetadataLayout::kCompact));
-  row.anchor_pos = r.array<int32_t>("segment.anchor_pos", row.compact ? n_anchor : 0);
+  row.anchor_pos = r.array<int32_t>("segment.anchor_pos", row.lists_positions() ? n_anchor : 0);
   if (v3) row.meta16 = r.array<uint16_t>("segment.meta16", count(MetadataLayout::kTight));
   for (compress::CompressedSide* side : {&row.k, &row.v}) {
     side->coef = r.array<float>("segment.coef", count(MetadataLayout::kSeed));

@@ -322,9 +322,8 @@ namespace {
 // side's coefficient exponent from the largest |gamma| of its tokens.
 void prepare_row(CompressedRow& out, const RowAnalysis& a, int64_t S, MetadataLayout layout) {
   const auto n_other = static_cast<size_t>(S - static_cast<int64_t>(a.anchors.size()));
-  out.compact = layout != MetadataLayout::kSeed;
-  out.tight = layout == MetadataLayout::kTight;
-  if (out.compact) out.anchor_pos = a.anchors;
+  out.layout = layout;
+  if (out.lists_positions()) out.anchor_pos = a.anchors;
   switch (layout) {
     case MetadataLayout::kTight: {
       out.meta16.reserve(n_other);

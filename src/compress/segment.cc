@@ -50,7 +50,7 @@ void tight_coef_table(int coef_exp, float table[256]) {
 int64_t CompressedRow::buffer_bytes() const {
   auto side = [&](const CompressedSide& s) {
     return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.coef16.size() * sizeof(uint16_t) +
-                                s.coef8.size() + (tight ? 1 : 0) + s.codes.size() + s.scales.size() * sizeof(uint16_t));
+                                s.coef8.size() + (tight() ? 1 : 0) + s.codes.size() + s.scales.size() * sizeof(uint16_t));
   };
   return static_cast<int64_t>((anchor_k.size() + anchor_v.size()) * sizeof(uint16_t) + meta.size() * sizeof(uint64_t) +
                               meta32.size() * sizeof(uint32_t) + meta16.size() * sizeof(uint16_t) +
@@ -59,7 +59,7 @@ int64_t CompressedRow::buffer_bytes() const {
 }
 
 Meta CompressedRow::meta_at(int64_t e) const {
-  if (!compact) return unpack_meta(meta[e]);
+  if (!lists_positions()) return unpack_meta(meta[e]);
   Meta m = fields_at(e);
   // Anchor j has anchor_pos[j] - j non-anchor tokens before it (non-decreasing in j):
   // the anchors before entry e are those with anchor_pos[j] - j <= e.
@@ -76,17 +76,17 @@ Meta CompressedRow::meta_at(int64_t e) const {
 }
 
 namespace {
-float side_coef(const CompressedSide& s, bool compact, bool tight, int64_t e) {
-  if (tight) return tight_coef(s.coef8[e], s.coef_exp);
-  return compact ? core::half_to_float(s.coef16[e]) : s.coef[e];
+float side_coef(const CompressedSide& s, MetadataLayout layout, int64_t e) {
+  if (layout == MetadataLayout::kTight) return tight_coef(s.coef8[e], s.coef_exp);
+  return layout == MetadataLayout::kCompact ? core::half_to_float(s.coef16[e]) : s.coef[e];
 }
 }  // namespace
 
-float CompressedRow::coef_k(int64_t e) const { return side_coef(k, compact, tight, e); }
-float CompressedRow::coef_v(int64_t e) const { return side_coef(v, compact, tight, e); }
+float CompressedRow::coef_k(int64_t e) const { return side_coef(k, layout, e); }
+float CompressedRow::coef_v(int64_t e) const { return side_coef(v, layout, e); }
 
 std::vector<int32_t> CompressedRow::anchor_positions() const {
-  if (compact) return anchor_pos;
+  if (lists_positions()) return anchor_pos;
   std::vector<int32_t> pos;
   pos.reserve(static_cast<size_t>(n_anchor));
   int64_t p = 0, j = 0;
@@ -118,7 +118,7 @@ std::string check_side(const CompressedSide& s, int64_t n_other, MetadataLayout 
 // Anchors before each entry (seed layout) must not decrease or exceed n_anchor;
 // compact anchor positions must ascend inside the row.
 std::string check_positions(const CompressedRow& row) {
-  if (row.compact) {
+  if (row.lists_positions()) {
     if (static_cast<int64_t>(row.anchor_pos.size()) != row.n_anchor) return "anchor_pos: wrong count";
     for (int64_t j = 0; j < row.n_anchor; ++j)
       if (row.anchor_pos[j] < 0 || row.anchor_pos[j] >= row.length || (j > 0 && row.anchor_pos[j] <= row.anchor_pos[j - 1]))
@@ -143,10 +143,11 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
   if (static_cast<int64_t>(row.anchor_k.size()) != row.n_anchor * D ||
       static_cast<int64_t>(row.anchor_v.size()) != row.n_anchor * D)
     return "anchors: wrong size";
-  if (row.tight && !row.compact) return "a tight row lists its anchor positions";
-  if (row.tight && (row.k.coef8.size() != static_cast<size_t>(n_other) || row.v.coef8.size() != static_cast<size_t>(n_other)))
+  if (row.layout != MetadataLayout::kSeed && row.layout != MetadataLayout::kCompact && !row.tight())
+    return "unknown metadata layout";
+  if (row.tight() && (row.k.coef8.size() != static_cast<size_t>(n_other) || row.v.coef8.size() != static_cast<size_t>(n_other)))
     return "tight coefficients (which carry the residual flags): wrong count";
-  const MetadataLayout layout = row.layout();
+  const MetadataLayout layout = row.layout;
   auto want = [&](MetadataLayout l) { return layout == l ? n_other : int64_t{0}; };
   if (static_cast<int64_t>(row.meta.size()) != want(MetadataLayout::kSeed) ||
       static_cast<int64_t>(row.meta32.size()) != want(MetadataLayout::kCompact) ||

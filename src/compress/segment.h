@@ -134,8 +134,7 @@ struct CompressedSide {
 struct CompressedRow {
   int64_t length = 0;    // S, token positions in the segment
   int64_t n_anchor = 0;
-  bool compact = false;  // anchor positions listed (compact and tight layouts)
-  bool tight = false;    // meta16 and 8-bit coefficients (implies compact)
+  MetadataLayout layout = MetadataLayout::kSeed;
   std::vector<uint16_t> anchor_k;  // [n_anchor, D] fp16
   std::vector<uint16_t> anchor_v;  // [n_anchor, D] fp16
   std::vector<uint64_t> meta;      // [n_other] (seed layout)
@@ -144,25 +143,27 @@ struct CompressedRow {
   std::vector<int32_t> anchor_pos; // [n_anchor] (compact and tight layouts)
   CompressedSide k, v;
 
-  MetadataLayout layout() const {
-    return tight ? MetadataLayout::kTight : compact ? MetadataLayout::kCompact : MetadataLayout::kSeed;
-  }
+  // Compact and tight rows list their anchor positions (anchors_before is derived).
+  bool lists_positions() const { return layout != MetadataLayout::kSeed; }
+  bool tight() const { return layout == MetadataLayout::kTight; }
   int64_t n_other() const {
-    return static_cast<int64_t>(tight ? meta16.size() : compact ? meta32.size() : meta.size());
+    return static_cast<int64_t>(tight() ? meta16.size() : lists_positions() ? meta32.size() : meta.size());
   }
   // Entry e's metadata in any layout (compact, tight: anchors_before by binary search).
   Meta meta_at(int64_t e) const;
   // Entry e's metadata without anchors_before.
   Meta fields_at(int64_t e) const {
-    return tight     ? unpack_meta16(meta16[e], k.coef8[e], v.coef8[e])
-           : compact ? unpack_meta32(meta32[e])
-                     : unpack_meta(meta[e]);
+    return tight()             ? unpack_meta16(meta16[e], k.coef8[e], v.coef8[e])
+           : lists_positions() ? unpack_meta32(meta32[e])
+                               : unpack_meta(meta[e]);
   }
   bool res_k(int64_t e) const {
-    return tight ? (k.coef8[e] & kTightResidual) != 0 : compact ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]);
+    return tight() ? (k.coef8[e] & kTightResidual) != 0
+                   : lists_positions() ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]);
   }
   bool res_v(int64_t e) const {
-    return tight ? (v.coef8[e] & kTightResidual) != 0 : compact ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]);
+    return tight() ? (v.coef8[e] & kTightResidual) != 0
+                   : lists_positions() ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]);
   }
   float coef_k(int64_t e) const;
   float coef_v(int64_t e) const;
@@ -180,10 +181,10 @@ class EntryMetaReader {
  public:
   EntryMetaReader(const CompressedRow& row, int64_t e0, bool need_before)
       : row_(row), e_(e0), need_before_(need_before),
-        before_(row.compact && need_before ? row.meta_at(e0).anchors_before : 0) {}
+        before_(row.lists_positions() && need_before ? row.meta_at(e0).anchors_before : 0) {}
   Meta next() {
     const int64_t e = e_++;
-    if (!row_.compact) return unpack_meta(row_.meta[e]);
+    if (!row_.lists_positions()) return unpack_meta(row_.meta[e]);
     Meta m = row_.fields_at(e);
     if (need_before_) {
       // Anchor j has anchor_pos[j] - j entries before it.

@@ -625,10 +625,10 @@ HWY_INLINE int64_t CountTightFlags(const uint8_t* HWY_RESTRICT c, int64_t n) {
 }
 
 void CountResidualFlags(const compress::CompressedRow* row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv) {
-  if (row->tight) {
+  if (row->tight()) {
     *nk = CountTightFlags(row->k.coef8.data() + e0, e1 - e0);
     *nv = CountTightFlags(row->v.coef8.data() + e0, e1 - e0);
-  } else if (row->compact)
+  } else if (row->lists_positions())
     CountFlags<CompactMeta>(row->meta32.data() + e0, e1 - e0, nk, nv);
   else
     CountFlags<SeedMeta>(row->meta.data() + e0, e1 - e0, nk, nv);
@@ -952,14 +952,14 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   sc.gk.resize(static_cast<size_t>(n));
   sc.gv.resize(static_cast<size_t>(n));
   sc.pos.resize(static_cast<size_t>(n));
-  if (row.tight) {  // 256-entry tables per side: a code indexes its gamma
+  if (row.tight()) {  // 256-entry tables per side: a code indexes its gamma
     float tk[256], tv[256];
     compress::tight_coef_table(row.k.coef_exp, tk);
     compress::tight_coef_table(row.v.coef_exp, tv);
     const uint8_t* ck = &row.k.coef8[static_cast<size_t>(r.e0)];
     const uint8_t* cv = &row.v.coef8[static_cast<size_t>(r.e0)];
     for (int64_t i = 0; i < n; ++i) sc.gk[i] = tk[ck[i]], sc.gv[i] = tv[cv[i]];
-  } else if (row.compact) {  // one SIMD conversion instead of one call per token
+  } else if (row.lists_positions()) {  // one SIMD conversion instead of one call per token
     core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(r.e0)], sc.gk.data(), n);
     core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(r.e0)], sc.gv.data(), n);
   } else {
@@ -971,10 +971,10 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   int64_t nk = 0, nv = 0;
   if (!r.masked && cq.rope == nullptr) {  // positions not needed: the bit fields alone
     MetaOut mo{sc.ak.data(), sc.av.data(), sc.res_k.data(), sc.res_v.data()};
-    if (row.tight)
+    if (row.tight())
       HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[static_cast<size_t>(r.e0)], &row.k.coef8[static_cast<size_t>(r.e0)],
                                             &row.v.coef8[static_cast<size_t>(r.e0)], n, &mo);
-    else if (row.compact)
+    else if (row.lists_positions())
       HWY_DYNAMIC_DISPATCH(DecodeMetaCompact)(&row.meta32[static_cast<size_t>(r.e0)], n, &mo);
     else
       HWY_DYNAMIC_DISPATCH(DecodeMetaSeed)(&row.meta[static_cast<size_t>(r.e0)], n, &mo);

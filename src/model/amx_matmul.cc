@@ -297,7 +297,7 @@ bool amx_matmul_usable(io::GgmlType type) {
   return amx_matmul_supported(type) && g_amx_on.load(std::memory_order_relaxed) && amx_available();
 }
 
-void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads) {
+void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16) {
   const int64_t K = a.cols, nb = K / 32, per_group = a.group / 32;
   out->T = a.T;
   out->cols = K;
@@ -306,7 +306,7 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads) {
   out->q.assign(static_cast<size_t>(out->tiles * nb * 512), 0);
   out->scale.assign(static_cast<size_t>(out->tiles * nb * 16), 0.0f);
   out->scaled_sum.assign(out->scale.size(), 0.0f);
-  out->scaled_sum16.assign(2 * out->scale.size(), 0.0f);
+  out->scaled_sum16.assign(with_sums16 ? 2 * out->scale.size() : 0, 0.0f);
   core::parallel_for(out->tiles, threads, [&](int64_t mt) {
     for (int64_t t = mt * 16; t < std::min(a.T, mt * 16 + 16); ++t) {
       const int64_t lane = t - mt * 16;
@@ -318,7 +318,7 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads) {
         const size_t at = static_cast<size_t>((mt * nb + b) * 16 + lane);
         out->scale[at] = s;
         out->scaled_sum[at] = static_cast<float>(a.sum[static_cast<size_t>(t * nb + b)]) * s;
-        for (int h = 0; h < 2; ++h) {  // per 16 elements (Q6_K's sub-blocks)
+        for (int h = 0; h < 2 && with_sums16; ++h) {  // per 16 elements (Q6_K's sub-blocks)
           int32_t sum16 = 0;
           for (int k = 0; k < 16; ++k) sum16 += row[b * 32 + 16 * h + k];
           out->scaled_sum16[static_cast<size_t>(((mt * nb + b) * 2 + h) * 16 + lane)] = static_cast<float>(sum16) * s;
@@ -333,6 +333,8 @@ void rows_amx(const QuantMatrix& W, int64_t r0, int64_t n, const AmxTokens& x, f
   if (!amx_matmul_usable(W.type)) core::fail(ErrorCode::kUnsupported, kOp, "no AMX tile kernel for these weights");
   if (n % 16 != 0 || r0 < 0 || r0 + n > W.rows || x.cols != W.cols)
     core::fail(ErrorCode::kInvalidArgument, kOp, "rows must be whole groups of 16 of a matrix as wide as x");
+  if (W.type == io::GgmlType::kQ6_K && x.scaled_sum16.size() != 2 * x.scale.size())
+    core::fail(ErrorCode::kInvalidArgument, kOp, "Q6_K tiles need tokens packed with their per-16 sums");
 #ifdef ANCHORKV_AMX
   thread_local WeightTiles w;
   alignas(64) float out[256];

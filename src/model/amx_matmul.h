@@ -51,7 +51,7 @@ struct AmxTokens {
   std::vector<int8_t> q;        // [tiles][blocks][8][64]
   std::vector<float> scale;     // [tiles][blocks][16]: each token's activation scale of the block
   std::vector<float> scaled_sum;  // [tiles][blocks][16]: the block's sum of q times that scale
-  std::vector<float> scaled_sum16;  // [tiles][blocks][2][16]: the same per 16 elements (Q6_K)
+  std::vector<float> scaled_sum16;  // [tiles][blocks][2][16]: the same per 16 elements (Q6_K; else empty)
   const int8_t* tile(int64_t mt, int64_t b) const { return &q[static_cast<size_t>((mt * blocks + b) * 512)]; }
   const float* scales(int64_t mt, int64_t b) const { return &scale[static_cast<size_t>((mt * blocks + b) * 16)]; }
   const float* sums(int64_t mt, int64_t b) const { return &scaled_sum[static_cast<size_t>((mt * blocks + b) * 16)]; }
@@ -60,7 +60,8 @@ struct AmxTokens {
     return &scaled_sum16[static_cast<size_t>((mt * blocks * 2 + h) * 16)];
   }
 };
-void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads);
+// with_sums16: also the per-16 sums (only Q6_K's tiles read them).
+void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16);
 
 // Rows [r0, r0 + n) of W, n a multiple of 16, for every token of x:
 // y[t * W.rows + r]. Needs amx_matmul_usable(W.type).

@@ -662,9 +662,11 @@ void matmul_amx_batch(Int8Activations* const acts[2], const bool quantized[2], c
                       float* const* y, int n, int threads) {
   thread_local AmxTokens buffers[2];  // named outside the lambda: see matmul_int8_batch
   AmxTokens* packed = buffers;
-  for (int slot = 0; slot < 2; ++slot)
-    if (quantized[slot]) pack_amx_tokens(*acts[slot], &packed[slot], threads);
   auto slot_of = [&](int m) { return int8_group(W[m].type) == 32 ? 0 : 1; };
+  bool sums16[2] = {false, false};
+  for (int m = 0; m < n; ++m) sums16[slot_of(m)] |= W[m].type == io::GgmlType::kQ6_K;
+  for (int slot = 0; slot < 2; ++slot)
+    if (quantized[slot]) pack_amx_tokens(*acts[slot], &packed[slot], threads, sums16[slot]);
   int64_t total = 0;
   for (int m = 0; m < n; ++m) total += (W[m].rows + 15) / 16;
   const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), std::max<int64_t>(total, 1));

@@ -315,24 +315,26 @@ TEST(CacheFile, CheckRowRefusesEveryInconsistency) {
         [&](auto& r) {  // an anchor ordinal past the anchors
           compress::Meta m = r.meta_at(3);
           m.anchor_k = static_cast<int32_t>(r.n_anchor);
-          if (r.tight)
+          if (r.tight())
             r.meta16[3] = compress::pack_meta16(m);
-          else if (r.compact)
+          else if (r.lists_positions())
             r.meta32[3] = compress::pack_meta32(m);
           else
             r.meta[3] = compress::pack_meta(m);
         },
         [](auto& r) {  // coefficients of another layout's size
-          if (r.tight)
+          if (r.tight())
             r.k.coef8.pop_back();
-          else if (r.compact)
+          else if (r.lists_positions())
             r.v.coef16.push_back(0);
           else
             r.k.coef.pop_back();
         },
-        [](auto& r) { r.tight = !r.tight; },  // buffers of the other compact layout
+        [](auto& r) {  // the buffers of another layout
+          r.layout = r.layout == MetadataLayout::kCompact ? MetadataLayout::kTight : MetadataLayout::kCompact;
+        },
         [&](auto& r) {  // positions out of order
-          if (r.compact) {
+          if (r.lists_positions()) {
             r.anchor_pos[1] = r.anchor_pos[0];
           } else {
             compress::Meta m = compress::unpack_meta(r.meta[0]);
