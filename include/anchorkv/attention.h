@@ -26,21 +26,6 @@
 
 namespace anchorkv {
 
-// Rotary position embedding applied inside attention, for caches that store
-// keys BEFORE RoPE (the paper's setting, §3.2): with `enabled`, the query and
-// the cached keys are pre-RoPE, and attention rotates the query at its
-// position and every key at its position (the cache's token index + offset).
-enum class RopeStyle : uint8_t {
-  kNormal,  // adjacent pairs (2i, 2i+1): Llama / Mistral as GGUF stores them
-  kNeox,    // split halves (i, i + D/2): GPT-NeoX / Qwen2
-};
-struct RopeOptions {
-  bool enabled = false;
-  double base = 10000.0;
-  RopeStyle style = RopeStyle::kNormal;
-  int64_t position_offset = 0;  // position of the cache's first token
-};
-
 struct AttentionOptions {
   RopeOptions rope;               // off: keys and query are used as given (post-RoPE)
   float scale = 0.0f;             // softmax scale; 0 means 1 / sqrt(D)

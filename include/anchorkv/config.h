@@ -8,6 +8,22 @@
 
 namespace anchorkv {
 
+// Rotary position embedding applied inside attention, for caches that store
+// keys BEFORE RoPE (the paper's setting, §3.2): with `enabled`, the query and
+// the cached keys are pre-RoPE, and attention rotates the query at its
+// position and every key at its position (the cache's token index + offset).
+// (AttentionOptions::rope; AnchorKVConfig::key_rope below.)
+enum class RopeStyle : uint8_t {
+  kNormal,  // adjacent pairs (2i, 2i+1): Llama / Mistral as GGUF stores them
+  kNeox,    // split halves (i, i + D/2): GPT-NeoX / Qwen2
+};
+struct RopeOptions {
+  bool enabled = false;
+  double base = 10000.0;
+  RopeStyle style = RopeStyle::kNormal;
+  int64_t position_offset = 0;  // position of the cache's first token
+};
+
 // How the residual byte budget is shared (docs/spec.md §4.4).
 enum class ResidualAllocation : uint8_t {
   kPooledAcrossHeads,  // seed / paper §3.4: one budget per batch element, all heads compete
@@ -64,6 +80,14 @@ struct AnchorKVConfig {
   AnchorCount anchor_count = AnchorCount::kFixed;
   int threads = 0;  // worker threads for compression/reconstruction; 0 = all cores.
                     // Output is bit-identical for every value.
+  // Keys fed BEFORE RoPE and attended with exactly these options (base, style,
+  // position_offset = position of the cache's first token): each key residual
+  // is coded after RoPE at its own position (codes of R RoPE_t(r); RoPE is
+  // orthogonal, so the codec's error is the same), so attention scores it like
+  // a post-RoPE residual instead of rotating it to its position every call.
+  // attend() refuses other RoPE options on such a cache; fetch() still returns
+  // the keys before RoPE. Off (the default): residuals are coded as given.
+  RopeOptions key_rope;
 
   // Throws anchorkv::Error(kInvalidConfig) naming the first invalid field.
   void validate() const;

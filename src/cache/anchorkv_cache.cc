@@ -50,10 +50,19 @@ void count_segment(NewSegment& seg, int64_t D, int bits) {
   }
 }
 
-// Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable). Touches no state.
-NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape& shape, int64_t S, const float* K,
-                            const float* V, const cache::ObservationQueries& queries) {
-  const AnchorKVConfig& cfg = st.config;
+// The key_rope a segment starting at cache position pos0 is coded with.
+RopeOptions segment_key_rope(const AnchorKVConfig& cfg, int64_t pos0) {
+  RopeOptions r = cfg.key_rope;
+  if (r.enabled) r.position_offset += pos0;
+  return r;
+}
+
+// Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable) that start
+// at cache position pos0. Touches no state.
+NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape& shape, int64_t pos0, int64_t S,
+                            const float* K, const float* V, const cache::ObservationQueries& queries) {
+  AnchorKVConfig cfg = st.config;
+  cfg.key_rope = segment_key_rope(cfg, pos0);
   const int64_t D = shape.D;
   compress::SegmentInput in{shape.B, shape.H, S, D, K, V};
   if (!queries.empty()) {
@@ -88,7 +97,7 @@ NewSegment compress_head(const AnchorKVState& st, const internal::CacheShape& sh
     core::f16_to_f32_n(st.head.k[r].data(), &K[static_cast<size_t>(r * S * D)], S * D);
     core::f16_to_f32_n(st.head.v[r].data(), &V[static_cast<size_t>(r * S * D)], S * D);
   });
-  return compress_segment(st, shape, S, K.data(), V.data(), st.head_queries);
+  return compress_segment(st, shape, 0, S, K.data(), V.data(), st.head_queries);
 }
 
 class AnchorKVStore final : public internal::CacheStore {
@@ -102,7 +111,7 @@ class AnchorKVStore final : public internal::CacheStore {
     const int64_t S = in.S();
     const CompressTrigger trigger = st.config.trigger;
     if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
-      NewSegment seg = compress_segment(st, shape, S, in.k.data(), in.v.data(), in.queries);
+      NewSegment seg = compress_segment(st, shape, st.head.tokens, S, in.k.data(), in.v.data(), in.queries);
       st.tail.resize_rows(shape.rows());
       commit_segment(st, std::move(seg));
     } else if (!st.compressed() && trigger == CompressTrigger::kFirstDecode && S == 1 && st.seen_prefill_call &&
@@ -204,6 +213,10 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
     w.put<uint8_t>(e);
   w.put<int32_t>(c.threads);
   w.put<uint8_t>(static_cast<uint8_t>(c.anchor_count));  // format 2
+  w.put<uint8_t>(c.key_rope.enabled);                     // format 4
+  w.put<uint8_t>(static_cast<uint8_t>(c.key_rope.style));
+  w.put<double>(c.key_rope.base);
+  w.put<int64_t>(c.key_rope.position_offset);
 }
 
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
@@ -227,8 +240,9 @@ void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
 }
 
 compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int64_t code_bytes,
-                                 MetadataLayout layout) {
+                                 MetadataLayout layout, const RopeOptions& key_rope) {
   compress::CompressedRow row;
+  row.key_rope = key_rope;
   row.length = r.get<int64_t>("segment.length");
   row.n_anchor = r.get<int64_t>("segment.n_anchor");
   const auto saved = r.get<uint8_t>("segment.layout");
@@ -286,7 +300,8 @@ void AnchorKVStore::load_state(cache::ByteReader& r, const internal::CacheShape&
   NewSegment seg;
   seg.tokens = st.segment_tokens;
   for (uint64_t i = 0; i < n_rows; ++i)
-    seg.rows.push_back(load_row(r, st.segment_tokens, shape.D, code_bytes, cfg.metadata));
+    seg.rows.push_back(load_row(r, st.segment_tokens, shape.D, code_bytes, cfg.metadata,
+                                segment_key_rope(cfg, st.head.tokens)));
   if (st.head.tokens + st.segment_tokens + st.tail.tokens != shape.seen)
     r.fail("tail", "head + segment + tail tokens differ from the tokens the cache saw");
   count_segment(seg, shape.D, cfg.residual_bits);
@@ -334,6 +349,12 @@ std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader&
   c.metadata = static_cast<MetadataLayout>(r.get<uint8_t>("config.metadata"));
   c.threads = r.get<int32_t>("config.threads");
   if (r.format_version() >= 2) c.anchor_count = static_cast<AnchorCount>(r.get<uint8_t>("config.anchor_count"));
+  if (r.format_version() >= 4) {
+    c.key_rope.enabled = r.flag("config.key_rope.enabled");
+    c.key_rope.style = static_cast<RopeStyle>(r.get<uint8_t>("config.key_rope.style"));
+    c.key_rope.base = r.get<double>("config.key_rope.base");
+    c.key_rope.position_offset = r.get<int64_t>("config.key_rope.position_offset");
+  }
   return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
 }
 

@@ -19,7 +19,7 @@ namespace {
 
 constexpr char kMagic[8] = {'A', 'K', 'V', 'C', 'A', 'C', 'H', 'E'};
 // 2: AnchorKV configs end with u8 anchor_count. Version 1 files still load.
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kHeaderBytes = 32, kSectionHeaderBytes = 24;
 constexpr uint64_t kMaxLayers = 1 << 16;
 constexpr const char* kLoadOp = "anchorkv::load_caches";

@@ -15,6 +15,7 @@
 #include "core/linalg.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/rope.h"
 
 namespace anchorkv::compress {
 
@@ -29,6 +30,11 @@ constexpr int64_t kChunk = 256;  // tokens per task inside a row
 uint64_t row_seed(uint64_t seed, int64_t row) { return core::stream_seed(seed, static_cast<uint64_t>(row)); }
 
 void check_segment(const SegmentInput& in, const AnchorKVConfig& config) {
+  if (config.key_rope.enabled && in.D % 2 != 0)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::compress", "key_rope needs an even head dim D");
+  if (config.key_rope.enabled && in.S > core::kMaxRopePosition - config.key_rope.position_offset)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::compress",
+               "RoPE positions beyond " + std::to_string(core::kMaxRopePosition) + " (key_rope.position_offset + S)");
   const AnchorPlan plan = plan_anchors(in.S, config);
   const int64_t limit = max_anchors(config.metadata);
   if (plan.k > limit && plan.k < in.S)
@@ -382,9 +388,12 @@ void store_meta(CompressedRow& out, MetadataLayout layout, const Meta& m) {
 
 std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
                                        const std::vector<RowAnalysis>& analysis,
-                                       const ResidualChoice& choice, int threads, MetadataLayout layout) {
+                                       const ResidualChoice& choice, int threads, MetadataLayout layout,
+                                       const RopeOptions& key_rope) {
   const int64_t S = in.S, D = in.D;
   const int64_t cb = codec.code_bytes();
+  std::shared_ptr<const core::RopeTable> angles;
+  if (key_rope.enabled) angles = core::shared_rope_table(key_rope.base, D, key_rope.position_offset + S);
   std::vector<CompressedRow> rows(static_cast<size_t>(in.rows()));
   core::parallel_for(in.rows(), threads, [&](int64_t row) {
     const RowAnalysis& a = analysis[row];
@@ -394,6 +403,7 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
     const int64_t k = static_cast<int64_t>(a.anchors.size());
     out.length = S;
     out.n_anchor = k;
+    out.key_rope = key_rope;
     out.anchor_k.resize(static_cast<size_t>(k * D));
     out.anchor_v.resize(static_cast<size_t>(k * D));
     for (int64_t j = 0; j < k; ++j) {
@@ -425,6 +435,10 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       const float gv = store_coef(out.v, layout, a.v.coef[t], m.res_v);
       if (m.res_k) {
         residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
+        if (angles) {
+          const int64_t p = key_rope.position_offset + t;
+          core::rope_rotate(r.data(), D, key_rope.style, angles->c(p), angles->s(p));
+        }
         codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());
         ++ik;
       }
@@ -508,7 +522,7 @@ std::vector<CompressedRow> compress_reference(const SegmentInput& in, const Anch
   AnchorKVConfig c = config;
   const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) { return analyze_reference(in, x); });
   const auto choice = allocate_residuals(in, c, analysis);
-  return encode_rows(in, codec, analysis, choice, 1, c.metadata);
+  return encode_rows(in, codec, analysis, choice, 1, c.metadata, c.key_rope);
 }
 
 std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig& config,
@@ -533,7 +547,7 @@ std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig
   const auto choice = allocate_residuals(in, c, analysis);
   const double allocate_s = seconds_since(t0);
   t0 = Clock::now();
-  auto rows = encode_rows(in, codec, analysis, choice, config.threads, config.metadata);
+  auto rows = encode_rows(in, codec, analysis, choice, config.threads, config.metadata, config.key_rope);
   if (stats) {
     stats->allocate_s = allocate_s;
     stats->encode_s = seconds_since(t0);

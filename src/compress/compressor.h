@@ -64,11 +64,13 @@ ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& 
                                   const std::vector<RowAnalysis>& analysis);
 
 // layout: compact stores fp16 gammas, tight 8-bit ones (segment.h); residuals
-// are computed against the gammas as stored.
+// are computed against the gammas as stored. key_rope (enabled): key residuals
+// are coded after RoPE at their positions (AnchorKVConfig::key_rope).
 std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCodec& codec,
                                        const std::vector<RowAnalysis>& analysis,
                                        const ResidualChoice& choice, int threads,
-                                       MetadataLayout layout = MetadataLayout::kSeed);
+                                       MetadataLayout layout = MetadataLayout::kSeed,
+                                       const RopeOptions& key_rope = {});
 
 // AnchorCount::kAuto (docs/spec.md §4.7). The anchor fractions tried: the
 // configured one, then 2, 4, ... (up to 2^kMaxAnchorDoublings) times its anchors

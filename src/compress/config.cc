@@ -3,6 +3,7 @@
 
 #include "anchorkv/config.h"
 #include "core/error.h"
+#include "core/rope.h"
 
 namespace anchorkv {
 
@@ -36,6 +37,14 @@ void AnchorKVConfig::validate() const {
     bad("metadata", "unknown value");
   if (anchor_count != AnchorCount::kFixed && anchor_count != AnchorCount::kAuto) bad("anchor_count", "unknown value");
   if (threads < 0 || threads > 4096) bad("threads", "must be in [0, 4096], got " + std::to_string(threads));
+  if (key_rope.enabled) {
+    if (!std::isfinite(key_rope.base) || !(key_rope.base > 1.0))
+      bad("key_rope.base", "must be finite and > 1, got " + num(key_rope.base));
+    if (key_rope.style != RopeStyle::kNormal && key_rope.style != RopeStyle::kNeox) bad("key_rope.style", "unknown value");
+    if (key_rope.position_offset < 0 || key_rope.position_offset >= core::kMaxRopePosition)
+      bad("key_rope.position_offset", "must be in [0, " + std::to_string(core::kMaxRopePosition) + "), got " +
+                                          std::to_string(key_rope.position_offset));
+  }
 }
 
 const char* to_string(ResidualAllocation v) {
@@ -57,6 +66,9 @@ std::string AnchorKVConfig::to_string() const {
      << " allocation=" << anchorkv::to_string(allocation) << " scale=" << anchorkv::to_string(scale)
      << " trigger=" << anchorkv::to_string(trigger) << " metadata=" << anchorkv::to_string(metadata)
      << " anchor_count=" << anchorkv::to_string(anchor_count) << " threads=" << threads;
+  if (key_rope.enabled)
+    os << " key_rope=" << (key_rope.style == RopeStyle::kNeox ? "neox" : "normal") << ":" << key_rope.base << "@"
+       << key_rope.position_offset;
   return os.str();
 }
 

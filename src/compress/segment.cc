@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/convert.h"
 #include "core/half.h"
+#include "core/rope.h"
 
 namespace anchorkv::compress {
 
@@ -154,6 +157,13 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
       static_cast<int64_t>(row.meta16.size()) != want(MetadataLayout::kTight))
     return "metadata: wrong count for the layout";
   if (std::string e = check_positions(row); !e.empty()) return e;
+  if (const RopeOptions& r = row.key_rope; r.enabled) {
+    if (D % 2 != 0 || !std::isfinite(r.base) || !(r.base > 1.0) ||
+        (r.style != RopeStyle::kNormal && r.style != RopeStyle::kNeox))
+      return "key_rope: needs an even D, a finite base > 1 and a known style";
+    if (r.position_offset < 0 || r.position_offset > core::kMaxRopePosition - row.length)
+      return "key_rope: positions beyond " + std::to_string(core::kMaxRopePosition);
+  }
   int64_t flagged_k = 0, flagged_v = 0;
   for (int64_t e = 0; e < n_other; ++e) {
     const Meta m = row.fields_at(e);
@@ -180,13 +190,31 @@ void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {
   while (j < row.n_anchor) emit_anchor(p++, j++);
 }
 
+// The angles a key_rope row's key residuals were rotated by (null when off).
+struct KeyAngles {
+  RopeOptions rope;
+  std::shared_ptr<const core::RopeTable> table;
+  static std::optional<KeyAngles> of(const CompressedRow& row, int64_t D) {
+    if (!row.key_rope.enabled) return std::nullopt;
+    return KeyAngles{row.key_rope, core::shared_rope_table(row.key_rope.base, D, row.key_rope.position_offset + row.length)};
+  }
+  void unrotate(float* x, int64_t D, int64_t t) const {
+    const int64_t p = rope.position_offset + t;
+    core::rope_rotate(x, D, rope.style, table->c(p), table->s(p), /*inverse=*/true);
+  }
+};
+
 // out = gamma * anchor (+ decoded residual). anchors: [n_anchor, D] f32.
+// angles (key side of a key_rope row): the residual is rotated back from its
+// position `pos` first.
 void decode_side(const CompressedSide& side, float g, const float* anchors, int64_t D, const ResidualCodec& codec,
-                 int32_t anchor, int64_t slot, float* out, float* tmp, uint8_t* scratch) {
+                 int32_t anchor, int64_t slot, float* out, float* tmp, uint8_t* scratch,
+                 const KeyAngles* angles = nullptr, int64_t pos = 0) {
   const float* a = anchors + anchor * D;
   for (int64_t d = 0; d < D; ++d) out[d] = g * a[d];
   if (slot >= 0) {
     codec.decode(&side.codes[static_cast<size_t>(slot * codec.code_bytes())], side.scales[slot], tmp, scratch);
+    if (angles) angles->unrotate(tmp, D, pos);
     for (int64_t d = 0; d < D; ++d) out[d] += tmp[d];
   }
 }
@@ -200,6 +228,7 @@ void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float
   std::vector<float> ak(row.anchor_k.size()), av(row.anchor_v.size());
   core::f16_to_f32_n(row.anchor_k.data(), ak.data(), static_cast<int64_t>(ak.size()));
   core::f16_to_f32_n(row.anchor_v.data(), av.data(), static_cast<int64_t>(av.size()));
+  const std::optional<KeyAngles> angles = KeyAngles::of(row, D);
   walk(
       row,
       [&](int64_t p, int64_t j) {
@@ -207,7 +236,8 @@ void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float
         std::copy_n(&av[j * D], D, out_v + p * D);
       },
       [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
-        decode_side(row.k, row.coef_k(e), ak.data(), D, codec, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data());
+        decode_side(row.k, row.coef_k(e), ak.data(), D, codec, m.anchor_k, sk, out_k + p * D, tmp.data(), scratch.data(),
+                    angles ? &*angles : nullptr, p);
         decode_side(row.v, row.coef_v(e), av.data(), D, codec, m.anchor_v, sv, out_v + p * D, tmp.data(), scratch.data());
       });
 }
@@ -220,6 +250,7 @@ void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, 
   std::vector<float> ak(row.anchor_k.size()), av(row.anchor_v.size());
   core::f16_to_f32_n(row.anchor_k.data(), ak.data(), static_cast<int64_t>(ak.size()));
   core::f16_to_f32_n(row.anchor_v.data(), av.data(), static_cast<int64_t>(av.size()));
+  const std::optional<KeyAngles> angles = KeyAngles::of(row, D);
   walk(
       row,
       [&](int64_t p, int64_t j) {
@@ -227,7 +258,8 @@ void reconstruct_row_fp16(const CompressedRow& row, const ResidualCodec& codec, 
         std::copy_n(&row.anchor_v[j * D], D, out_v + p * D);
       },
       [&](int64_t p, int64_t e, const Meta& m, int64_t sk, int64_t sv) {
-        decode_side(row.k, row.coef_k(e), ak.data(), D, codec, m.anchor_k, sk, x.data(), tmp.data(), scratch.data());
+        decode_side(row.k, row.coef_k(e), ak.data(), D, codec, m.anchor_k, sk, x.data(), tmp.data(), scratch.data(),
+                    angles ? &*angles : nullptr, p);
         core::f32_to_f16_n(x.data(), out_k + p * D, D);
         decode_side(row.v, row.coef_v(e), av.data(), D, codec, m.anchor_v, sv, x.data(), tmp.data(), scratch.data());
         core::f32_to_f16_n(x.data(), out_v + p * D, D);

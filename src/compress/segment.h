@@ -29,6 +29,10 @@
 //                       largest |gamma| is in range; gamma = 1 is exact when in range)
 // = 4 bytes per non-anchor token + 4 per anchor + 2 per row. Steps of 2^(1/8)
 // put gamma within 4.4% of its value, small beside what an anchor leaves.
+//
+// Any layout, with key_rope enabled (keys given before RoPE): the key residual
+// of token t is coded as RoPE_{offset + t}(r), so attention scores it with the
+// query rotated to its own position; reconstruction rotates it back.
 #pragma once
 
 #include <cstdint>
@@ -135,6 +139,10 @@ struct CompressedRow {
   int64_t length = 0;    // S, token positions in the segment
   int64_t n_anchor = 0;
   MetadataLayout layout = MetadataLayout::kSeed;
+  // enabled: keys were given before RoPE and each key residual is coded after
+  // RoPE at its position (key_rope.position_offset + token index); the rest
+  // (anchors, gammas, value residuals) as given.
+  RopeOptions key_rope;
   std::vector<uint16_t> anchor_k;  // [n_anchor, D] fp16
   std::vector<uint16_t> anchor_v;  // [n_anchor, D] fp16
   std::vector<uint64_t> meta;      // [n_other] (seed layout)

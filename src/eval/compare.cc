@@ -5,7 +5,7 @@
 
 #include "cache/registry.h"
 #include "core/error.h"
-#include "kernels/rope.h"
+#include "core/rope.h"
 
 namespace anchorkv::eval {
 
@@ -37,7 +37,7 @@ std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& th
         ro.base = w.rope_base;
         ro.style = w.rope_neox ? RopeStyle::kNeox : RopeStyle::kNormal;
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t t = 0; t < sp.S; ++t) kernels::rope_rotate_at(&kh[(r * sp.S + t) * sp.D], sp.D, ro, t);
+          for (int64_t t = 0; t < sp.S; ++t) core::rope_rotate_at(&kh[(r * sp.S + t) * sp.D], sp.D, ro, t);
       }
       CompareRow r;
       r.method = m;

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "eval/tasks.h"
-#include "kernels/rope.h"
+#include "core/rope.h"
 #include "model/sampler.h"
 
 namespace anchorkv::eval {
@@ -202,7 +202,7 @@ std::unique_ptr<KVCache> compress_layer(const LayerCapture& L, const cache::Cach
     for (int64_t j = 0; j < W; ++j) {
       float* dst = &qw[static_cast<size_t>((hq * W + j) * D)];
       std::copy_n(&L.q[static_cast<size_t>((hq * N + P - W + j) * D)], D, dst);
-      if (spec.pre_rope) kernels::rope_rotate_at(dst, D, rope, P - W + j, /*inverse=*/true);  // captured rotated
+      if (spec.pre_rope) core::rope_rotate_at(dst, D, rope, P - W + j, /*inverse=*/true);  // captured rotated
     }
   cache->update(kv_k, kv_v, TensorView::f32(qw.data(), {1, Hq, W, D}));
   return cache;
@@ -220,7 +220,7 @@ void layer_errors(const LayerCapture& L, const cache::CacheSpec& spec, double th
     std::vector<float> k_hat(k_rec.begin() + h * P * D, k_rec.begin() + (h + 1) * P * D);
     std::vector<float> v_hat(v_rec.begin() + h * P * D, v_rec.begin() + (h + 1) * P * D);
     if (spec.pre_rope)
-      for (int64_t t = 0; t < P; ++t) kernels::rope_rotate_at(&k_hat[t * D], D, rope, t);
+      for (int64_t t = 0; t < P; ++t) core::rope_rotate_at(&k_hat[t * D], D, rope, t);
     HeadErrors e = head_errors(L, k_hat, v_hat, approximated_keys(*cache, h, P), h, G, N, P, D, stride);
     e.layer = l;
     e.kv_head = h;

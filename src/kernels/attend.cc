@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,14 +20,14 @@
 #include "core/error.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
+#include "core/rope.h"
 #include "kernels/attention_kernels.h"
-#include "kernels/rope.h"
 
 namespace anchorkv {
 namespace {
 
 constexpr const char* kOp = "anchorkv::attend";
-constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
+using core::kMaxRopePosition;
 constexpr int64_t kTile = 512;        // dense tokens per kernel call (bounds scratch)
 constexpr int64_t kEntryTile = 8192;  // compressed entries per kernel call: each call ends in a
                                       // merge over every anchor, so tiles are long
@@ -106,6 +107,27 @@ void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool
         "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
 }
 
+// A segment whose key residuals were coded after RoPE (AnchorKVConfig::key_rope)
+// is scored with the query rotated to its position, so attention must apply
+// the same RoPE at the same positions.
+void check_key_rope(const RopeOptions& rope, const cache::AttentionSource& src) {
+  if (!src.segment || src.segment->rows->empty()) return;
+  const RopeOptions& kr = src.segment->rows->front().key_rope;
+  if (!kr.enabled) return;
+  auto name = [](const RopeOptions& r) {
+    std::ostringstream os;
+    os << (r.style == RopeStyle::kNeox ? "neox" : "normal") << " base " << r.base << " from position "
+       << r.position_offset;
+    return os.str();
+  };
+  const RopeOptions at{true, rope.base, rope.style, rope.position_offset + src.segment->pos0};
+  if (!rope.enabled || rope.base != kr.base || rope.style != kr.style || at.position_offset != kr.position_offset)
+    core::fail(ErrorCode::kInvalidArgument, kOp,
+               "the cache holds keys before RoPE with key residuals coded for RoPE " + name(kr) +
+                   " (AnchorKVConfig::key_rope); options.rope must apply that RoPE, got " +
+                   (rope.enabled ? name(at) : std::string("none")));
+}
+
 // One attend() call: the source, the query layout and every buffer it uses.
 class AttendCall {
  public:
@@ -119,7 +141,7 @@ class AttendCall {
         prep_(ws_.prep) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
     Hq_ = query.shape[1], Sq_ = query.shape[2], G_ = Hq_ / H_, nq_ = G_ * Sq_;
-    if (rope_) rtab_ = kernels::shared_rope_table(rope_->base, D_, src.n_total + rope_->position_offset);
+    if (rope_) rtab_ = core::shared_rope_table(rope_->base, D_, src.n_total + rope_->position_offset);
   }
 
   Tensor run(AttentionStats* stats) {
@@ -164,7 +186,7 @@ class AttendCall {
   const RopeOptions* rope_;
   const cache::CompressedRegion* seg_;
   Workspace& ws_;
-  std::shared_ptr<const kernels::RopeTable> rtab_;  // cos/sin rows for every key position
+  std::shared_ptr<const core::RopeTable> rtab_;  // cos/sin rows for every key position
   int64_t B_, H_, D_, R_, Hq_, Sq_, G_, nq_;
   float scale_ = 1;
   std::vector<int64_t> qpos_;  // [nq] absolute position of each query of a row
@@ -194,7 +216,7 @@ void AttendCall::prepare_queries() {
                            ", " + std::to_string(i) + ", " + std::to_string(d) + "]");
           dst[d] = x * scale_;
         }
-        if (rope_) kernels::rope_rotate_at(dst, D_, *rope_, qpos_[g] + rope_->position_offset);
+        if (rope_) core::rope_rotate_at(dst, D_, *rope_, qpos_[g] + rope_->position_offset);
       }
 }
 
@@ -259,11 +281,11 @@ void AttendCall::prepare_row(int64_t r) {
     ak_rot = p.ak;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t pos = seg_->pos0 + p.anchor_pos[j] + rope_->position_offset;
-      kernels::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos), rtab_->s(pos));
+      core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos), rtab_->s(pos));
     }
     ak_scores = ak_rot.data();
     p.cs.resize(static_cast<size_t>(nq_ * k * D));
-    kernels::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
+    core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
   }
   if (!anchors_in_place_)
     (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
@@ -497,6 +519,7 @@ Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches
   }
   check_query(query, src, opt);
   if (opt.rope.enabled) check_rope(opt.rope, src, evicts, evicting);
+  check_key_rope(opt.rope, src);
   return AttendCall(query, src, opt).run(stats);
 }
 

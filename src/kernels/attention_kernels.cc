@@ -15,7 +15,7 @@
 #include "core/convert.h"
 #include "core/half.h"
 #include "core/linalg.h"
-#include "kernels/rope.h"
+#include "core/rope.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_kernels.cc"
@@ -924,7 +924,7 @@ void dense_chunk_rope_impl(const float* q, const int64_t* qpos, int64_t nq, cons
     float* row = keys + i * D;
     core::f16_to_f32_n(K16 + i * D, row, D);
     const int64_t p = pos0 + i + rope.position_offset;
-    rope_rotate(row, D, rope.style, table.c(p), table.s(p));
+    core::rope_rotate(row, D, rope.style, table.c(p), table.s(p));
   }
   Ops::dot_matrix(q, nq, keys, n, D, s);
   for (int64_t g = 0; g < nq; ++g)
@@ -1024,9 +1024,11 @@ void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, cons
 }
 
 // Key residuals add (R q) . (scale * level[code]): every residual of the
-// chunk decoded, then one dot_matrix against the rotated queries. Pre-RoPE:
-// each residual key is rotated back and to its position once, and shared by
-// every query of the group.
+// chunk decoded, then one dot_matrix against the rotated queries (also for
+// pre-RoPE keys whose residuals were coded after RoPE, row.key_rope, q being
+// rotated to its position already). Pre-RoPE keys coded as given: each
+// residual key is rotated back and to its position once, and shared by every
+// query of the group.
 template <class Ops>
 void add_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                        const compress::ResidualCodec& codec, const EntryRange& r, EntryScratch& sc) {
@@ -1035,7 +1037,7 @@ void add_key_residuals(const CompressedQueries& cq, const compress::CompressedRo
   if (nr == 0) return;
   float* s = sc.s.data();
   sc.codes.resize(static_cast<size_t>(D));
-  if (cq.rope) {
+  if (cq.rope && !row.key_rope.enabled) {  // coded before RoPE: rotated to the key's position here
     sc.z.resize(static_cast<size_t>(D));
     for (int64_t j = 0; j < nr; ++j) {
       const int64_t i = sc.res_k[j], slot = r.slot_k0 + j;
@@ -1043,7 +1045,7 @@ void add_key_residuals(const CompressedQueries& cq, const compress::CompressedRo
       codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], sc.z.data(), sc.codes.data());
       codec.rotation().inverse(sc.z.data(), sc.z.data());
       const int64_t p = sc.pos[i] + cq.rope->position_offset;
-      rope_rotate(sc.z.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
+      core::rope_rotate(sc.z.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
       for (int64_t g = 0; g < nq; ++g)
         if (s[g * n + i] != kNegInf) s[g * n + i] += scale * Ops::dot(cq.q + g * D, sc.z.data(), D);
     }
@@ -1128,7 +1130,8 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
-  if (cq.rope) {  // each residual key rotated back and to its position once, then scored by the quad
+  // coded before RoPE: each residual key rotated back and to its position once, then scored by the quad
+  if (cq.rope && !row.key_rope.enabled) {
     if (sc.zk.empty()) {  // once per chunk, shared by its quads
       sc.zk.resize(static_cast<size_t>(nr * D));
       sc.codes.resize(static_cast<size_t>(D));
@@ -1140,8 +1143,8 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
                             sc.codes.data());
         codec.rotation().inverse(z, z);
         // the angles from cache-resident rows: a table row per residual would miss the cache
-        rope_angles(*cq.table, p, sc.cs_row.data(), sc.cs_row.data() + D / 2);
-        rope_rotate(z, D, cq.rope->style, sc.cs_row.data(), sc.cs_row.data() + D / 2);
+        core::rope_angles(*cq.table, p, sc.cs_row.data(), sc.cs_row.data() + D / 2);
+        core::rope_rotate(z, D, cq.rope->style, sc.cs_row.data(), sc.cs_row.data() + D / 2);
       }
     }
     // the quad's queries against every rotated residual key in 4 x 4 tiles

@@ -14,9 +14,12 @@
 #include "anchorkv/attention.h"
 #include "compress/codec.h"
 #include "compress/segment.h"
-#include "kernels/rope.h"
+#include "core/rope.h"
 
 namespace anchorkv::kernels {
+
+using core::kRopeStep;
+using core::RopeTable;
 
 // Online-softmax partial of one query over one chunk:
 //   m = max score, l = sum exp(score - m), acc = sum exp(score - m) * v  [D].

@@ -10,9 +10,9 @@
 #include "core/error.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
+#include "core/rope.h"
 #include "io/gguf.h"
 #include "kernels/causal_attention.h"
-#include "kernels/rope.h"
 #include "model/amx_matmul.h"
 #include "model/qmatmul.h"
 
@@ -304,9 +304,23 @@ void matmul_ref(const float* x, int64_t T, const Weight& W, float* y, Activation
   }
 }
 
+namespace {
+// Pre-RoPE keys: an AnchorKV cache is told the RoPE attention will apply, so
+// it codes key residuals after RoPE at their positions and attention scores
+// them without rotating each one every step (AnchorKVConfig::key_rope).
+std::unique_ptr<KVCache> with_key_rope(std::unique_ptr<KVCache> cache, const LlamaConfig& c) {
+  const auto* a = dynamic_cast<const AnchorKVCache*>(cache.get());
+  if (!a || a->config().key_rope.enabled || a->tokens_total() > 0) return cache;
+  AnchorKVConfig cfg = a->config();
+  cfg.key_rope = {true, c.rope_base, c.rope_style, 0};  // cache position 0 is token position 0
+  return std::make_unique<AnchorKVCache>(cfg);
+}
+}  // namespace
+
 LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads, KeyRope keys)
     : w_(weights), threads_(threads), keys_(keys) {
-  for (int64_t l = 0; l < w_.config.n_layers; ++l) caches_.push_back(make_cache(l));
+  for (int64_t l = 0; l < w_.config.n_layers; ++l)
+    caches_.push_back(keys == KeyRope::kPreRope ? with_key_rope(make_cache(l), w_.config) : make_cache(l));
 }
 
 void LlamaModel::restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t position) {
@@ -460,11 +474,11 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
       for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
         std::vector<float> c_t(static_cast<size_t>(hd / 2)), s_t(c_t.size());
         for (int64_t t = t0; t < t1; ++t) {
-          kernels::rope_table(pos_ + t, 1, hd, rope.base, c_t.data(), s_t.data());
+          core::rope_table(pos_ + t, 1, hd, rope.base, c_t.data(), s_t.data());
           for (int64_t h = 0; h < Hq; ++h)
-            kernels::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t.data(), s_t.data());
+            core::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t.data(), s_t.data());
           for (int64_t h = 0; h < Hk; ++h)
-            kernels::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t.data(), s_t.data());
+            core::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t.data(), s_t.data());
         }
       });
     }

@@ -141,6 +141,7 @@ std::vector<uint8_t> small_file() {
   AnchorKVCache compact_cache(compact);
   AnchorKVConfig tight = compact;
   tight.metadata = MetadataLayout::kTight;
+  tight.key_rope = {true, 500000.0, RopeStyle::kNeox, 3};  // format 4
   AnchorKVCache tight_cache(tight);
   KIVICache kivi(2, 8, 8);
   H2OCache h2o(0.3);
@@ -166,15 +167,16 @@ ErrorCode load_error(const std::vector<uint8_t>& bytes) {
 
 // The fuzzer's seed corpus is small_file() as written once per format
 // (seed_mixed.akvc: format 2; seed_mixed_v3.akvc: format 3, with a tight
-// row); every one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR
-// writes the current format's anew.
+// row; seed_mixed_v4.akvc: format 4, whose tight cache has key_rope); every
+// one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR writes the
+// current format's anew.
 TEST(CacheFile, FuzzSeedsLoad) {
   const auto bytes = small_file();
   if (const char* dir = std::getenv("ANCHORKV_WRITE_CACHEFILE_SEEDS")) {
-    std::ofstream(std::string(dir) + "/seed_mixed_v3.akvc", std::ios::binary)
+    std::ofstream(std::string(dir) + "/seed_mixed_v4.akvc", std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
-  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc"}) {
+  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc", "seed_mixed_v4.akvc"}) {
     const std::string seed = std::string(ANCHORKV_SOURCE_DIR) + "/fuzz/corpus/cachefile/" + name;
     std::ifstream f(seed, std::ios::binary);
     ASSERT_TRUE(f.good()) << seed;
@@ -265,7 +267,7 @@ TEST(CacheFile, HandMadeLayerLoadsAndBadCountsAreErrors) {
 }
 
 TEST(CacheFile, NewerVersionAndOtherFilesAreClearErrors) {
-  EXPECT_EQ(load_error(file_with({}, 4)), ErrorCode::kUnsupported);
+  EXPECT_EQ(load_error(file_with({}, 5)), ErrorCode::kUnsupported);
   EXPECT_EQ(load_error(file_with({}, 0)), ErrorCode::kCorruptFile);
   const std::vector<uint8_t> gguf = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
   EXPECT_EQ(load_error(gguf), ErrorCode::kCorruptFile);

@@ -9,6 +9,8 @@
 #include "../test_util.h"
 #include "compress/anchors.h"
 #include "compress/budget.h"
+#include "core/half.h"
+#include "core/rope.h"
 
 namespace anchorkv::compress {
 namespace {
@@ -284,6 +286,72 @@ TEST(Compressor, StorageMatchesSeedFormulaAndAnchorsRecover) {
     EXPECT_EQ(row.anchor_positions(), analysis[r].anchors);
     EXPECT_EQ(row.n_anchor, 25);
   }
+}
+
+// key_rope changes the key residual codes only: each codes RoPE_t(r) at the
+// token's position, so rotating the decoded residual back by that position
+// recovers r as well as the plain codes do, and reconstruction returns keys
+// before RoPE.
+TEST(Compressor, KeyRopeCodesKeyResidualsAtTheirPositions) {
+  const int64_t B = 1, H = 2, S = 600, D = 64, offset = 7;
+  const auto K = random_kv(B, H, S, D, 8);
+  const auto V = random_kv(B, H, S, D, 9);
+  SegmentInput in{B, H, S, D, K.data(), V.data()};
+  AnchorKVConfig plain;
+  plain.theta = 0.3;
+  plain.anchor_frac = 0.05;
+  AnchorKVConfig roped = plain;
+  roped.key_rope = {true, 10000.0, RopeStyle::kNeox, offset};
+  ResidualCodec codec(D, 2, plain.scale, plain.seed);
+  const auto a = compress(in, plain, codec), b = compress(in, roped, codec);
+  double err_plain = 0, err_roped = 0, rec_plain = 0, rec_roped = 0;
+  int64_t n = 0;
+  std::vector<float> za(D), zb(D), ka(S * D), va(S * D), kb(S * D), vb(S * D);
+  std::vector<uint8_t> scratch(D);
+  for (size_t r = 0; r < a.size(); ++r) {
+    ASSERT_FALSE(a[r].key_rope.enabled);
+    ASSERT_TRUE(b[r].key_rope.enabled);
+    EXPECT_EQ(a[r].anchor_k, b[r].anchor_k);
+    EXPECT_EQ(a[r].meta, b[r].meta);
+    EXPECT_EQ(a[r].k.coef, b[r].k.coef);
+    EXPECT_EQ(a[r].v.codes, b[r].v.codes);
+    ASSERT_EQ(a[r].k.n_residual(), b[r].k.n_residual());
+    ASSERT_GT(a[r].k.n_residual(), 20);
+    const float* Kr = K.data() + r * S * D;
+    int64_t slot = 0;
+    for (int64_t e = 0; e < a[r].n_other(); ++e) {
+      const Meta m = a[r].meta_at(e);
+      if (!m.res_k) continue;
+      const int64_t t = e + m.anchors_before;
+      codec.decode(&a[r].k.codes[slot * codec.code_bytes()], a[r].k.scales[slot], za.data(), scratch.data());
+      codec.decode(&b[r].k.codes[slot * codec.code_bytes()], b[r].k.scales[slot], zb.data(), scratch.data());
+      core::rope_rotate_at(zb.data(), D, roped.key_rope, offset + t, /*inverse=*/true);
+      double ea = 0, eb = 0, rr = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        const double res = Kr[t * D + d] - a[r].coef_k(e) * core::half_to_float(a[r].anchor_k[m.anchor_k * D + d]);
+        ea += (za[d] - res) * (za[d] - res);
+        eb += (zb[d] - res) * (zb[d] - res);
+        rr += res * res;
+      }
+      err_plain += std::sqrt(ea / rr);
+      err_roped += std::sqrt(eb / rr);
+      ++n, ++slot;
+    }
+    reconstruct_row(a[r], codec, ka.data(), va.data());
+    reconstruct_row(b[r], codec, kb.data(), vb.data());
+    EXPECT_EQ(va, vb);
+    for (int64_t i = 0; i < S * D; ++i) {
+      rec_plain += (ka[i] - Kr[i]) * (ka[i] - Kr[i]);
+      rec_roped += (kb[i] - Kr[i]) * (kb[i] - Kr[i]);
+    }
+  }
+  err_plain /= static_cast<double>(n);
+  err_roped /= static_cast<double>(n);
+  // 2-bit codes leave ~1/3 of a residual (docs/codec.md); a residual in the
+  // wrong frame would leave all of it (relative error ~1.4).
+  EXPECT_LT(err_plain, 0.45);
+  EXPECT_NEAR(err_roped, err_plain, 0.1 * err_plain);
+  EXPECT_NEAR(rec_roped, rec_plain, 0.1 * rec_plain);
 }
 
 TEST(Compressor, MoreAnchorsThanTheLayoutHoldsIsRejected) {

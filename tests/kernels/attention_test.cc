@@ -325,14 +325,18 @@ void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_
     }
 }
 
-void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail) {
-  SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset
-                                    << " S=" << S << " Sq=" << Sq << " head=" << head << " tail=" << tail);
+// key_rope: the cache codes key residuals after RoPE (AnchorKVConfig::key_rope).
+void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail,
+                   bool key_rope = false) {
+  SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
+                                    << " Sq=" << Sq << " head=" << head << " tail=" << tail
+                                    << " key_rope=" << key_rope);
   const int64_t B = 1, H = 2, G = 4, Hq = H * G, D = 64;
   AnchorKVConfig cfg;
   cfg.theta = 0.15;
   cfg.anchor_frac = 1.0 / 16;
   cfg.window = 8;
+  if (key_rope) cfg.key_rope = {true, 10000.0, style, offset};
   AnchorKVCache cache(cfg);
   FullKVCache full;
   auto feed = [&](int64_t n, uint64_t seed) {
@@ -380,12 +384,52 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
 }
 
 TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
-  for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox})
-    for (int64_t offset : {0, 1000}) {
-      run_rope_case(style, offset, 700, 1, false, true);
-      run_rope_case(style, offset, 700, 7, false, false);  // queries inside the compressed segment
+  for (bool key_rope : {false, true}) {
+    for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox})
+      for (int64_t offset : {0, 1000}) {
+        run_rope_case(style, offset, 700, 1, false, true, key_rope);
+        run_rope_case(style, offset, 700, 7, false, false, key_rope);  // queries inside the compressed segment
+      }
+    run_rope_case(RopeStyle::kNormal, 0, 3000, 3, true, true, key_rope);  // the segment after a 1-token head
+  }
+}
+
+// A cache whose key residuals were coded for one RoPE is refused any other.
+TEST(Attention, KeyRopeCacheRefusesOtherRope) {
+  const int64_t B = 1, H = 2, Hq = 8, D = 64, S = 300;
+  AnchorKVConfig cfg;
+  cfg.theta = 0.2;
+  cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 5};
+  AnchorKVCache cache(cfg);
+  const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
+  cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  ASSERT_GT(cache.n_residual_total(), 0);
+  const auto q = random_kv(B, Hq, 1, D, 3);
+  const TensorView qv = TensorView::f32(q.data(), {B, Hq, 1, D});
+  AttentionOptions ok;
+  ok.rope = cfg.key_rope;
+  EXPECT_NO_THROW(attend(qv, cache, ok));
+  auto refused = [&](AttentionOptions o, const char* what) {
+    try {
+      attend(qv, cache, o);
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+      EXPECT_NE(std::string(e.what()).find("key_rope"), std::string::npos) << e.what();
     }
-  run_rope_case(RopeStyle::kNormal, 0, 3000, 3, true, true);
+  };
+  AttentionOptions o = ok;
+  o.rope.enabled = false;
+  refused(o, "no RoPE");
+  o = ok;
+  o.rope.base = 500000.0;
+  refused(o, "another base");
+  o = ok;
+  o.rope.style = RopeStyle::kNeox;
+  refused(o, "another pairing");
+  o = ok;
+  o.rope.position_offset = 0;
+  refused(o, "another first position");
 }
 
 TEST(Attention, MaskedQueriesAfterAnExactHead) {

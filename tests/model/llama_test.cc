@@ -126,6 +126,15 @@ TEST_P(Models, PreRopeKeysGiveTheSameModel) {
   float diff = 0;
   for (int64_t v = 0; v < V; ++v) diff = std::max(diff, std::fabs(la[v] - lb[v]));
   EXPECT_GT(diff, 1e-3f);
+  // With pre-RoPE keys each AnchorKV cache codes key residuals for the model's RoPE.
+  for (size_t l = 0; l < b.caches().size(); ++l) {
+    const RopeOptions& kr = dynamic_cast<const AnchorKVCache&>(*b.caches()[l]).config().key_rope;
+    EXPECT_TRUE(kr.enabled);
+    EXPECT_EQ(kr.base, w.config.rope_base);
+    EXPECT_EQ(kr.style, w.config.rope_style);
+    EXPECT_EQ(kr.position_offset, 0);
+    EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*a.caches()[l]).config().key_rope.enabled);
+  }
 }
 
 // With an observation window the model hands each layer's cache the real

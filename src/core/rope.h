@@ -7,9 +7,13 @@
 #include <memory>
 #include <vector>
 
-#include "anchorkv/attention.h"
+#include "anchorkv/config.h"
 
-namespace anchorkv::kernels {
+namespace anchorkv::core {
+
+// The largest RoPE position attention and compression accept (angles stay
+// accurate in float; tables stay within memory).
+inline constexpr int64_t kMaxRopePosition = int64_t{1} << 24;
 
 inline int64_t rope_x(RopeStyle style, int64_t i, int64_t /*D*/) {
   return style == RopeStyle::kNormal ? 2 * i : i;
@@ -62,4 +66,4 @@ void rope_angles(const RopeTable& table, int64_t p, float* c, float* s);
 // Rotate x [D] in place by position p (exact sincos; for a handful of vectors).
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);
 
-}  // namespace anchorkv::kernels
+}  // namespace anchorkv::core

@@ -1,4 +1,4 @@
-#include "kernels/rope.h"
+#include "core/rope.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,13 +7,13 @@
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/rope.cc"
+#define HWY_TARGET_INCLUDE "core/rope.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
-namespace anchorkv::kernels {
+namespace anchorkv::core {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -66,11 +66,11 @@ void AddAngles(const float* HWY_RESTRICT ca, const float* HWY_RESTRICT sa, const
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace anchorkv::kernels
+}  // namespace anchorkv::core
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace anchorkv::kernels {
+namespace anchorkv::core {
 HWY_EXPORT(RopeRotatePairs);
 HWY_EXPORT(AddAngles);
 
@@ -172,5 +172,5 @@ void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, i
     }
 }
 
-}  // namespace anchorkv::kernels
+}  // namespace anchorkv::core
 #endif  // HWY_ONCE

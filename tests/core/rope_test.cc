@@ -1,4 +1,4 @@
-#include "kernels/rope.h"
+#include "core/rope.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-namespace anchorkv::kernels {
+namespace anchorkv::core {
 namespace {
 
 TEST(RopeTable, MatchesExactAnglesAndDoesNotDependOnHowItGrew) {
@@ -69,4 +69,4 @@ TEST(RopeRotate, SimdMatchesScalarTwinForEveryLayout) {
 }
 
 }  // namespace
-}  // namespace anchorkv::kernels
+}  // namespace anchorkv::core
