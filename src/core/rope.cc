@@ -157,13 +157,13 @@ void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, boo
 }
 
 void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, int64_t D, RopeStyle style,
-                        float* out) {
+                        float* out, bool quads) {
   const int64_t half = D / 2;
   for (int64_t g = 0; g < nq; ++g)
     for (int64_t j = 0; j < k; ++j) {
       const float* qg = q + g * D;
       const float* aj = a + j * D;
-      float* o = out + (g * k + j) * D;
+      float* o = out + pair_products_offset(g, j, k, D, quads);
       for (int64_t i = 0; i < half; ++i) {
         const int64_t x = rope_x(style, i, D), y = rope_y(style, i, D);
         o[i] = qg[x] * aj[x] + qg[y] * aj[y];

@@ -51,7 +51,8 @@ struct RowPrep {
   std::vector<float> anchor_dot4;       // [ceil(nq / 4), k, 4] (see CompressedQueries)
   std::vector<float> rq;                // [nq, D]
   std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
-  std::vector<float> cs;                // [nq, k, D] with RoPE (see CompressedQueries)
+  std::vector<float> cs;                // pair products with RoPE (see CompressedQueries)
+  bool cs_quads = false;                // cs in the fast kernel's quad layout
   std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
 };
 
@@ -284,8 +285,9 @@ void AttendCall::prepare_row(int64_t r) {
       core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos), rtab_->s(pos));
     }
     ak_scores = ak_rot.data();
-    p.cs.resize(static_cast<size_t>(nq_ * k * D));
-    core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
+    p.cs_quads = !opt_.reference && kernels::quad_rope_supported(D);
+    p.cs.assign(static_cast<size_t>((p.cs_quads ? (nq_ + 3) / 4 * 4 : nq_) * k * D), 0.0f);
+    core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data(), p.cs_quads);
   }
   if (!anchors_in_place_)
     (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
@@ -328,6 +330,7 @@ kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
           p.rq.data(),
           rope_,
           p.cs.data(),
+          p.cs_quads,
           rtab_.get()};
 }
 

@@ -261,49 +261,129 @@ void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT a
     hn::StoreU(hn::Mul(hn::Set(d4, gk[i]), hn::LoadU(d4, T + ak[i] * 4)), d4, s4 + i * 4);
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define ANCHORKV_SUMS_OF_16 1
+// The sums of 16 vectors of 16 lanes, in order, in one vector: [sum(a[0]), ..., sum(a[15])].
+// Pairs of lanes, then of 64-bit halves, are added within each 128-bit block
+// (each block then holds four sources' partial sums), then blocks are paired
+// across vectors: 45 shuffles and adds for 16 sums, against 22 per 4 in SumsOf4.
+HWY_INLINE hn::Vec<DF> SumsOf16(const hn::Vec<DF>* a) {
+  const DF df;
+  const hn::Repartition<uint64_t, DF> d64;
+  hn::Vec<DF> w[4];
+  for (int m = 0; m < 4; ++m) {
+    const auto* x = a + 4 * m;
+    const auto u01 = hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
+    const auto u23 = hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
+    const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, u01), hn::BitCast(d64, u23));
+    const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, u01), hn::BitCast(d64, u23));
+    w[m] = hn::Add(hn::BitCast(df, lo), hn::BitCast(df, hi));  // block b: four sources' partial sums
+  }
+  // Blocks 0, 2 of x and y plus their blocks 1, 3: half as many blocks per source.
+  auto pair_blocks = [](hn::Vec<DF> x, hn::Vec<DF> y) {
+    return hn::Vec<DF>{_mm512_add_ps(_mm512_shuffle_f32x4(x.raw, y.raw, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(x.raw, y.raw, _MM_SHUFFLE(3, 1, 3, 1)))};
+  };
+  return pair_blocks(pair_blocks(w[0], w[1]), pair_blocks(w[2], w[3]));
+}
+#endif
+
 // Pre-RoPE keys: s4[i * 4 + g] = gk[i] * sum_t C[g, ak[i], t] cos_t(p_i) + S[g, ak[i], t] sin_t(p_i),
-// the anchor rotated to the entry's position p_i. cs: the quad's first query's
-// [k, D] pair products (C | S), the quad's queries k * D apart; gn queries are
-// real, the others read `zeros` (D floats) and get 0. The angles of p = p0 + j (p0 a multiple of
-// kRopeStep) come from the table rows of p0 and j by angle addition, so only
-// every kRopeStep-th row and the first kRopeStep rows are read (cache-resident)
-// instead of one 2 * D-float row per entry streamed from memory.
-void QuadRopeScores(const float* HWY_RESTRICT cs, int64_t k, int64_t D, int64_t gn,
-                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
-                    const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
-                    const float* HWY_RESTRICT sin_t, const float* HWY_RESTRICT zeros, int64_t n,
-                    float* HWY_RESTRICT s4) {
-#if HWY_TARGET == HWY_SCALAR
-  (void)cs, (void)k, (void)D, (void)gn, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)zeros,
-      (void)n, (void)s4;
-#else
+// the anchor rotated to the entry's position p_i. cs4: the quad's pair
+// products [k, 4, D] (C | S per query; zero rows for queries past nq). The
+// angles of p = p0 + j (p0 a multiple of kRopeStep) come from the table rows
+// of p0 and j by angle addition, so only every kRopeStep-th row and the first
+// kRopeStep rows are read (cache-resident) instead of one 2 * D-float row per
+// entry streamed from memory.
+#if HWY_TARGET != HWY_SCALAR
+template <int64_t kD>  // 0: D at run time
+HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const int32_t* HWY_RESTRICT ak,
+                                const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos,
+                                const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
+                                float* HWY_RESTRICT s4) {
+  if constexpr (kD != 0) D = kD;
   const DF df;
   const hn::CappedTag<float, 4> d4;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#ifdef ANCHORKV_SUMS_OF_16
+  // Four entries at once, their 16 sums in one pass (one at a time, the
+  // horizontal sums took about a quarter of the kernel's samples). With D
+  // known at compile time a query's row is a constant displacement from its
+  // anchor's, so the 16 rows need four pointers, not sixteen.
+  if constexpr (kD != 0) {
+    alignas(64) static constexpr int32_t kSpread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    const auto spread = hn::SetTableIndices(df, kSpread);
+    alignas(64) float cs_buf[4][2 * kD];  // cos | sin of the four positions
+    for (; i + 4 <= n; i += 4) {
+      const float* C[4];
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = pos[i + e] % kRopeStep, p0 = pos[i + e] - j;
+        const float *cb = cos_t + p0 * half, *sb = sin_t + p0 * half;
+        const float *cj = cos_t + j * half, *sj = sin_t + j * half;
+        for (int64_t t = 0; t < half; t += N) {
+          const auto vcb = hn::LoadU(df, cb + t), vsb = hn::LoadU(df, sb + t);
+          const auto vcj = hn::LoadU(df, cj + t), vsj = hn::LoadU(df, sj + t);
+          hn::Store(hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj)), df, cs_buf[e] + t);     // cos(a + b)
+          hn::Store(hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj)), df, cs_buf[e] + half + t);  // sin(a + b)
+        }
+        C[e] = cs4 + ak[i + e] * 4 * kD;
+      }
+      hn::Vec<DF> acc[16];
+      for (auto& a : acc) a = hn::Zero(df);
+      for (int64_t t = 0; t < half; t += N) {
+#pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) {
+          const auto c = hn::Load(df, cs_buf[e] + t), sn = hn::Load(df, cs_buf[e] + half + t);
+#pragma GCC unroll 4
+          for (int g = 0; g < 4; ++g)
+            acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, C[e] + g * kD + half + t), sn,
+                                        hn::MulAdd(hn::LoadU(df, C[e] + g * kD + t), c, acc[e * 4 + g]));
+        }
+      }
+      const auto g4 = hn::ZeroExtendVector(df, hn::ZeroExtendVector(hn::Half<DF>(), hn::LoadU(d4, gk + i)));
+      hn::StoreU(hn::Mul(SumsOf16(acc), hn::TableLookupLanes(g4, spread)), df, s4 + i * 4);
+    }
+  }
+#endif
+  for (; i < n; ++i) {
     const int64_t j = pos[i] % kRopeStep, p0 = pos[i] - j;
     const float* cb = cos_t + p0 * half;
     const float* sb = sin_t + p0 * half;
     const float* cj = cos_t + j * half;
     const float* sj = sin_t + j * half;
-    // Missing queries of a partial quad read a zero row (four named accumulators stay in registers).
-    const float* C[4];
-    for (int64_t g = 0; g < 4; ++g) C[g] = g < gn ? cs + (g * k + ak[i]) * D : zeros;
+    const float* C = cs4 + ak[i] * 4 * D;
     auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (int64_t t = 0; t < half; t += N) {
       const auto vcb = hn::LoadU(df, cb + t), vsb = hn::LoadU(df, sb + t);
       const auto vcj = hn::LoadU(df, cj + t), vsj = hn::LoadU(df, sj + t);
       const auto c = hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj));  // cos(a + b)
       const auto sn = hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj));    // sin(a + b)
-      a0 = hn::MulAdd(hn::LoadU(df, C[0] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[0] + t), c, a0));
-      a1 = hn::MulAdd(hn::LoadU(df, C[1] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[1] + t), c, a1));
-      a2 = hn::MulAdd(hn::LoadU(df, C[2] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[2] + t), c, a2));
-      a3 = hn::MulAdd(hn::LoadU(df, C[3] + half + t), sn, hn::MulAdd(hn::LoadU(df, C[3] + t), c, a3));
+      a0 = hn::MulAdd(hn::LoadU(df, C + half + t), sn, hn::MulAdd(hn::LoadU(df, C + t), c, a0));
+      a1 = hn::MulAdd(hn::LoadU(df, C + D + half + t), sn, hn::MulAdd(hn::LoadU(df, C + D + t), c, a1));
+      a2 = hn::MulAdd(hn::LoadU(df, C + 2 * D + half + t), sn, hn::MulAdd(hn::LoadU(df, C + 2 * D + t), c, a2));
+      a3 = hn::MulAdd(hn::LoadU(df, C + 3 * D + half + t), sn, hn::MulAdd(hn::LoadU(df, C + 3 * D + t), c, a3));
     }
     hn::StoreU(hn::Mul(SumsOf4(a0, a1, a2, a3), hn::Set(d4, gk[i])), d4, s4 + i * 4);
   }
+}
+#endif
+
+void QuadRopeScores(const float* HWY_RESTRICT cs4, int64_t D, const int32_t* HWY_RESTRICT ak,
+                    const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos,
+                    const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
+                    float* HWY_RESTRICT s4) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)cs4, (void)D, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)n, (void)s4;
+#else
+  if (D == 128) return QuadRopeScoresD<128>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
+  if (D == 64) return QuadRopeScoresD<64>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
+  QuadRopeScoresD<0>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
 #endif
 }
+#ifdef ANCHORKV_SUMS_OF_16
+#undef ANCHORKV_SUMS_OF_16
+#endif
 
 bool SupportsQuadRope(int64_t D) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
@@ -1008,7 +1088,7 @@ void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, cons
       std::copy_n(cq.table->c(p), half, sc.cs_row.data());
       std::copy_n(cq.table->s(p), half, sc.cs_row.data() + half);
       for (int64_t g = 0; g < nq; ++g) {
-        const float* csg = cq.cs + (g * k + sc.ak[i]) * D;
+        const float* csg = cq.pair_products(g, sc.ak[i], k, D);
         s[g * n + i] =
             (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk[i] * Ops::dot(csg, sc.cs_row.data(), D) : kNegInf;
       }
@@ -1190,11 +1270,10 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
   for (int64_t q0 = 0; q0 < nq; q0 += 4) {
     const int64_t gn = std::min<int64_t>(4, nq - q0);
     if (cq.rope) {
-      sc.zeros.assign(static_cast<size_t>(D), 0.0f);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
       HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-      (cq.cs + q0 * k * D, k, D, gn, sc.ak.data(), sc.gk.data(), sc.pos.data(), cq.table->cos.data(),
-       cq.table->sin.data(), sc.zeros.data(), n, s4);
+      (cq.pair_products(q0, 0, k, D), D, sc.ak.data(), sc.gk.data(), sc.pos.data(), cq.table->cos.data(),
+       cq.table->sin.data(), n, s4);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
     } else {
       HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk.data(), n, s4);
@@ -1279,8 +1358,7 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch) {
-  const bool quads =
-      cq.rope ? HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(codec.dim()) : cq.anchor_dot4 != nullptr;
+  const bool quads = cq.rope ? cq.cs_quads : cq.anchor_dot4 != nullptr;
   if (!range.masked && quads) return entries_chunk_quads(cq, row, codec, range, out, scratch);
   entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
 }
@@ -1292,6 +1370,7 @@ void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRo
 }
 
 bool f16_rows_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsF16Rows)(D); }
+bool quad_rope_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(D); }
 
 void dot_rows_f16(const float* q, int64_t nq, const uint16_t* A16, int64_t k, int64_t D, float* out) {
   HWY_DYNAMIC_DISPATCH(DotRowsF16)(q, nq, A16, k, D, out);

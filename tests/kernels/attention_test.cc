@@ -327,11 +327,11 @@ void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_
 
 // key_rope: the cache codes key residuals after RoPE (AnchorKVConfig::key_rope).
 void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail,
-                   bool key_rope = false) {
+                   bool key_rope = false, int64_t D = 64, int64_t G = 4) {
   SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
                                     << " Sq=" << Sq << " head=" << head << " tail=" << tail
-                                    << " key_rope=" << key_rope);
-  const int64_t B = 1, H = 2, G = 4, Hq = H * G, D = 64;
+                                    << " key_rope=" << key_rope << " D=" << D << " G=" << G);
+  const int64_t B = 1, H = 2, Hq = H * G;
   AnchorKVConfig cfg;
   cfg.theta = 0.15;
   cfg.anchor_frac = 1.0 / 16;
@@ -391,6 +391,10 @@ TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
         run_rope_case(style, offset, 700, 7, false, false, key_rope);  // queries inside the compressed segment
       }
     run_rope_case(RopeStyle::kNormal, 0, 3000, 3, true, true, key_rope);  // the segment after a 1-token head
+    // Head dims with their own fast-kernel instances (128), a run-time one (96)
+    // and none (80: the general kernel); partial quads (G = 3, 6).
+    for (int64_t D : {128, 96, 80})
+      for (int64_t G : {3, 4, 6}) run_rope_case(RopeStyle::kNeox, 0, 900, 1, false, true, key_rope, D, G);
   }
 }
 

@@ -98,16 +98,18 @@ std::pair<double, double> time_pre_rope(eval::SyntheticSpec spec, const Options&
   spec.rope = false;
   spec.query_position = spec.S - 1;  // attend() places the query at the last cached position
   const eval::Workload w = eval::make_synthetic(spec);
-  AnchorKVCache compressed(bench_config(opt));
-  FullKVCache dense;
-  compressed.update(w.keys(), w.values());
-  dense.update(w.keys(), w.values());
-  const TensorView q = TensorView::f32(w.Q.data(), {1, opt.heads * opt.group, 1, opt.dim});
   AttentionOptions ao;
   ao.threads = opt.threads;
   ao.rope.enabled = true;
   ao.rope.base = spec.rope_base;
   ao.rope.style = RopeStyle::kNormal;
+  AnchorKVConfig cfg = bench_config(opt);
+  cfg.key_rope = ao.rope;  // as the runtime configures pre-RoPE caches
+  AnchorKVCache compressed(cfg);
+  FullKVCache dense;
+  compressed.update(w.keys(), w.values());
+  dense.update(w.keys(), w.values());
+  const TensorView q = TensorView::f32(w.Q.data(), {1, opt.heads * opt.group, 1, opt.dim});
   attend(q, compressed, ao);  // warm up both (and the shared cos/sin table)
   attend(q, dense, ao);
   const auto [dense_s, comp_s] = median_pair(
@@ -239,20 +241,22 @@ void run_rope(const RopeBenchOptions& opt) {
     return sum / static_cast<double>(Hq);
   };
 
-  AnchorKVConfig cfg;
-  cfg.theta = opt.theta;
-  cfg.threads = opt.threads;
-  AnchorKVCache c_post(cfg), c_pre(cfg);
-  FullKVCache f_post, f_pre;
-  c_post.update(post.keys(), post.values());
-  c_pre.update(pre.keys(), pre.values());
-  f_post.update(post.keys(), post.values());
-  f_pre.update(pre.keys(), pre.values());
   AttentionOptions plain, roped;
   plain.threads = roped.threads = opt.threads;
   roped.rope.enabled = true;
   roped.rope.base = spec.rope_base;
   roped.rope.style = RopeStyle::kNormal;
+  AnchorKVConfig cfg;
+  cfg.theta = opt.theta;
+  cfg.threads = opt.threads;
+  AnchorKVConfig cfg_pre = cfg;
+  cfg_pre.key_rope = roped.rope;  // as the runtime configures pre-RoPE caches
+  AnchorKVCache c_post(cfg), c_pre(cfg_pre);
+  FullKVCache f_post, f_pre;
+  c_post.update(post.keys(), post.values());
+  c_pre.update(pre.keys(), pre.values());
+  f_post.update(post.keys(), post.values());
+  f_pre.update(pre.keys(), pre.values());
   const double err_post = rel_error(attend(q_post, c_post, plain));
   const double err_pre = rel_error(attend(q_pre, c_pre, roped));
   const double err_dense_pre = rel_error(attend(q_pre, f_pre, roped));
