@@ -43,6 +43,12 @@ struct MetaOut {
 }  // namespace anchorkv::kernels
 #endif
 
+// The targets with 16-lane vectors and the AVX-512 intrinsics SumsOf16 uses
+// (evaluated per target: this file is compiled once for each).
+#ifndef ANCHORKV_AVX512_TARGET
+#define ANCHORKV_AVX512_TARGET (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::kernels {
 namespace HWY_NAMESPACE {
@@ -261,8 +267,7 @@ void QuadAnchorScores(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT a
     hn::StoreU(hn::Mul(hn::Set(d4, gk[i]), hn::LoadU(d4, T + ak[i] * 4)), d4, s4 + i * 4);
 }
 
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-#define ANCHORKV_SUMS_OF_16 1
+#if ANCHORKV_AVX512_TARGET
 // The sums of 16 vectors of 16 lanes, in order, in one vector: [sum(a[0]), ..., sum(a[15])].
 // Pairs of lanes, then of 64-bit halves, are added within each 128-bit block
 // (each block then holds four sources' partial sums), then blocks are paired
@@ -306,7 +311,7 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const 
   const hn::CappedTag<float, 4> d4;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
   int64_t i = 0;
-#ifdef ANCHORKV_SUMS_OF_16
+#if ANCHORKV_AVX512_TARGET
   // Four entries at once, their 16 sums in one pass (one at a time, the
   // horizontal sums took about a quarter of the kernel's samples). With D
   // known at compile time a query's row is a constant displacement from its
@@ -381,9 +386,6 @@ void QuadRopeScores(const float* HWY_RESTRICT cs4, int64_t D, const int32_t* HWY
   QuadRopeScoresD<0>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
 #endif
 }
-#ifdef ANCHORKV_SUMS_OF_16
-#undef ANCHORKV_SUMS_OF_16
-#endif
 
 bool SupportsQuadRope(int64_t D) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
@@ -405,10 +407,17 @@ void QuadSoftmax(float* HWY_RESTRICT s4, int64_t n, float* HWY_RESTRICT m4, floa
     return;
   }
   HWY_ALIGN float lanes[hn::MaxLanes(d)];
-  auto vmax = hn::Set(d, -HUGE_VALF);
+  // four running maxima: one would wait on its own latency every vector
+  auto m0 = hn::Set(d, -HUGE_VALF), m1 = m0, m2 = m0, m3 = m0;
   int64_t j = 0;
-  for (; j + N <= total; j += N) vmax = hn::Max(vmax, hn::LoadU(d, s4 + j));
-  hn::Store(vmax, d, lanes);
+  for (; j + 4 * N <= total; j += 4 * N) {
+    m0 = hn::Max(m0, hn::LoadU(d, s4 + j));
+    m1 = hn::Max(m1, hn::LoadU(d, s4 + j + N));
+    m2 = hn::Max(m2, hn::LoadU(d, s4 + j + 2 * N));
+    m3 = hn::Max(m3, hn::LoadU(d, s4 + j + 3 * N));
+  }
+  for (; j + N <= total; j += N) m0 = hn::Max(m0, hn::LoadU(d, s4 + j));
+  hn::Store(hn::Max(hn::Max(m0, m1), hn::Max(m2, m3)), d, lanes);
   for (int g = 0; g < 4; ++g) m4[g] = -HUGE_VALF;
   for (int64_t t = 0; t < N; ++t) m4[t % 4] = std::max(m4[t % 4], lanes[t]);
   for (; j < total; ++j) m4[j % 4] = std::max(m4[j % 4], s4[j]);
@@ -488,7 +497,39 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const Levels2Bit dec(levels);
-  for (int64_t j = 0; j < nr; ++j) {
+  int64_t j = 0;
+#if ANCHORKV_AVX512_TARGET
+  // Four residuals at once: each query row is loaded once for all four, and
+  // their 16 dots are summed in one pass (SumsOf16).
+  alignas(64) static constexpr int32_t kSpread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const auto spread = hn::SetTableIndices(df, kSpread);
+  const hn::CappedTag<float, 4> d4;
+  for (; j + 4 <= nr; j += 4) {
+    const uint8_t* c = codes + (slot0 + j) * cb;
+    hn::Vec<DF> acc[16];
+    for (auto& a : acc) a = hn::Zero(df);
+    for (int64_t d = 0; d < D; d += N) {
+      const auto q0 = hn::LoadU(df, rq4 + d), q1 = hn::LoadU(df, rq4 + D + d);
+      const auto q2 = hn::LoadU(df, rq4 + 2 * D + d), q3 = hn::LoadU(df, rq4 + 3 * D + d);
+#pragma GCC unroll 4
+      for (int e = 0; e < 4; ++e) {
+        const auto z = dec.at(c + e * cb, d);
+        acc[e * 4] = hn::MulAdd(q0, z, acc[e * 4]);
+        acc[e * 4 + 1] = hn::MulAdd(q1, z, acc[e * 4 + 1]);
+        acc[e * 4 + 2] = hn::MulAdd(q2, z, acc[e * 4 + 2]);
+        acc[e * 4 + 3] = hn::MulAdd(q3, z, acc[e * 4 + 3]);
+      }
+    }
+    const auto sc4 = hn::ZeroExtendVector(df, hn::ZeroExtendVector(hn::Half<DF>(), hn::LoadU(d4, zscale + j)));
+    alignas(64) float dots[16];
+    hn::Store(hn::Mul(SumsOf16(acc), hn::TableLookupLanes(sc4, spread)), df, dots);
+    for (int e = 0; e < 4; ++e) {
+      float* s = s4 + res[j + e] * 4;
+      hn::StoreU(hn::Add(hn::LoadU(d4, s), hn::Load(d4, dots + 4 * e)), d4, s);
+    }
+  }
+#endif
+  for (; j < nr; ++j) {
     const uint8_t* c = codes + (slot0 + j) * cb;
     auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (int64_t d = 0; d < D; d += N) {
@@ -1029,9 +1070,16 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   const int64_t n = r.e1 - r.e0;
   sc.ak.resize(static_cast<size_t>(n));
   sc.av.resize(static_cast<size_t>(n));
-  sc.gk.resize(static_cast<size_t>(n));
-  sc.gv.resize(static_cast<size_t>(n));
   sc.pos.resize(static_cast<size_t>(n));
+  if (!row.lists_positions()) {  // seed layout: fp32 coefficients, read in place
+    sc.gk_at = &row.k.coef[static_cast<size_t>(r.e0)];
+    sc.gv_at = &row.v.coef[static_cast<size_t>(r.e0)];
+  } else {
+    sc.gk.resize(static_cast<size_t>(n));
+    sc.gv.resize(static_cast<size_t>(n));
+    sc.gk_at = sc.gk.data();
+    sc.gv_at = sc.gv.data();
+  }
   if (row.tight()) {  // 256-entry tables per side: a code indexes its gamma
     float tk[256], tv[256];
     compress::tight_coef_table(row.k.coef_exp, tk);
@@ -1042,9 +1090,6 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   } else if (row.lists_positions()) {  // one SIMD conversion instead of one call per token
     core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(r.e0)], sc.gk.data(), n);
     core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(r.e0)], sc.gv.data(), n);
-  } else {
-    std::copy_n(&row.k.coef[static_cast<size_t>(r.e0)], n, sc.gk.data());
-    std::copy_n(&row.v.coef[static_cast<size_t>(r.e0)], n, sc.gv.data());
   }
   sc.res_k.resize(static_cast<size_t>(n));
   sc.res_v.resize(static_cast<size_t>(n));
@@ -1090,13 +1135,13 @@ void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, cons
       for (int64_t g = 0; g < nq; ++g) {
         const float* csg = cq.pair_products(g, sc.ak[i], k, D);
         s[g * n + i] =
-            (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk[i] * Ops::dot(csg, sc.cs_row.data(), D) : kNegInf;
+            (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk_at[i] * Ops::dot(csg, sc.cs_row.data(), D) : kNegInf;
       }
     }
     return;
   }
   for (int64_t g = 0; g < nq; ++g)
-    Ops::gather_scaled(cq.anchor_dot + g * k, sc.ak.data(), sc.gk.data(), n, s + g * n);
+    Ops::gather_scaled(cq.anchor_dot + g * k, sc.ak.data(), sc.gk_at, n, s + g * n);
   if (r.masked)
     for (int64_t g = 0; g < nq; ++g)
       for (int64_t i = 0; i < n; ++i)
@@ -1177,7 +1222,7 @@ void entries_chunk_impl(const CompressedQueries& cq, const compress::CompressedR
   // Values: per-anchor weights sum_t p_t gamma_t, residuals in the rotated domain.
   std::fill_n(out.acc, nq * D, 0.0f);
   std::fill_n(out.rot, nq * D, 0.0f);
-  Ops::value_weights(sc.s.data(), sc.gv.data(), sc.av.data(), nq, n, k, out.w, sc);
+  Ops::value_weights(sc.s.data(), sc.gv_at, sc.av.data(), nq, n, k, out.w, sc);
   add_value_residuals<Ops>(row, codec, r, nq, out, sc);
 }
 
@@ -1272,18 +1317,18 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
     if (cq.rope) {
       for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
       HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-      (cq.pair_products(q0, 0, k, D), D, sc.ak.data(), sc.gk.data(), sc.pos.data(), cq.table->cos.data(),
+      (cq.pair_products(q0, 0, k, D), D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
        cq.table->sin.data(), n, s4);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
     } else {
-      HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk.data(), n, s4);
+      HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4);
     }
     add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
     float m4[4], l4[4];
     HWY_DYNAMIC_DISPATCH(QuadSoftmax)(s4, n, m4, l4);
     std::fill(sc.wa.begin(), sc.wa.end(), 0.0f);
     std::fill(sc.wb.begin(), sc.wb.end(), 0.0f);
-    HWY_DYNAMIC_DISPATCH(QuadScatter)(s4, sc.av.data(), sc.gv.data(), n, sc.wa.data(), sc.wb.data());
+    HWY_DYNAMIC_DISPATCH(QuadScatter)(s4, sc.av.data(), sc.gv_at, n, sc.wa.data(), sc.wb.data());
     for (int64_t g = 0; g < gn; ++g) {
       out.m[q0 + g] = m4[g];
       out.l[q0 + g] = l4[g];

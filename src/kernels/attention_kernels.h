@@ -96,7 +96,9 @@ struct EntryRange {
 // Buffers of one entries_chunk call, reused across calls (one per thread).
 struct EntryScratch {
   std::vector<float> s;                 // [nq, n] scores, then probabilities
-  std::vector<float> gk, gv;            // [n] coefficients
+  std::vector<float> gk, gv;            // [n] coefficients decoded (compact and tight layouts)
+  const float* gk_at = nullptr;         // [n] the range's coefficients: gk / gv, or the seed
+  const float* gv_at = nullptr;         //     layout's fp32 ones where they are stored
   std::vector<int32_t> ak, av;          // [n] anchor ordinals
   std::vector<int64_t> pos;             // [n] absolute positions (masking / RoPE)
   std::vector<int32_t> res_k, res_v;    // chunk-local indices of entries with a residual
