@@ -596,6 +596,38 @@ HWY_INLINE void QuadValueResidualsNB(const uint8_t* HWY_RESTRICT codes, int64_t 
   }
 }
 
+// A whole quad (gn == 4) in passes over D of four vectors each: 16
+// accumulators in registers and every code decoded once (two queries per
+// pass decode each code twice for a quad). NB % PB == 0.
+template <int NB, int PB = (NB < 4 ? NB : 4)>
+HWY_INLINE void QuadValueResidualsFull(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                                       const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv,
+                                       int64_t ldw, float* HWY_RESTRICT rot) {
+  static_assert(NB % PB == 0);
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
+  const Levels2Bit dec(levels);
+  for (int b0 = 0; b0 < NB; b0 += PB) {
+    hn::Vec<DF> a[4][PB];
+    for (int g = 0; g < 4; ++g)
+      for (int b = 0; b < PB; ++b) a[g][b] = hn::LoadU(df, rot + g * D + (b0 + b) * N);
+    for (int64_t j = 0; j < nr; ++j) {
+      const uint8_t* c = codes + (slot0 + j) * cb;
+      const auto x0 = hn::Set(df, wv[j]), x1 = hn::Set(df, wv[ldw + j]);
+      const auto x2 = hn::Set(df, wv[2 * ldw + j]), x3 = hn::Set(df, wv[3 * ldw + j]);
+      for (int b = 0; b < PB; ++b) {
+        const auto z = dec.at(c, (b0 + b) * N);
+        a[0][b] = hn::MulAdd(x0, z, a[0][b]);
+        a[1][b] = hn::MulAdd(x1, z, a[1][b]);
+        a[2][b] = hn::MulAdd(x2, z, a[2][b]);
+        a[3][b] = hn::MulAdd(x3, z, a[3][b]);
+      }
+    }
+    for (int g = 0; g < 4; ++g)
+      for (int b = 0; b < PB; ++b) hn::StoreU(a[g][b], df, rot + g * D + (b0 + b) * N);
+  }
+}
+
 // Whether QuadValueResiduals2Bit handles head dim D on this target.
 bool SupportsQuadValueResiduals(int64_t D) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
@@ -605,7 +637,10 @@ bool SupportsQuadValueResiduals(int64_t D) {
 void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
                             const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv, int64_t ldw,
                             int64_t gn, int64_t D, float* HWY_RESTRICT rot) {
-  switch (D / static_cast<int64_t>(hn::Lanes(DF()))) {
+  const int64_t NB = D / static_cast<int64_t>(hn::Lanes(DF()));
+  if (gn == 4 && NB == 8) return QuadValueResidualsFull<8>(codes, cb, slot0, nr, levels, wv, ldw, rot);
+  if (gn == 4 && NB == 4) return QuadValueResidualsFull<4>(codes, cb, slot0, nr, levels, wv, ldw, rot);
+  switch (NB) {
     case 1:
       return QuadValueResidualsNB<1>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
     case 2:
