@@ -105,6 +105,33 @@ TEST(CacheFile, EmptyHeadOnlyAndChunkedStatesRoundTrip) {
   expect_same(before_decode, *l.caches[2], 1, 2, 16);
 }
 
+// key_rope survives a file, including the segment's start after an exact head
+// (its residuals were coded from cache position 1 on): same keys, same
+// attention with the RoPE it was coded for, the same refusal of another.
+TEST(CacheFile, KeyRopeCacheAfterAHeadRoundTrips) {
+  AnchorKVConfig cfg;
+  cfg.theta = 0.3;
+  cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 11};
+  AnchorKVCache c(cfg);
+  feed(c, 1, 2, 1, 32, 1);    // exact head
+  feed(c, 1, 2, 200, 32, 2);  // compressed from cache position 1
+  feed(c, 1, 2, 1, 32, 4);
+  ASSERT_GT(c.n_residual_total(), 0);
+  const auto bytes = serialize_caches({&c});
+  LoadedCaches l = load_caches_from_memory(bytes.data(), bytes.size());
+  ASSERT_EQ(l.caches.size(), 1u);
+  const auto& back = dynamic_cast<const AnchorKVCache&>(*l.caches[0]);
+  EXPECT_EQ(back.config().key_rope.position_offset, 11);
+  EXPECT_EQ(bits_of(c.fetch().keys), bits_of(back.fetch().keys));
+  const auto q = random_kv(1, 4, 1, 32, 5);
+  const TensorView qv = TensorView::f32(q.data(), {1, 4, 1, 32});
+  AttentionOptions o;
+  o.rope = cfg.key_rope;
+  EXPECT_EQ(attend(qv, c, o).to_f32(), attend(qv, back, o).to_f32());
+  o.rope.position_offset = 12;
+  EXPECT_THROW(attend(qv, back, o), Error);
+}
+
 TEST(CacheFile, SaveIsAtomicAndLoadReadsTheFile) {
   const auto dir = std::filesystem::temp_directory_path() / ("akvc_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
