@@ -173,6 +173,13 @@ PYBIND11_MODULE(_core, m) {
       .value("compact", MetadataLayout::kCompact)
       .value("tight", MetadataLayout::kTight);
   py::enum_<AnchorCount>(m, "AnchorCount").value("fixed", AnchorCount::kFixed).value("auto", AnchorCount::kAuto);
+  py::enum_<RopeStyle>(m, "RopeStyle").value("normal", RopeStyle::kNormal).value("neox", RopeStyle::kNeox);
+  py::class_<RopeOptions>(m, "RopeOptions")
+      .def(py::init<>())
+      .def_readwrite("enabled", &RopeOptions::enabled)
+      .def_readwrite("base", &RopeOptions::base)
+      .def_readwrite("style", &RopeOptions::style)
+      .def_readwrite("position_offset", &RopeOptions::position_offset);
 
   py::class_<AnchorKVConfig>(m, "AnchorKVConfig")
       .def(py::init<>())
@@ -188,6 +195,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("metadata", &AnchorKVConfig::metadata)
       .def_readwrite("anchor_count", &AnchorKVConfig::anchor_count)
       .def_readwrite("threads", &AnchorKVConfig::threads)
+      .def_readwrite("key_rope", &AnchorKVConfig::key_rope)
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);
 
@@ -210,12 +218,14 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "attend",
-      [](const py::handle& query, const KVCache& cache, float scale, bool f16, int threads) {
+      [](const py::handle& query, const KVCache& cache, float scale, bool f16, int threads,
+         const RopeOptions& rope) {
         ArrayView q = as_view(query, "query", "anchorkv::attend");
         AttentionOptions o;
         o.scale = scale;
         o.out_dtype = f16 ? DType::kF16 : DType::kF32;
         o.threads = threads;
+        o.rope = rope;
         Tensor out;
         {
           py::gil_scoped_release release;
@@ -224,7 +234,7 @@ PYBIND11_MODULE(_core, m) {
         return to_numpy(std::move(out));
       },
       py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false,
-      py::arg("threads") = 0);
+      py::arg("threads") = 0, py::arg("rope") = RopeOptions{});
 
   m.def(
       "serialize_caches",

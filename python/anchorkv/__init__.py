@@ -49,6 +49,21 @@ _TRIGGERS = {
 }
 
 
+_ROPE_STYLES = {"normal": _core.RopeStyle.normal, "neox": _core.RopeStyle.neox}
+
+
+def _rope_options(base, style, offset, where: str, prefix: str) -> "_core.RopeOptions":
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"[{where}] {prefix}base must be a number, got {type(base).__name__}")
+    if style not in _ROPE_STYLES:
+        raise ValueError(f"[{where}] invalid {prefix}style: must be one of {sorted(_ROPE_STYLES)}, got {style!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**62:
+        raise ValueError(f"[{where}] invalid {prefix}offset: must be an int in [0, 2**62), got {offset!r}")
+    r = _core.RopeOptions()
+    r.enabled, r.base, r.style, r.position_offset = True, float(base), _ROPE_STYLES[style], offset
+    return r
+
+
 def _pick(table, field, value):
     if value not in table:
         raise ValueError(f"[anchorkv.KVCacheConfig] invalid {field}: must be one of {sorted(table)}, got {value!r}")
@@ -75,6 +90,11 @@ class KVCacheConfig:
     anchorkv_anchor_count: "fixed" (seed: k = round(S * anchor_frac)) or "auto" (per layer,
         k * 2^i with the least estimated attention-output error within the byte budget).
     anchorkv_threads: worker threads, 0 = all cores (results are identical for any value).
+    anchorkv_key_rope_base: None (default: keys are coded as given), or, for keys given
+        BEFORE RoPE, the RoPE base attend() will apply (with anchorkv_key_rope_style "normal"
+        or "neox" and anchorkv_key_rope_offset, the position of the cache's first token):
+        key residuals are then coded at their positions and attend() scores them without
+        rotating each one per call; attend() must be given that same RoPE.
     """
 
     anchorkv_theta: float = 0.05
@@ -89,6 +109,9 @@ class KVCacheConfig:
     anchorkv_metadata: str = "seed"
     anchorkv_anchor_count: str = "fixed"
     anchorkv_threads: int = 0
+    anchorkv_key_rope_base: Optional[float] = None
+    anchorkv_key_rope_style: str = "normal"
+    anchorkv_key_rope_offset: int = 0
 
     def __post_init__(self):
         self._native()  # validates; raises ValueError / TypeError naming the field
@@ -103,7 +126,10 @@ class KVCacheConfig:
             anchorkv_residual_bits=c.residual_bits, anchorkv_seed=c.seed, anchorkv_scale=name_of(_SCALES, c.scale),
             anchorkv_allocation=name_of(_ALLOCATIONS, c.allocation),
             anchorkv_compress_at=name_of(_TRIGGERS, c.trigger), anchorkv_metadata=name_of(_METADATA, c.metadata),
-            anchorkv_anchor_count=name_of(_ANCHOR_COUNTS, c.anchor_count), anchorkv_threads=c.threads)
+            anchorkv_anchor_count=name_of(_ANCHOR_COUNTS, c.anchor_count), anchorkv_threads=c.threads,
+            anchorkv_key_rope_base=c.key_rope.base if c.key_rope.enabled else None,
+            anchorkv_key_rope_style=name_of(_ROPE_STYLES, c.key_rope.style),
+            anchorkv_key_rope_offset=c.key_rope.position_offset)
 
     def _native(self) -> "_core.AnchorKVConfig":
         c = _core.AnchorKVConfig()
@@ -129,6 +155,9 @@ class KVCacheConfig:
         c.trigger = _pick(_TRIGGERS, "anchorkv_compress_at", self.anchorkv_compress_at)
         c.metadata = _pick(_METADATA, "anchorkv_metadata", self.anchorkv_metadata)
         c.anchor_count = _pick(_ANCHOR_COUNTS, "anchorkv_anchor_count", self.anchorkv_anchor_count)
+        if self.anchorkv_key_rope_base is not None:
+            c.key_rope = _rope_options(self.anchorkv_key_rope_base, self.anchorkv_key_rope_style,
+                                       self.anchorkv_key_rope_offset, "anchorkv.KVCacheConfig", "anchorkv_key_rope_")
         c.validate()
         return c
 
@@ -385,11 +414,15 @@ def load_prompt_cache(file_name: str, return_metadata: bool = False):
     return (caches, dict(entries)) if return_metadata else caches
 
 
-def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.float32, threads: int = 0) -> np.ndarray:
+def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.float32, threads: int = 0,
+           rope_base: Optional[float] = None, rope_style: str = "normal", rope_offset: int = 0) -> np.ndarray:
     """Attention of ``query`` [B, Hq, Sq, D] over ``cache`` without building its dense K/V.
 
     Hq must be a multiple of the cache's H (GQA). The Sq queries are the cache's
     last Sq positions and attend causally. ``scale`` defaults to 1/sqrt(D).
+    With ``rope_base``, query and cached keys are taken as BEFORE RoPE and RoPE
+    is applied inside attention (pairs "normal": (2i, 2i+1), or "neox": (i, i + D/2);
+    ``rope_offset``: position of the cache's first token).
     Returns [B, Hq, Sq, D] float32 (or float16 with dtype=np.float16).
     """
     native = getattr(cache, "_cache", None)
@@ -397,8 +430,10 @@ def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.flo
         raise TypeError(f"[anchorkv.attend] cache must be an anchorkv cache, got {type(cache).__name__}")
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise ValueError(f"[anchorkv.attend] dtype must be float32 or float16, got {dtype}")
+    rope = _core.RopeOptions() if rope_base is None else _rope_options(rope_base, rope_style, rope_offset,
+                                                                        "anchorkv.attend", "rope_")
     return _core.attend(query, native, 0.0 if scale is None else float(scale), np.dtype(dtype) == np.float16,
-                        int(threads))
+                        int(threads), rope)
 
 
 _WRAPPERS.update({

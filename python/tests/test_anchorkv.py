@@ -255,6 +255,49 @@ def dense_attention(q, K, V):
     return out
 
 
+def rope(x, positions, base, style):
+    """RoPE of x [..., S, D] at the given positions, in float64."""
+    D = x.shape[-1]
+    theta = np.asarray(positions, np.float64)[:, None] * base ** (-2.0 * np.arange(D // 2) / D)
+    c, s = np.cos(theta), np.sin(theta)
+    x = x.astype(np.float64)
+    a, b = (x[..., 0::2], x[..., 1::2]) if style == "normal" else (x[..., :D // 2], x[..., D // 2:])
+    ra, rb = a * c - b * s, a * s + b * c
+    out = np.empty_like(x)
+    if style == "normal":
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    else:
+        out[..., :D // 2], out[..., D // 2:] = ra, rb
+    return out
+
+
+def test_attend_applies_rope_to_keys_given_before_it():
+    k, v = kv(B=1, H=2, S=500)
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 8, 1, 64)).astype(np.float32)
+    base, style, offset = 10000.0, "neox", 5
+    plain = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(anchorkv_theta=0.2, anchorkv_anchor_frac=1 / 16))
+    coded = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(
+        anchorkv_theta=0.2, anchorkv_anchor_frac=1 / 16, anchorkv_key_rope_base=base, anchorkv_key_rope_style=style,
+        anchorkv_key_rope_offset=offset))
+    assert coded.config.anchorkv_key_rope_base == base and coded.config.anchorkv_key_rope_offset == offset
+    for cache in (plain, coded):
+        K, V = cache.update_and_fetch(k, v)  # keys come back before RoPE either way
+        assert np.sum((K - k) ** 2) / np.sum(k ** 2) < 0.2
+        n = K.shape[2]
+        ref = dense_attention(rope(q, [offset + n - 1], base, style), rope(K, offset + np.arange(n), base, style), V)
+        y = anchorkv.attend(q, cache, rope_base=base, rope_style=style, rope_offset=offset)
+        assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) < 1e-5
+    with pytest.raises(ValueError, match="key_rope"):  # coded for one RoPE, attended with another
+        anchorkv.attend(q, coded, rope_base=base, rope_style=style, rope_offset=offset + 1)
+    with pytest.raises(ValueError, match="key_rope"):
+        anchorkv.attend(q, coded)
+    with pytest.raises(ValueError, match="style"):
+        anchorkv.attend(q, plain, rope_base=base, rope_style="sideways")
+    with pytest.raises(ValueError, match="key_rope"):
+        anchorkv.KVCacheConfig(anchorkv_key_rope_base=0.5)
+
+
 def test_attend_matches_dense_attention_on_both_caches():
     k, v = kv(B=1, H=2, S=600)
     rng = np.random.default_rng(1)
