@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -392,8 +393,8 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
                                        const RopeOptions& key_rope) {
   const int64_t S = in.S, D = in.D;
   const int64_t cb = codec.code_bytes();
-  std::shared_ptr<const core::RopeTable> angles;
-  if (key_rope.enabled) angles = core::shared_rope_table(key_rope.base, D, key_rope.position_offset + S);
+  std::optional<core::PositionRotator> to_position;
+  if (key_rope.enabled) to_position.emplace(key_rope, D, key_rope.position_offset, S);
   std::vector<CompressedRow> rows(static_cast<size_t>(in.rows()));
   core::parallel_for(in.rows(), threads, [&](int64_t row) {
     const RowAnalysis& a = analysis[row];
@@ -435,10 +436,7 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       const float gv = store_coef(out.v, layout, a.v.coef[t], m.res_v);
       if (m.res_k) {
         residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
-        if (angles) {
-          const int64_t p = key_rope.position_offset + t;
-          core::rope_rotate(r.data(), D, key_rope.style, angles->c(p), angles->s(p));
-        }
+        if (to_position) to_position->rotate(r.data(), key_rope.position_offset + t);
         codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());
         ++ik;
       }

@@ -190,18 +190,16 @@ void walk(const CompressedRow& row, A&& emit_anchor, T&& emit_token) {
   while (j < row.n_anchor) emit_anchor(p++, j++);
 }
 
-// The angles a key_rope row's key residuals were rotated by (null when off).
+// Rotates a key_rope row's key residual at token t back from its position.
 struct KeyAngles {
-  RopeOptions rope;
-  std::shared_ptr<const core::RopeTable> table;
+  int64_t offset;
+  core::PositionRotator rotator;
   static std::optional<KeyAngles> of(const CompressedRow& row, int64_t D) {
-    if (!row.key_rope.enabled) return std::nullopt;
-    return KeyAngles{row.key_rope, core::shared_rope_table(row.key_rope.base, D, row.key_rope.position_offset + row.length)};
+    const RopeOptions& r = row.key_rope;
+    if (!r.enabled) return std::nullopt;
+    return KeyAngles{r.position_offset, core::PositionRotator(r, D, r.position_offset, row.length)};
   }
-  void unrotate(float* x, int64_t D, int64_t t) const {
-    const int64_t p = rope.position_offset + t;
-    core::rope_rotate(x, D, rope.style, table->c(p), table->s(p), /*inverse=*/true);
-  }
+  void unrotate(float* x, int64_t t) const { rotator.rotate(x, offset + t, /*inverse=*/true); }
 };
 
 // out = gamma * anchor (+ decoded residual). anchors: [n_anchor, D] f32.
@@ -214,7 +212,7 @@ void decode_side(const CompressedSide& side, float g, const float* anchors, int6
   for (int64_t d = 0; d < D; ++d) out[d] = g * a[d];
   if (slot >= 0) {
     codec.decode(&side.codes[static_cast<size_t>(slot * codec.code_bytes())], side.scales[slot], tmp, scratch);
-    if (angles) angles->unrotate(tmp, D, pos);
+    if (angles) angles->unrotate(tmp, pos);
     for (int64_t d = 0; d < D; ++d) out[d] += tmp[d];
   }
 }

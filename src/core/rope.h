@@ -71,4 +71,22 @@ void rope_angles(const RopeTable& table, int64_t p, float* c, float* s);
 // Rotate x [D] in place by position p (exact sincos; for a handful of vectors).
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);
 
+// Rotations of many vectors to positions in [p0, p0 + n): angles from the
+// shared table while it stays within 2n rows, else exact sincos per call (a
+// far p0 would otherwise build a table of 4 * D * p0 bytes).
+class PositionRotator {
+ public:
+  PositionRotator(const RopeOptions& rope, int64_t D, int64_t p0, int64_t n)
+      : rope_(rope), D_(D), table_(p0 <= n ? shared_rope_table(rope.base, D, p0 + n) : nullptr) {}
+  void rotate(float* x, int64_t p, bool inverse = false) const {
+    if (table_) return rope_rotate(x, D_, rope_.style, table_->c(p), table_->s(p), inverse);
+    rope_rotate_at(x, D_, rope_, p, inverse);
+  }
+
+ private:
+  RopeOptions rope_;
+  int64_t D_;
+  std::shared_ptr<const RopeTable> table_;
+};
+
 }  // namespace anchorkv::core

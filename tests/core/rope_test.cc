@@ -68,5 +68,24 @@ TEST(RopeRotate, SimdMatchesScalarTwinForEveryLayout) {
       }
 }
 
+// Near positions come from the shared table, far ones (p0 > n) from exact
+// sincos: the same rotation either way, and inverse undoes it.
+TEST(PositionRotator, TableAndExactAnglesAgree) {
+  const int64_t D = 64;
+  const RopeOptions rope{true, 500000.0, RopeStyle::kNeox, 0};
+  const PositionRotator near(rope, D, 0, 5000), far(rope, D, 4000, 100);
+  std::vector<float> x(D);
+  for (int64_t i = 0; i < D; ++i) x[i] = static_cast<float>(std::cos(1.3 * static_cast<double>(i)));
+  for (int64_t p : {4000, 4057, 4099}) {
+    std::vector<float> a = x, b = x;
+    near.rotate(a.data(), p);
+    far.rotate(b.data(), p);
+    for (int64_t i = 0; i < D; ++i) ASSERT_NEAR(a[i], b[i], 1e-5f) << "p " << p << " i " << i;
+    EXPECT_NE(a, x);
+    far.rotate(b.data(), p, /*inverse=*/true);
+    for (int64_t i = 0; i < D; ++i) ASSERT_NEAR(b[i], x[i], 1e-5f);
+  }
+}
+
 }  // namespace
 }  // namespace anchorkv::core
