@@ -327,15 +327,18 @@ void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_
 
 // key_rope: the cache codes key residuals after RoPE (AnchorKVConfig::key_rope).
 void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail,
-                   bool key_rope = false, int64_t D = 64, int64_t G = 4) {
+                   bool key_rope = false, int64_t D = 64, int64_t G = 4,
+                   MetadataLayout layout = MetadataLayout::kSeed) {
   SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
                                     << " Sq=" << Sq << " head=" << head << " tail=" << tail
-                                    << " key_rope=" << key_rope << " D=" << D << " G=" << G);
+                                    << " key_rope=" << key_rope << " D=" << D << " G=" << G
+                                    << " layout=" << to_string(layout));
   const int64_t B = 1, H = 2, Hq = H * G;
   AnchorKVConfig cfg;
   cfg.theta = 0.15;
   cfg.anchor_frac = 1.0 / 16;
   cfg.window = 8;
+  cfg.metadata = layout;
   if (key_rope) cfg.key_rope = {true, 10000.0, style, offset};
   AnchorKVCache cache(cfg);
   FullKVCache full;
@@ -395,6 +398,8 @@ TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
     // and none (80: the general kernel); partial quads (G = 3, 6).
     for (int64_t D : {128, 96, 80})
       for (int64_t G : {3, 4, 6}) run_rope_case(RopeStyle::kNeox, 0, 900, 1, false, true, key_rope, D, G);
+    for (MetadataLayout layout : {MetadataLayout::kCompact, MetadataLayout::kTight})
+      run_rope_case(RopeStyle::kNormal, 0, 2000, 1, false, true, key_rope, 128, 4, layout);
   }
 }
 
