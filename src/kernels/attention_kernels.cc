@@ -291,6 +291,15 @@ HWY_INLINE hn::Vec<DF> SumsOf16(const hn::Vec<DF>* a) {
   };
   return pair_blocks(pair_blocks(w[0], w[1]), pair_blocks(w[2], w[3]));
 }
+
+// [x[0] x 4, x[1] x 4, x[2] x 4, x[3] x 4]: four per-entry factors over an entry's four lanes.
+HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
+  const DF df;
+  alignas(64) static constexpr int32_t kSpread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const auto x4 = hn::LoadU(hn::CappedTag<float, 4>(), x);
+  return hn::TableLookupLanes(hn::ZeroExtendVector(df, hn::ZeroExtendVector(hn::Half<DF>(), x4)),
+                              hn::SetTableIndices(df, kSpread));
+}
 #endif
 
 // Pre-RoPE keys: s4[i * 4 + g] = gk[i] * sum_t C[g, ak[i], t] cos_t(p_i) + S[g, ak[i], t] sin_t(p_i),
@@ -317,8 +326,6 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const 
   // known at compile time a query's row is a constant displacement from its
   // anchor's, so the 16 rows need four pointers, not sixteen.
   if constexpr (kD != 0) {
-    alignas(64) static constexpr int32_t kSpread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-    const auto spread = hn::SetTableIndices(df, kSpread);
     alignas(64) float cs_buf[4][2 * kD];  // cos | sin of the four positions
     for (; i + 4 <= n; i += 4) {
       const float* C[4];
@@ -346,8 +353,7 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const 
                                         hn::MulAdd(hn::LoadU(df, C[e] + g * kD + t), c, acc[e * 4 + g]));
         }
       }
-      const auto g4 = hn::ZeroExtendVector(df, hn::ZeroExtendVector(hn::Half<DF>(), hn::LoadU(d4, gk + i)));
-      hn::StoreU(hn::Mul(SumsOf16(acc), hn::TableLookupLanes(g4, spread)), df, s4 + i * 4);
+      hn::StoreU(hn::Mul(SumsOf16(acc), SpreadFour(gk + i)), df, s4 + i * 4);
     }
   }
 #endif
@@ -501,8 +507,6 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
 #if ANCHORKV_AVX512_TARGET
   // Four residuals at once: each query row is loaded once for all four, and
   // their 16 dots are summed in one pass (SumsOf16).
-  alignas(64) static constexpr int32_t kSpread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-  const auto spread = hn::SetTableIndices(df, kSpread);
   const hn::CappedTag<float, 4> d4;
   for (; j + 4 <= nr; j += 4) {
     const uint8_t* c = codes + (slot0 + j) * cb;
@@ -520,9 +524,8 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
         acc[e * 4 + 3] = hn::MulAdd(q3, z, acc[e * 4 + 3]);
       }
     }
-    const auto sc4 = hn::ZeroExtendVector(df, hn::ZeroExtendVector(hn::Half<DF>(), hn::LoadU(d4, zscale + j)));
     alignas(64) float dots[16];
-    hn::Store(hn::Mul(SumsOf16(acc), hn::TableLookupLanes(sc4, spread)), df, dots);
+    hn::Store(hn::Mul(SumsOf16(acc), SpreadFour(zscale + j)), df, dots);
     for (int e = 0; e < 4; ++e) {
       float* s = s4 + res[j + e] * 4;
       hn::StoreU(hn::Add(hn::LoadU(d4, s), hn::Load(d4, dots + 4 * e)), d4, s);
