@@ -157,19 +157,26 @@ void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, boo
 }
 
 void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, int64_t D, RopeStyle style,
-                        float* out, bool quads) {
+                        float* out) {
   const int64_t half = D / 2;
   for (int64_t g = 0; g < nq; ++g)
     for (int64_t j = 0; j < k; ++j) {
       const float* qg = q + g * D;
       const float* aj = a + j * D;
-      float* o = out + pair_products_offset(g, j, k, D, quads);
+      float* o = out + (g * k + j) * D;
       for (int64_t i = 0; i < half; ++i) {
         const int64_t x = rope_x(style, i, D), y = rope_y(style, i, D);
         o[i] = qg[x] * aj[x] + qg[y] * aj[y];
         o[half + i] = qg[y] * aj[x] - qg[x] * aj[y];
       }
     }
+}
+
+void rope_split(const float* x, int64_t D, RopeStyle style, float* out) {
+  for (int64_t i = 0; i < D / 2; ++i) {
+    out[i] = x[rope_x(style, i, D)];
+    out[D / 2 + i] = x[rope_y(style, i, D)];
+  }
 }
 
 }  // namespace anchorkv::core

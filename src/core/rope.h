@@ -54,15 +54,16 @@ void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const flo
 void rope_rotate_ref(float* x, int64_t D, RopeStyle style, const float* c, const float* s, bool inverse = false);
 
 // Per query g and anchor j, the pair products that make q . RoPE_t(a) a dot
-// with one table row: C_i = q_x a_x + q_y a_y (first D/2), S_i = q_y a_x -
-// q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin. out is
-// [nq, k, D], or with `quads` [ceil(nq / 4), k, 4, D] (a quad's four rows of
-// an anchor side by side; rows past nq are left as the caller filled them).
-inline int64_t pair_products_offset(int64_t g, int64_t j, int64_t k, int64_t D, bool quads) {
-  return quads ? (((g / 4) * k + j) * 4 + g % 4) * D : (g * k + j) * D;
-}
+// with one table row: out [nq, k, D] = C_i = q_x a_x + q_y a_y (first D/2),
+// S_i = q_y a_x - q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin.
 void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, int64_t D, RopeStyle style,
-                        float* out, bool quads = false);
+                        float* out);
+
+// x [D] with each RoPE pair's first coordinates first, then its second ones
+// (out[i] = x[rope_x(i)], out[D/2 + i] = x[rope_y(i)]): a rotation is then
+// (x, y) -> (x c - y s, x s + y c) on the two halves, and dot products are
+// unchanged when both sides are split alike.
+void rope_split(const float* x, int64_t D, RopeStyle style, float* out);
 
 // cos/sin of p * theta_i (D/2 each) from `table` by angle addition (kRopeStep):
 // equal to the row of p up to float rounding.

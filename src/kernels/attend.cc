@@ -51,8 +51,9 @@ struct RowPrep {
   std::vector<float> anchor_dot4;       // [ceil(nq / 4), k, 4] (see CompressedQueries)
   std::vector<float> rq;                // [nq, D]
   std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
-  std::vector<float> cs;                // pair products with RoPE (see CompressedQueries)
-  bool cs_quads = false;                // cs in the fast kernel's quad layout
+  std::vector<float> cs;                // with RoPE: pair products, or for the fast kernel
+  std::vector<float> rope_anchors;      // split anchors and queries (see CompressedQueries)
+  std::vector<float> rope_queries;
   std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
 };
 
@@ -266,6 +267,8 @@ void AttendCall::prepare_row(int64_t r) {
   p.ak.clear();
   p.av.clear();
   p.cs.clear();
+  p.rope_anchors.clear();
+  p.rope_queries.clear();
   p.anchor_dot.resize(static_cast<size_t>(nq_ * k));
   if (anchors_in_place_) {  // the fp16 anchors are read where they are stored
     kernels::dot_rows_f16(q, nq_, row.anchor_k.data(), k, D, p.anchor_dot.data());
@@ -285,9 +288,15 @@ void AttendCall::prepare_row(int64_t r) {
       core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos), rtab_->s(pos));
     }
     ak_scores = ak_rot.data();
-    p.cs_quads = !opt_.reference && kernels::quad_rope_supported(D);
-    p.cs.assign(static_cast<size_t>((p.cs_quads ? (nq_ + 3) / 4 * 4 : nq_) * k * D), 0.0f);
-    core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data(), p.cs_quads);
+    if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
+      p.rope_anchors.resize(static_cast<size_t>(k * D));
+      p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
+      for (int64_t j = 0; j < k; ++j) core::rope_split(&p.ak[j * D], D, rope_->style, &p.rope_anchors[j * D]);
+      for (int64_t g = 0; g < nq_; ++g) core::rope_split(q + g * D, D, rope_->style, &p.rope_queries[g * D]);
+    } else {
+      p.cs.resize(static_cast<size_t>(nq_ * k * D));
+      core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
+    }
   }
   if (!anchors_in_place_)
     (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
@@ -329,8 +338,9 @@ kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
           p.anchor_dot4.empty() ? nullptr : p.anchor_dot4.data(),
           p.rq.data(),
           rope_,
-          p.cs.data(),
-          p.cs_quads,
+          p.cs.empty() ? nullptr : p.cs.data(),
+          p.rope_anchors.empty() ? nullptr : p.rope_anchors.data(),
+          p.rope_queries.empty() ? nullptr : p.rope_queries.data(),
           rtab_.get()};
 }
 
@@ -439,7 +449,8 @@ void AttendCall::report(AttentionStats* stats) const {
                                        (ws_.pw.size() + ws_.prot.size()) * 4);
   for (const RowPrep& p : prep_)
     bytes += static_cast<int64_t>(
-        (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() + p.rq.size() + p.cs.size()) *
+        (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() + p.rq.size() + p.cs.size() +
+         p.rope_anchors.size() + p.rope_queries.size()) *
             4 +
         p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);

@@ -302,19 +302,21 @@ HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
 }
 #endif
 
-// Pre-RoPE keys: s4[i * 4 + g] = gk[i] * sum_t C[g, ak[i], t] cos_t(p_i) + S[g, ak[i], t] sin_t(p_i),
-// the anchor rotated to the entry's position p_i. cs4: the quad's pair
-// products [k, 4, D] (C | S per query; zero rows for queries past nq). The
+// Pre-RoPE keys: s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}), the
+// anchor rotated to the entry's position p_i. A: anchors [k, D] and Q: the
+// quad's queries [4, D] (zero rows past the last query), both split
+// (core::rope_split): a rotation is two multiplies and two multiply-adds per
+// 16 pairs, and each entry reads its anchor's D floats (the pair products of
+// the earlier form, four queries' worth, were 4x the bytes from L2). The
 // angles of p = p0 + j (p0 a multiple of kRopeStep) come from the table rows
 // of p0 and j by angle addition, so only every kRopeStep-th row and the first
-// kRopeStep rows are read (cache-resident) instead of one 2 * D-float row per
-// entry streamed from memory.
+// kRopeStep rows are read (cache-resident).
 #if HWY_TARGET != HWY_SCALAR
 template <int64_t kD>  // 0: D at run time
-HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const int32_t* HWY_RESTRICT ak,
-                                const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos,
-                                const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
-                                float* HWY_RESTRICT s4) {
+HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
+                                const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
+                                const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
+                                const float* HWY_RESTRICT sin_t, int64_t n, float* HWY_RESTRICT s4) {
   if constexpr (kD != 0) D = kD;
   const DF df;
   const hn::CappedTag<float, 4> d4;
@@ -322,13 +324,11 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const 
   int64_t i = 0;
 #if ANCHORKV_AVX512_TARGET
   // Four entries at once, their 16 sums in one pass (one at a time, the
-  // horizontal sums took about a quarter of the kernel's samples). With D
-  // known at compile time a query's row is a constant displacement from its
-  // anchor's, so the 16 rows need four pointers, not sixteen.
+  // horizontal sums took about a quarter of the kernel's samples).
   if constexpr (kD != 0) {
     alignas(64) float cs_buf[4][2 * kD];  // cos | sin of the four positions
     for (; i + 4 <= n; i += 4) {
-      const float* C[4];
+      const float* a[4];
       for (int e = 0; e < 4; ++e) {
         const int64_t j = pos[i + e] % kRopeStep, p0 = pos[i + e] - j;
         const float *cb = cos_t + p0 * half, *sb = sin_t + p0 * half;
@@ -339,18 +339,21 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const 
           hn::Store(hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj)), df, cs_buf[e] + t);     // cos(a + b)
           hn::Store(hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj)), df, cs_buf[e] + half + t);  // sin(a + b)
         }
-        C[e] = cs4 + ak[i + e] * 4 * kD;
+        a[e] = A + ak[i + e] * kD;
       }
       hn::Vec<DF> acc[16];
-      for (auto& a : acc) a = hn::Zero(df);
+      for (auto& x : acc) x = hn::Zero(df);
       for (int64_t t = 0; t < half; t += N) {
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
           const auto c = hn::Load(df, cs_buf[e] + t), sn = hn::Load(df, cs_buf[e] + half + t);
+          const auto ax = hn::LoadU(df, a[e] + t), ay = hn::LoadU(df, a[e] + half + t);
+          const auto rx = hn::NegMulAdd(ay, sn, hn::Mul(ax, c));  // x c - y s
+          const auto ry = hn::MulAdd(ax, sn, hn::Mul(ay, c));     // x s + y c
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g)
-            acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, C[e] + g * kD + half + t), sn,
-                                        hn::MulAdd(hn::LoadU(df, C[e] + g * kD + t), c, acc[e * 4 + g]));
+            acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, Q + g * kD + half + t), ry,
+                                        hn::MulAdd(hn::LoadU(df, Q + g * kD + t), rx, acc[e * 4 + g]));
         }
       }
       hn::StoreU(hn::Mul(SumsOf16(acc), SpreadFour(gk + i)), df, s4 + i * 4);
@@ -363,33 +366,36 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT cs4, int64_t D, const 
     const float* sb = sin_t + p0 * half;
     const float* cj = cos_t + j * half;
     const float* sj = sin_t + j * half;
-    const float* C = cs4 + ak[i] * 4 * D;
+    const float* a = A + ak[i] * D;
     auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (int64_t t = 0; t < half; t += N) {
       const auto vcb = hn::LoadU(df, cb + t), vsb = hn::LoadU(df, sb + t);
       const auto vcj = hn::LoadU(df, cj + t), vsj = hn::LoadU(df, sj + t);
       const auto c = hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj));  // cos(a + b)
       const auto sn = hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj));    // sin(a + b)
-      a0 = hn::MulAdd(hn::LoadU(df, C + half + t), sn, hn::MulAdd(hn::LoadU(df, C + t), c, a0));
-      a1 = hn::MulAdd(hn::LoadU(df, C + D + half + t), sn, hn::MulAdd(hn::LoadU(df, C + D + t), c, a1));
-      a2 = hn::MulAdd(hn::LoadU(df, C + 2 * D + half + t), sn, hn::MulAdd(hn::LoadU(df, C + 2 * D + t), c, a2));
-      a3 = hn::MulAdd(hn::LoadU(df, C + 3 * D + half + t), sn, hn::MulAdd(hn::LoadU(df, C + 3 * D + t), c, a3));
+      const auto ax = hn::LoadU(df, a + t), ay = hn::LoadU(df, a + half + t);
+      const auto rx = hn::NegMulAdd(ay, sn, hn::Mul(ax, c));
+      const auto ry = hn::MulAdd(ax, sn, hn::Mul(ay, c));
+      a0 = hn::MulAdd(hn::LoadU(df, Q + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + t), rx, a0));
+      a1 = hn::MulAdd(hn::LoadU(df, Q + D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + D + t), rx, a1));
+      a2 = hn::MulAdd(hn::LoadU(df, Q + 2 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 2 * D + t), rx, a2));
+      a3 = hn::MulAdd(hn::LoadU(df, Q + 3 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 3 * D + t), rx, a3));
     }
     hn::StoreU(hn::Mul(SumsOf4(a0, a1, a2, a3), hn::Set(d4, gk[i])), d4, s4 + i * 4);
   }
 }
 #endif
 
-void QuadRopeScores(const float* HWY_RESTRICT cs4, int64_t D, const int32_t* HWY_RESTRICT ak,
-                    const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos,
-                    const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
-                    float* HWY_RESTRICT s4) {
+void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
+                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
+                    const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
+                    const float* HWY_RESTRICT sin_t, int64_t n, float* HWY_RESTRICT s4) {
 #if HWY_TARGET == HWY_SCALAR
-  (void)cs4, (void)D, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)n, (void)s4;
+  (void)A, (void)Q, (void)D, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)n, (void)s4;
 #else
-  if (D == 128) return QuadRopeScoresD<128>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
-  if (D == 64) return QuadRopeScoresD<64>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
-  QuadRopeScoresD<0>(cs4, D, ak, gk, pos, cos_t, sin_t, n, s4);
+  if (D == 128) return QuadRopeScoresD<128>(A, Q, D, ak, gk, pos, cos_t, sin_t, n, s4);
+  if (D == 64) return QuadRopeScoresD<64>(A, Q, D, ak, gk, pos, cos_t, sin_t, n, s4);
+  QuadRopeScoresD<0>(A, Q, D, ak, gk, pos, cos_t, sin_t, n, s4);
 #endif
 }
 
@@ -1166,14 +1172,23 @@ void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, cons
   float* s = sc.s.data();
   if (cq.rope) {
     sc.cs_row.resize(static_cast<size_t>(D));
+    float* row = sc.cs_row.data();  // the pair products' cos | sin, or the anchor rotated (split rows)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t p = sc.pos[i] + cq.rope->position_offset;
-      std::copy_n(cq.table->c(p), half, sc.cs_row.data());
-      std::copy_n(cq.table->s(p), half, sc.cs_row.data() + half);
+      const float *c = cq.table->c(p), *sn = cq.table->s(p);
+      if (cq.cs) {
+        std::copy_n(c, half, row);
+        std::copy_n(sn, half, row + half);
+      } else {
+        const float* a = cq.rope_anchors + sc.ak[i] * D;
+        for (int64_t t = 0; t < half; ++t) {
+          row[t] = a[t] * c[t] - a[half + t] * sn[t];
+          row[half + t] = a[t] * sn[t] + a[half + t] * c[t];
+        }
+      }
       for (int64_t g = 0; g < nq; ++g) {
-        const float* csg = cq.pair_products(g, sc.ak[i], k, D);
-        s[g * n + i] =
-            (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk_at[i] * Ops::dot(csg, sc.cs_row.data(), D) : kNegInf;
+        const float* x = cq.cs ? cq.cs + (g * k + sc.ak[i]) * D : cq.rope_queries + g * D;
+        s[g * n + i] = (!r.masked || sc.pos[i] <= cq.qpos[g]) ? sc.gk_at[i] * Ops::dot(x, row, D) : kNegInf;
       }
     }
     return;
@@ -1355,7 +1370,7 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
     if (cq.rope) {
       for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
       HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-      (cq.pair_products(q0, 0, k, D), D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
+      (cq.rope_anchors, cq.rope_queries + q0 * D, D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
        cq.table->sin.data(), n, s4);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
     } else {
@@ -1441,7 +1456,7 @@ void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch) {
-  const bool quads = cq.rope ? cq.cs_quads : cq.anchor_dot4 != nullptr;
+  const bool quads = cq.rope ? cq.rope_anchors != nullptr : cq.anchor_dot4 != nullptr;
   if (!range.masked && quads) return entries_chunk_quads(cq, row, codec, range, out, scratch);
   entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
 }

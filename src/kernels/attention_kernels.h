@@ -52,19 +52,20 @@ struct CompressedQueries {
   const float* anchor_dot4 = nullptr;
   const float* rq;          // [ceil(nq / 4) * 4, D]  R q (rotated queries; zero rows past nq)
   // Pre-RoPE keys (rope != nullptr): q is already rotated to its position,
-  // anchor_dot uses the anchors rotated to theirs, and cs holds the pair products
-  //   per pair i: C_i = q_x a_x + q_y a_y (first D/2), S_i = q_y a_x - q_x a_y (last D/2)
-  // so that q . RoPE_t(a) = sum_i C_i cos(t theta_i) + S_i sin(t theta_i):
-  // [nq, k, D], or with cs_quads [ceil(nq / 4), k, 4, D] (zero rows past nq), the fast kernel's.
+  // anchor_dot uses the anchors rotated to theirs, and an entry's anchor score
+  // q . RoPE_t(a) comes from one of two forms of the same numbers:
+  //   cs [nq, k, D]: per pair i, C_i = q_x a_x + q_y a_y (first D/2) and
+  //     S_i = q_y a_x - q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin;
+  //   or, for the fast kernel (quad_rope_supported), split rows (core::rope_split):
+  //     rope_anchors [k, D] and rope_queries [ceil(nq / 4) * 4, D] (zero rows past nq),
+  //     each anchor rotated to the entry's position, then dotted with the quad.
   const RopeOptions* rope = nullptr;
   const float* cs = nullptr;
-  bool cs_quads = false;
+  const float* rope_anchors = nullptr;
+  const float* rope_queries = nullptr;
   const RopeTable* table = nullptr;  // covers every key position + rope->position_offset
-  const float* pair_products(int64_t g, int64_t j, int64_t k, int64_t D) const {
-    return cs + core::pair_products_offset(g, j, k, D, cs_quads);
-  }
 };
-// Whether the fast kernel reads pre-RoPE pair products in quads (cs_quads) for head dim D.
+// Whether the fast kernel takes pre-RoPE anchor scores from split rows for head dim D.
 bool quad_rope_supported(int64_t D);
 
 // Dense fp16 tokens whose keys are pre-RoPE: each key is rotated to its
