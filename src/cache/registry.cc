@@ -90,10 +90,14 @@ CacheSpec parse_cache_spec(const std::string& spec) {
   for (size_t at = colon; at != std::string::npos;) {
     const size_t next = spec.find(':', at + 1);
     const std::string mod = spec.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
-    bool* flag = mod == "pre" ? &c.pre_rope : mod == "obs" ? &c.observe : mod == "auto" ? &c.auto_anchors : nullptr;
+    bool* flag = mod == "pre"       ? &c.pre_rope
+                 : mod == "obs"     ? &c.observe
+                 : mod == "auto"    ? &c.auto_anchors
+                 : mod == "keyrope" ? &c.key_rope
+                                    : nullptr;
     if (!flag)
       core::fail(ErrorCode::kInvalidArgument, op,
-                 "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs, :auto)");
+                 "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs, :auto, :keyrope)");
     if (*flag) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + mod + "'");
     *flag = true;
     at = next;
@@ -106,6 +110,10 @@ CacheSpec parse_cache_spec(const std::string& spec) {
                "cache '" + spec + "': " + name + " ranks no token by attention, so it takes no observation queries");
   if (c.auto_anchors && !c.kind->make_auto)
     core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "': " + name + " has no anchor count to tune");
+  if (c.key_rope && (!c.pre_rope || !c.kind->make_auto))
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': :keyrope codes AnchorKV key residuals at their positions, so it needs an "
+               "AnchorKV cache with :pre");
   return c;
 }
 
@@ -119,7 +127,9 @@ std::string cache_modifier_help() {
   return "NAME:pre stores keys before RoPE (not for caches that evict); NAME:obs hands the cache the real "
          "queries of the prompt's last positions for scoring (" +
          obs + "); NAME:auto chooses the anchor count per layer within the byte budget (" + tuned +
-         "); modifiers combine, e.g. anchorkv_compact:pre:obs:auto";
+         "); NAME:pre:keyrope (AnchorKV) codes key residuals after RoPE at their positions, so decode "
+         "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); modifiers combine, e.g. "
+         "anchorkv_compact:pre:obs:auto";
 }
 
 }  // namespace anchorkv::cache

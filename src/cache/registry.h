@@ -37,12 +37,15 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 //   :obs  the runtime hands the cache the real queries of its observation
 //         window (refused for caches that rank no token by attention)
 //   :auto AnchorKV chooses its anchor count per layer (AnchorCount::kAuto)
+//   :keyrope with :pre, AnchorKV codes key residuals after RoPE at their
+//         positions (AnchorKVConfig::key_rope, set by the runtime, which knows the RoPE)
 // Throws Error(kInvalidArgument).
 struct CacheSpec {
   const CacheKind* kind = nullptr;
   bool pre_rope = false;
   bool observe = false;
   bool auto_anchors = false;
+  bool key_rope = false;
   std::string spec;  // as written
   std::unique_ptr<KVCache> make(double theta, int threads) const {
     return auto_anchors ? kind->make_auto(theta, threads) : kind->make(theta, threads);

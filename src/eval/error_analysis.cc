@@ -181,15 +181,17 @@ HeadErrors head_errors(const LayerCapture& L, const std::vector<float>& k_hat, c
 // The layer's prefix handed to a fresh cache of `spec`, as the runtime would
 // (keys in the spec's RoPE domain, the observation queries it asks for).
 std::unique_ptr<KVCache> compress_layer(const LayerCapture& L, const cache::CacheSpec& spec, double theta,
-                                        int threads, int64_t Hq, int64_t Hk, int64_t N, int64_t P, int64_t D,
+                                        int threads, const model::LlamaConfig& c, int64_t N, int64_t P,
                                         const RopeOptions& rope) {
+  const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, D = c.head_dim;
   const std::vector<float>& K = spec.pre_rope ? L.k_pre : L.k_post;
   std::vector<float> kp(static_cast<size_t>(Hk * P * D)), vp(kp.size());
   for (int64_t h = 0; h < Hk; ++h) {
     std::copy_n(&K[static_cast<size_t>(h * N * D)], P * D, &kp[static_cast<size_t>(h * P * D)]);
     std::copy_n(&L.v[static_cast<size_t>(h * N * D)], P * D, &vp[static_cast<size_t>(h * P * D)]);
   }
-  std::unique_ptr<KVCache> cache = spec.make(theta, threads);
+  std::unique_ptr<KVCache> cache =
+      spec.key_rope ? model::with_key_rope(spec.make(theta, threads), c) : spec.make(theta, threads);
   const TensorView kv_k = TensorView::f32(kp.data(), {1, Hk, P, D}), kv_v = TensorView::f32(vp.data(), {1, Hk, P, D});
   const int64_t win = spec.observation_window();
   if (win == 0) {
@@ -213,7 +215,7 @@ void layer_errors(const LayerCapture& L, const cache::CacheSpec& spec, double th
                   const model::LlamaConfig& c, int64_t l, int64_t N, int64_t P, int64_t stride, const RopeOptions& rope,
                   std::vector<HeadErrors>& out) {
   const int64_t D = c.head_dim, Hk = c.n_kv_heads, G = c.n_heads / c.n_kv_heads;
-  const std::unique_ptr<KVCache> cache = compress_layer(L, spec, theta, threads, c.n_heads, Hk, N, P, D, rope);
+  const std::unique_ptr<KVCache> cache = compress_layer(L, spec, theta, threads, c, N, P, rope);
   const KVPair rec = cache->fetch();
   const std::vector<float> k_rec = rec.keys.to_f32(), v_rec = rec.values.to_f32();
   for (int64_t h = 0; h < Hk; ++h) {
@@ -273,11 +275,13 @@ ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int
 
   const auto ref = continuation_logp(w, toks, P, cache::parse_cache_spec("full"),
                                      [](int64_t) { return std::make_unique<FullKVCache>(); }, threads);
-  out.kl_all = mean_kl(ref, continuation_logp(w, toks, P, spec, [&](int64_t) { return spec.make(theta, threads); },
-                                              threads));
+  auto make = [&] {
+    return spec.key_rope ? model::with_key_rope(spec.make(theta, threads), w.config) : spec.make(theta, threads);
+  };
+  out.kl_all = mean_kl(ref, continuation_logp(w, toks, P, spec, [&](int64_t) { return make(); }, threads));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto only_l = [&](int64_t i) -> std::unique_ptr<KVCache> {
-      if (i == l) return spec.make(theta, threads);
+      if (i == l) return make();
       return std::make_unique<FullKVCache>();
     };
     out.layers.push_back({l, mean_kl(ref, continuation_logp(w, toks, P, spec, only_l, threads)),

@@ -23,8 +23,11 @@ int32_t argmax(const std::vector<float>& logits) {
 model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
   const cache::CacheSpec c = cache::parse_cache_spec(spec);
   model::LlamaModel m(
-      w, [c, theta, threads](int64_t) { return c.make(theta, threads); }, threads,
-      c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
+      w,
+      [c, theta, threads, &w](int64_t) {
+        return c.key_rope ? model::with_key_rope(c.make(theta, threads), w.config) : c.make(theta, threads);
+      },
+      threads, c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
   m.set_observation_window(c.observation_window());
   return m;
 }

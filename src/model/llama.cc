@@ -304,10 +304,6 @@ void matmul_ref(const float* x, int64_t T, const Weight& W, float* y, Activation
   }
 }
 
-namespace {
-// Pre-RoPE keys: an AnchorKV cache is told the RoPE attention will apply, so
-// it codes key residuals after RoPE at their positions and attention scores
-// them without rotating each one every step (AnchorKVConfig::key_rope).
 std::unique_ptr<KVCache> with_key_rope(std::unique_ptr<KVCache> cache, const LlamaConfig& c) {
   const auto* a = dynamic_cast<const AnchorKVCache*>(cache.get());
   if (!a || a->config().key_rope.enabled || a->tokens_total() > 0) return cache;
@@ -315,12 +311,10 @@ std::unique_ptr<KVCache> with_key_rope(std::unique_ptr<KVCache> cache, const Lla
   cfg.key_rope = {true, c.rope_base, c.rope_style, 0};  // cache position 0 is token position 0
   return std::make_unique<AnchorKVCache>(cfg);
 }
-}  // namespace
 
 LlamaModel::LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads, KeyRope keys)
     : w_(weights), threads_(threads), keys_(keys) {
-  for (int64_t l = 0; l < w_.config.n_layers; ++l)
-    caches_.push_back(keys == KeyRope::kPreRope ? with_key_rope(make_cache(l), w_.config) : make_cache(l));
+  for (int64_t l = 0; l < w_.config.n_layers; ++l) caches_.push_back(make_cache(l));
 }
 
 void LlamaModel::restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t position) {

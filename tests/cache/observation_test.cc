@@ -185,6 +185,12 @@ TEST(ObservationQueries, CacheSpecsNameThem) {
             AnchorCount::kFixed);
   for (const char* bad : {"snapkv:auto", "full:auto", "anchorkv:auto:auto"})
     EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
+  // :keyrope: AnchorKV with pre-RoPE keys only.
+  EXPECT_TRUE(cache::parse_cache_spec("anchorkv_tight:pre:obs:auto:keyrope").key_rope);
+  EXPECT_FALSE(cache::parse_cache_spec("anchorkv_tight:pre").key_rope);
+  for (const char* bad : {"anchorkv:keyrope", "full:pre:keyrope", "quantized4:pre:keyrope", "anchorkv:pre:keyrope:keyrope"})
+    EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
+  EXPECT_NE(cache::cache_modifier_help().find(":keyrope"), std::string::npos);
 }
 
 }  // namespace

@@ -126,15 +126,34 @@ TEST_P(Models, PreRopeKeysGiveTheSameModel) {
   float diff = 0;
   for (int64_t v = 0; v < V; ++v) diff = std::max(diff, std::fabs(la[v] - lb[v]));
   EXPECT_GT(diff, 1e-3f);
-  // With pre-RoPE keys each AnchorKV cache codes key residuals for the model's RoPE.
-  for (size_t l = 0; l < b.caches().size(); ++l) {
-    const RopeOptions& kr = dynamic_cast<const AnchorKVCache&>(*b.caches()[l]).config().key_rope;
+  // Key residuals coded at their positions only when asked for (with_key_rope,
+  // the runtime's :keyrope): for the model's RoPE, and the same model within
+  // the codec's error of the plain pre-RoPE cache.
+  AnchorKVConfig with_residuals;
+  with_residuals.theta = 0.5;  // head dim 8 (stories260K) needs the tight layout's small metadata for residuals
+  with_residuals.metadata = MetadataLayout::kTight;
+  with_residuals.anchor_frac = 1.0 / 16;
+  with_residuals.window = 4;
+  auto residual_factory = [&](int64_t) { return std::make_unique<AnchorKVCache>(with_residuals); };
+  LlamaModel b2(w, residual_factory, 0, KeyRope::kPreRope);
+  LlamaModel c(w, [&](int64_t) { return with_key_rope(residual_factory(0), w.config); }, 0, KeyRope::kPreRope);
+  b2.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P));
+  c.forward(std::vector<int32_t>(tokens.begin(), tokens.begin() + P));
+  const auto lb2 = b2.forward({tokens[P]}), lc = c.forward({tokens[P]});
+  float diff_c = 0;
+  for (int64_t v = 0; v < V; ++v) diff_c = std::max(diff_c, std::fabs(lc[v] - lb2[v]));
+  EXPECT_GT(diff_c, 0.0f) << "the residual codes changed";
+  EXPECT_LT(diff_c, 0.1f * scale);
+  for (size_t l = 0; l < c.caches().size(); ++l) {
+    const RopeOptions& kr = dynamic_cast<const AnchorKVCache&>(*c.caches()[l]).config().key_rope;
     EXPECT_TRUE(kr.enabled);
     EXPECT_EQ(kr.base, w.config.rope_base);
     EXPECT_EQ(kr.style, w.config.rope_style);
     EXPECT_EQ(kr.position_offset, 0);
-    EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*a.caches()[l]).config().key_rope.enabled);
+    EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*b2.caches()[l]).config().key_rope.enabled);
   }
+  EXPECT_EQ(dynamic_cast<FullKVCache*>(with_key_rope(std::make_unique<FullKVCache>(), w.config).get()) != nullptr,
+            true) << "other caches come back as they are";
 }
 
 // With an observation window the model hands each layer's cache the real
