@@ -94,7 +94,14 @@ AnchorKVConfig bench_config(const Options& opt) {
   return cfg;
 }
 
-std::pair<double, double> time_pre_rope(eval::SyntheticSpec spec, const Options& opt) {
+// Pre-RoPE keys, RoPE in attention: dense, compressed with residuals coded as
+// given (the default), and compressed with key residuals coded at their
+// positions (AnchorKVConfig::key_rope, the runtime's :pre:keyrope), in ms.
+struct PreRopeTimes {
+  double dense_ms = 0, compressed_ms = 0, keyrope_ms = 0;
+};
+
+PreRopeTimes time_pre_rope(eval::SyntheticSpec spec, const Options& opt) {
   spec.rope = false;
   spec.query_position = spec.S - 1;  // attend() places the query at the last cached position
   const eval::Workload w = eval::make_synthetic(spec);
@@ -103,18 +110,21 @@ std::pair<double, double> time_pre_rope(eval::SyntheticSpec spec, const Options&
   ao.rope.enabled = true;
   ao.rope.base = spec.rope_base;
   ao.rope.style = RopeStyle::kNormal;
-  AnchorKVConfig cfg = bench_config(opt);
-  cfg.key_rope = ao.rope;  // as the runtime configures pre-RoPE caches
-  AnchorKVCache compressed(cfg);
+  AnchorKVConfig at_positions = bench_config(opt);
+  at_positions.key_rope = ao.rope;
+  AnchorKVCache compressed(bench_config(opt)), keyrope(at_positions);
   FullKVCache dense;
-  compressed.update(w.keys(), w.values());
-  dense.update(w.keys(), w.values());
+  for (KVCache* c : std::vector<KVCache*>{&compressed, &keyrope, &dense}) {
+    c->update(w.keys(), w.values());
+  }
   const TensorView q = TensorView::f32(w.Q.data(), {1, opt.heads * opt.group, 1, opt.dim});
-  attend(q, compressed, ao);  // warm up both (and the shared cos/sin table)
-  attend(q, dense, ao);
+  for (KVCache* c : std::vector<KVCache*>{&compressed, &keyrope, &dense}) attend(q, *c, ao);  // warm up
   const auto [dense_s, comp_s] = median_pair(
       opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, compressed, ao); });
-  return {dense_s * 1e3, comp_s * 1e3};
+  const auto [dense2_s, keyrope_s] = median_pair(
+      opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, keyrope, ao); });
+  (void)dense2_s;
+  return {dense_s * 1e3, comp_s * 1e3, keyrope_s * 1e3};
 }
 
 void run_attention(const Options& opt) {
@@ -128,9 +138,9 @@ void run_attention(const Options& opt) {
         "threads, {}\n",
         H, Hq, D, opt.theta, opt.metadata, threads, core::simd_target_name());
     fmt::print("machine read bandwidth (this run): {:.1f} GB/s\n\n", machine);
-    fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12} {:>13} {:>14}\n", "S", "dense ms",
+    fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12} {:>13} {:>14} {:>14}\n", "S", "dense ms",
                "compressed ms", "speedup", "dense GB/s", "of peak", "ratio", "compress ms", "pre dense ms",
-               "pre compr. ms");
+               "pre compr. ms", "pre keyrope ms");
   }
   for (int64_t S : opt.seqs) {
     eval::SyntheticSpec spec;
@@ -176,16 +186,17 @@ void run_attention(const Options& opt) {
                         {"residuals", compressed.n_residual_total()},
                         {"threads", threads},
                         {"reps", opt.reps}};
-    const auto [pre_dense_ms, pre_comp_ms] = time_pre_rope(spec, opt);
-    r["pre_rope_dense_ms"] = pre_dense_ms;
-    r["pre_rope_compressed_ms"] = pre_comp_ms;
+    const PreRopeTimes pre = time_pre_rope(spec, opt);
+    r["pre_rope_dense_ms"] = pre.dense_ms;
+    r["pre_rope_compressed_ms"] = pre.compressed_ms;
+    r["pre_rope_keyrope_compressed_ms"] = pre.keyrope_ms;
     rows.push_back(r);
     if (!opt.json)
       fmt::print(
           "  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f} {:>13.3f} "
-          "{:>14.3f}\n",
+          "{:>14.3f} {:>14.3f}\n",
           S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
-          compressed.compression_ratio(), compress_s * 1e3, pre_dense_ms, pre_comp_ms);
+          compressed.compression_ratio(), compress_s * 1e3, pre.dense_ms, pre.compressed_ms, pre.keyrope_ms);
   }
   if (opt.json)
     std::printf("%s\n",
@@ -249,21 +260,25 @@ void run_rope(const RopeBenchOptions& opt) {
   AnchorKVConfig cfg;
   cfg.theta = opt.theta;
   cfg.threads = opt.threads;
-  AnchorKVConfig cfg_pre = cfg;
-  cfg_pre.key_rope = roped.rope;  // as the runtime configures pre-RoPE caches
-  AnchorKVCache c_post(cfg), c_pre(cfg_pre);
+  AnchorKVConfig at_positions = cfg;  // key residuals coded at their positions (:pre:keyrope)
+  at_positions.key_rope = roped.rope;
+  AnchorKVCache c_post(cfg), c_pre(cfg), c_keyrope(at_positions);
   FullKVCache f_post, f_pre;
   c_post.update(post.keys(), post.values());
   c_pre.update(pre.keys(), pre.values());
+  c_keyrope.update(pre.keys(), pre.values());
   f_post.update(post.keys(), post.values());
   f_pre.update(pre.keys(), pre.values());
   const double err_post = rel_error(attend(q_post, c_post, plain));
   const double err_pre = rel_error(attend(q_pre, c_pre, roped));
+  const double err_keyrope = rel_error(attend(q_pre, c_keyrope, roped));
   const double err_dense_pre = rel_error(attend(q_pre, f_pre, roped));
   const auto [dense_post_s, comp_post_s] = median_pair(
       opt.reps, [&] { attend(q_post, f_post, plain); }, [&] { attend(q_post, c_post, plain); });
   const auto [dense_pre_s, comp_pre_s] = median_pair(
       opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_pre, roped); });
+  const auto [dense_pre2_s, comp_keyrope_s] = median_pair(
+      opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_keyrope, roped); });
   nlohmann::json j = {{"benchmark", "rope"},
                       {"S", S},
                       {"H", H},
@@ -283,6 +298,11 @@ void run_rope(const RopeBenchOptions& opt) {
                         {"dense_ms", dense_pre_s * 1e3},
                         {"compression_ratio", c_pre.compression_ratio()},
                         {"dense_relative_error", err_dense_pre}}},
+                      {"pre_rope_keyrope",
+                       {{"relative_error", err_keyrope},
+                        {"compressed_ms", comp_keyrope_s * 1e3},
+                        {"dense_ms", dense_pre2_s * 1e3},
+                        {"compression_ratio", c_keyrope.compression_ratio()}}},
                       {"threads", core::resolve_threads(opt.threads)}};
   if (opt.json) {
     std::printf("%s\n", j.dump(2).c_str());
@@ -297,6 +317,8 @@ void run_rope(const RopeBenchOptions& opt) {
              dense_post_s * 1e3, c_post.compression_ratio());
   fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "pre-RoPE", err_pre, comp_pre_s * 1e3,
              dense_pre_s * 1e3, c_pre.compression_ratio());
+  fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", ":keyrope", err_keyrope, comp_keyrope_s * 1e3,
+             dense_pre2_s * 1e3, c_keyrope.compression_ratio());
   fmt::print("\n  (dense fp16 attention with RoPE applied in attention: rel. error {:.2e})\n", err_dense_pre);
 }
 
