@@ -1116,8 +1116,8 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   sc.av.resize(static_cast<size_t>(n));
   sc.pos.resize(static_cast<size_t>(n));
   if (!row.lists_positions()) {  // seed layout: fp32 coefficients, read in place
-    sc.gk_at = &row.k.coef[static_cast<size_t>(r.e0)];
-    sc.gv_at = &row.v.coef[static_cast<size_t>(r.e0)];
+    sc.gk_at = row.k.coef.data() + r.e0;
+    sc.gv_at = row.v.coef.data() + r.e0;
   } else {
     sc.gk.resize(static_cast<size_t>(n));
     sc.gv.resize(static_cast<size_t>(n));
