@@ -190,8 +190,7 @@ std::unique_ptr<KVCache> compress_layer(const LayerCapture& L, const cache::Cach
     std::copy_n(&K[static_cast<size_t>(h * N * D)], P * D, &kp[static_cast<size_t>(h * P * D)]);
     std::copy_n(&L.v[static_cast<size_t>(h * N * D)], P * D, &vp[static_cast<size_t>(h * P * D)]);
   }
-  std::unique_ptr<KVCache> cache =
-      spec.key_rope ? model::with_key_rope(spec.make(theta, threads), c) : spec.make(theta, threads);
+  std::unique_ptr<KVCache> cache = make_layer_cache(spec, c, theta, threads);
   const TensorView kv_k = TensorView::f32(kp.data(), {1, Hk, P, D}), kv_v = TensorView::f32(vp.data(), {1, Hk, P, D});
   const int64_t win = spec.observation_window();
   if (win == 0) {
@@ -275,9 +274,7 @@ ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int
 
   const auto ref = continuation_logp(w, toks, P, cache::parse_cache_spec("full"),
                                      [](int64_t) { return std::make_unique<FullKVCache>(); }, threads);
-  auto make = [&] {
-    return spec.key_rope ? model::with_key_rope(spec.make(theta, threads), w.config) : spec.make(theta, threads);
-  };
+  auto make = [&] { return make_layer_cache(spec, w.config, theta, threads); };
   out.kl_all = mean_kl(ref, continuation_logp(w, toks, P, spec, [&](int64_t) { return make(); }, threads));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto only_l = [&](int64_t i) -> std::unique_ptr<KVCache> {

@@ -4,14 +4,21 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cache/registry.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 
 namespace anchorkv::eval {
+
+// One layer's cache of `spec` for a model of `config` (:keyrope: the model's
+// RoPE passed to AnchorKV, model::with_key_rope).
+std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const model::LlamaConfig& config,
+                                          double theta, int threads);
 
 // A model whose every layer holds the cache `spec` ("NAME[:pre]", cache/registry.h).
 model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads);
