@@ -56,10 +56,9 @@ HWY_INLINE void Dot4x4(DF d, const float* HWY_RESTRICT X, int64_t ldx, const flo
          hn::LoadU(d, y0 + i), hn::LoadU(d, y1 + i), hn::LoadU(d, y2 + i), hn::LoadU(d, y3 + i));
   }
   if (i < D) {
-    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
-    step(hn::MaskedLoad(m, d, x0 + i), hn::MaskedLoad(m, d, x1 + i), hn::MaskedLoad(m, d, x2 + i),
-         hn::MaskedLoad(m, d, x3 + i), hn::MaskedLoad(m, d, y0 + i), hn::MaskedLoad(m, d, y1 + i),
-         hn::MaskedLoad(m, d, y2 + i), hn::MaskedLoad(m, d, y3 + i));
+    const int64_t t = D - i;
+    step(LoadTail(d, x0 + i, t), LoadTail(d, x1 + i, t), LoadTail(d, x2 + i, t), LoadTail(d, x3 + i, t),
+         LoadTail(d, y0 + i, t), LoadTail(d, y1 + i, t), LoadTail(d, y2 + i, t), LoadTail(d, y3 + i, t));
   }
   auto put = [&](int64_t r, int64_t c, decltype(a00) v) {
     out[r * ldo + c] = hn::GetLane(hn::SumOfLanes(d, v));
@@ -161,8 +160,7 @@ HWY_INLINE float Dist1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTR
     acc = hn::MulAdd(diff, diff, acc);
   }
   if (i < D) {
-    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
-    const auto diff = hn::Sub(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i));
+    const auto diff = hn::Sub(LoadTail(d, x + i, D - i), LoadTail(d, y + i, D - i));
     acc = hn::MulAdd(diff, diff, acc);
   }
   return hn::GetLane(hn::SumOfLanes(d, acc));

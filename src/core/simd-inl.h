@@ -30,17 +30,25 @@ namespace anchorkv::core {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// One dot product: lane-parallel FMA over D, masked tail, then a lane sum.
+// The first n (< Lanes(d)) elements at p in the low lanes, zeros above; p
+// need not be aligned and nothing past p + n is read. (Highway 1.0's
+// MaskedLoad is an aligned full-vector load below AVX2: it faulted on
+// unaligned tails on SSE4 CPUs.)
+template <class D>
+HWY_INLINE hn::Vec<D> LoadTail(D d, const hn::TFromD<D>* HWY_RESTRICT p, int64_t n) {
+  HWY_ALIGN hn::TFromD<D> buf[hn::MaxLanes(D())] = {};
+  for (int64_t i = 0; i < n; ++i) buf[i] = p[i];
+  return hn::Load(d, buf);
+}
+
+// One dot product: lane-parallel FMA over D, zero-filled tail, then a lane sum.
 template <class DF>
 HWY_INLINE float Dot1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   auto acc = hn::Zero(d);
   int64_t i = 0;
   for (; i + N <= D; i += N) acc = hn::MulAdd(hn::LoadU(d, x + i), hn::LoadU(d, y + i), acc);
-  if (i < D) {
-    const auto m = hn::FirstN(d, static_cast<size_t>(D - i));
-    acc = hn::MulAdd(hn::MaskedLoad(m, d, x + i), hn::MaskedLoad(m, d, y + i), acc);
-  }
+  if (i < D) acc = hn::MulAdd(LoadTail(d, x + i, D - i), LoadTail(d, y + i, D - i), acc);
   return hn::GetLane(hn::SumOfLanes(d, acc));
 }
 

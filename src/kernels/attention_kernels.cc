@@ -78,7 +78,7 @@ float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   if (i < n) {
     const auto mask = hn::FirstN(d, static_cast<size_t>(n - i));
     // Masked-off lanes read as -inf - m -> exp = 0.
-    const auto v = hn::IfThenElse(mask, hn::MaskedLoad(mask, d, x + i), hn::Set(d, -HUGE_VALF));
+    const auto v = hn::IfThenElse(mask, core::HWY_NAMESPACE::LoadTail(d, x + i, n - i), hn::Set(d, -HUGE_VALF));
     const auto e = hn::Exp(d, hn::Sub(v, vm));
     hn::BlendedStore(e, mask, d, x + i);
     sum = hn::Add(sum, hn::IfThenElseZero(mask, e));

@@ -11,6 +11,8 @@
 #include "compress/segment.h"
 #include "kernels/causal_attention.h"
 
+#include <hwy/targets.h>
+
 namespace anchorkv {
 namespace {
 
@@ -149,6 +151,21 @@ TEST(Attention, CompressedMatchesDenseOverReconstructionSweep) {
         run_case(c);
       }
     }
+}
+
+// The dispatcher picks the best target of this CPU; force each one it has
+// (AVX-512 kernels have their own forms; the others take the generic ones).
+TEST(Attention, EverySimdTarget) {
+  int tested = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    run_case({1000, 64, 4, 1, 1, true});
+    run_case({1000, 128, 8, 1, 3, false}, MetadataLayout::kTight);
+    ++tested;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_GE(tested, 1);
 }
 
 TEST(Attention, EveryGroupBatchQueryAndTailCombinationAtSmallSize) {
