@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "anchorkv/anchorkv.h"
 #include "eval/workload.h"
@@ -51,6 +52,33 @@ void BM_DecodeAttention(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgsProduct({{4096, 32768, 131072}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The same with the layer evicted from every cache level before each call, as
+// in a model's decode step (each layer's cache is read once per token, and a
+// model's caches together exceed the last-level cache): a buffer larger than
+// this machine's L3 is read between calls, outside the timing.
+void BM_DecodeAttentionCold(benchmark::State& state) {
+  const int64_t S = state.range(0);
+  const bool compressed = state.range(1) != 0;
+  Layer& l = layer(S);
+  const TensorView q = TensorView::f32(l.w.Q.data(), {1, 32, 1, 128});
+  const KVCache& c = compressed ? static_cast<const KVCache&>(l.compressed) : l.dense;
+  static std::vector<int64_t> evict(size_t{1} << 27, 1);  // 1 GiB
+  for (auto _ : state) {
+    state.PauseTiming();
+    int64_t sum = 0;
+    for (size_t i = 0; i < evict.size(); i += 8) sum += evict[i];
+    benchmark::DoNotOptimize(sum);
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(attend(q, c).data());
+  }
+  state.SetLabel(compressed ? "anchorkv (compressed), cold" : "dense fp16, cold");
+}
+BENCHMARK(BM_DecodeAttentionCold)
+    ->ArgsProduct({{32768, 131072}, {0, 1}})
+    ->Iterations(20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

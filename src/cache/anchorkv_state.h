@@ -20,6 +20,7 @@ struct AnchorKVState {
   AnchorKVConfig config;
   cache::ExactRows head, tail;
   std::vector<compress::CompressedRow> segment;  // [B * H] or empty
+  std::vector<std::vector<int64_t>> segment_slots;  // [B * H] compress::residual_slot_index of each row
   int64_t segment_tokens = 0;                    // per row
   std::shared_ptr<const compress::ResidualCodec> codec;
   bool seen_prefill_call = false;  // a call with S > 1 happened

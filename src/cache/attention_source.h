@@ -28,6 +28,8 @@ struct CompressedRegion {
   const std::vector<compress::CompressedRow>* rows = nullptr;  // [rows]
   const compress::ResidualCodec* codec = nullptr;
   int64_t tokens = 0, pos0 = 0;
+  // compress::residual_slot_index of each row, or null (attention then counts flags)
+  const std::vector<std::vector<int64_t>>* slot_index = nullptr;
 };
 
 struct AttentionSource {

@@ -87,6 +87,20 @@ float side_coef(const CompressedSide& s, MetadataLayout layout, int64_t e) {
 float CompressedRow::coef_k(int64_t e) const { return side_coef(k, layout, e); }
 float CompressedRow::coef_v(int64_t e) const { return side_coef(v, layout, e); }
 
+std::vector<int64_t> residual_slot_index(const CompressedRow& row) {
+  const int64_t n = row.n_other();
+  std::vector<int64_t> index;
+  index.reserve(static_cast<size_t>(2 * ((n + kSlotIndexBlock - 1) / kSlotIndexBlock + 1)));
+  int64_t nk = 0, nv = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    if (e % kSlotIndexBlock == 0) index.insert(index.end(), {nk, nv});
+    nk += row.res_k(e);
+    nv += row.res_v(e);
+  }
+  index.insert(index.end(), {nk, nv});
+  return index;
+}
+
 std::vector<int32_t> CompressedRow::anchor_positions() const {
   if (lists_positions()) return anchor_pos;
   std::vector<int32_t> pos;

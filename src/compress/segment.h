@@ -182,6 +182,16 @@ struct CompressedRow {
   std::vector<int32_t> anchor_positions() const;
 };
 
+// Residual slots before every kSlotIndexBlock-th entry of a row: index[2 b]
+// K slots and index[2 b + 1] V slots before entry min(b * kSlotIndexBlock,
+// n_other), for b = 0 .. ceil(n_other / kSlotIndexBlock). Attention starts a chunk of
+// entries anywhere by reading it and counting the flags of at most one block,
+// instead of counting every flag before the chunk (a pass over the row's
+// metadata per call). Derived from the flags, kept in memory beside the row,
+// never stored.
+inline constexpr int64_t kSlotIndexBlock = 1024;
+std::vector<int64_t> residual_slot_index(const CompressedRow& row);
+
 // Reads the metadata of entries e0, e0 + 1, ... of a row in either layout.
 // With `need_before`, compact rows find anchors_before by one binary search,
 // then step it (amortised O(1) per entry); otherwise it is left 0 for them.

@@ -35,7 +35,12 @@ constexpr int64_t kMaxChunks = 16;    // chunks per region: bounds the partials
 constexpr int64_t kMinChunk = 8192;   // tokens (or entries) per chunk at least
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int64_t chunk_size(int64_t n) { return std::max<int64_t>(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks); }
+// Chunks start on the blocks of the rows' residual slot indexes.
+int64_t chunk_size(int64_t n) {
+  constexpr int64_t kB = compress::kSlotIndexBlock;
+  static_assert(kMinChunk % kB == 0);
+  return std::max<int64_t>(kMinChunk, ((n + kMaxChunks - 1) / kMaxChunks + kB - 1) / kB * kB);
+}
 
 struct Chunk {
   enum Kind { kDense, kAnchors, kEntries } kind;
@@ -165,6 +170,14 @@ class AttendCall {
   }
   bool has_c() const { return seg_ != nullptr; }
   const compress::CompressedRow& seg_row(int64_t r) const { return (*seg_->rows)[static_cast<size_t>(r)]; }
+  // Row r's residual slot index (every compressed source has one).
+  const std::vector<int64_t>& slot_index(int64_t r) const {
+    const int64_t blocks = (seg_row(r).n_other() + compress::kSlotIndexBlock - 1) / compress::kSlotIndexBlock;
+    if (!seg_->slot_index || seg_->slot_index->size() != seg_->rows->size() ||
+        static_cast<int64_t>((*seg_->slot_index)[static_cast<size_t>(r)].size()) != 2 * (blocks + 1))
+      core::fail(ErrorCode::kInvalidState, "anchorkv::attend", "a compressed segment without its residual slot index");
+    return (*seg_->slot_index)[static_cast<size_t>(r)];
+  }
   const float* row_queries(int64_t r) const { return &ws_.Q[static_cast<size_t>(r * nq_ * D_)]; }
   kernels::PartialView partial(int64_t r, int64_t c);
   kernels::CompressedQueries compressed_queries(int64_t r) const;
@@ -309,13 +322,14 @@ void AttendCall::prepare_row(int64_t r) {
   }
   p.rq.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads, zero past nq
   for (int64_t g = 0; g < nq_; ++g) seg_->codec->rotation().forward(q + g * D, &p.rq[g * D]);
-  int64_t sk = 0, sv = 0, e = 0;
+  // The residual slots before each entry chunk, from the row's slot index
+  // (chunks start on its blocks, or past the row's last entry).
+  const std::vector<int64_t>& index = slot_index(r);
   for (const Chunk& c : chunks_) {
     if (c.kind != Chunk::kEntries) continue;
     const int64_t end = std::min(c.a, row.n_other());
-    int64_t nk = 0, nv = 0;
-    if (end > e) kernels::count_residual_flags(row, e, end, &nk, &nv);
-    sk += nk, sv += nv, e = std::max(e, end);
+    const size_t b = static_cast<size_t>(end == row.n_other() ? index.size() / 2 - 1 : end / compress::kSlotIndexBlock);
+    const int64_t sk = index[2 * b], sv = index[2 * b + 1];
     p.slot_k.push_back(sk);
     p.slot_v.push_back(sv);
   }

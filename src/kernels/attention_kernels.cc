@@ -404,47 +404,60 @@ bool SupportsQuadRope(int64_t D) {
   return HWY_TARGET != HWY_SCALAR && N >= 4 && (D / 2) % N == 0;
 }
 
-// Per query g: m4[g] = max_i s4[i * 4 + g], s4 = exp(s4 - m4), l4[g] = sum.
-// Scores are finite (no masking on this path).
-void QuadSoftmax(float* HWY_RESTRICT s4, int64_t n, float* HWY_RESTRICT m4, float* HWY_RESTRICT l4) {
+// Per query g: m4[g] = max_i s4[i * 4 + g].
+void QuadMax(const float* HWY_RESTRICT s4, int64_t n, float* HWY_RESTRICT m4) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), total = 4 * n;
-  if (N % 4 != 0) {
-    for (int g = 0; g < 4; ++g) {
-      float m = -HUGE_VALF, l = 0;
-      for (int64_t i = 0; i < n; ++i) m = std::max(m, s4[i * 4 + g]);
-      for (int64_t i = 0; i < n; ++i) l += (s4[i * 4 + g] = std::exp(s4[i * 4 + g] - m));
-      m4[g] = m, l4[g] = l;
-    }
-    return;
-  }
-  HWY_ALIGN float lanes[hn::MaxLanes(d)];
-  // four running maxima: one would wait on its own latency every vector
-  auto m0 = hn::Set(d, -HUGE_VALF), m1 = m0, m2 = m0, m3 = m0;
-  int64_t j = 0;
-  for (; j + 4 * N <= total; j += 4 * N) {
-    m0 = hn::Max(m0, hn::LoadU(d, s4 + j));
-    m1 = hn::Max(m1, hn::LoadU(d, s4 + j + N));
-    m2 = hn::Max(m2, hn::LoadU(d, s4 + j + 2 * N));
-    m3 = hn::Max(m3, hn::LoadU(d, s4 + j + 3 * N));
-  }
-  for (; j + N <= total; j += N) m0 = hn::Max(m0, hn::LoadU(d, s4 + j));
-  hn::Store(hn::Max(hn::Max(m0, m1), hn::Max(m2, m3)), d, lanes);
   for (int g = 0; g < 4; ++g) m4[g] = -HUGE_VALF;
-  for (int64_t t = 0; t < N; ++t) m4[t % 4] = std::max(m4[t % 4], lanes[t]);
-  for (; j < total; ++j) m4[j % 4] = std::max(m4[j % 4], s4[j]);
-  for (int64_t t = 0; t < N; ++t) lanes[t] = m4[t % 4];
-  const auto vm = hn::Load(d, lanes);
-  auto vsum = hn::Zero(d);
-  for (j = 0; j + N <= total; j += N) {
-    const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, s4 + j), vm));
-    hn::StoreU(e, d, s4 + j);
-    vsum = hn::Add(vsum, e);
+  int64_t j = 0;
+  if (N % 4 == 0) {
+    HWY_ALIGN float lanes[hn::MaxLanes(d)];
+    // four running maxima: one would wait on its own latency every vector
+    auto m0 = hn::Set(d, -HUGE_VALF), m1 = m0, m2 = m0, m3 = m0;
+    for (; j + 4 * N <= total; j += 4 * N) {
+      m0 = hn::Max(m0, hn::LoadU(d, s4 + j));
+      m1 = hn::Max(m1, hn::LoadU(d, s4 + j + N));
+      m2 = hn::Max(m2, hn::LoadU(d, s4 + j + 2 * N));
+      m3 = hn::Max(m3, hn::LoadU(d, s4 + j + 3 * N));
+    }
+    for (; j + N <= total; j += N) m0 = hn::Max(m0, hn::LoadU(d, s4 + j));
+    hn::Store(hn::Max(hn::Max(m0, m1), hn::Max(m2, m3)), d, lanes);
+    for (int64_t t = 0; t < N; ++t) m4[t % 4] = std::max(m4[t % 4], lanes[t]);
   }
-  hn::Store(vsum, d, lanes);
-  for (int g = 0; g < 4; ++g) l4[g] = 0;
-  for (int64_t t = 0; t < N; ++t) l4[t % 4] += lanes[t];
-  for (; j < total; ++j) l4[j % 4] += (s4[j] = std::exp(s4[j] - m4[j % 4]));
+  for (; j < total; ++j) m4[j % 4] = std::max(m4[j % 4], s4[j]);
+}
+
+// The anchor scores (QuadAnchorScores) and their maxima per query (QuadMax).
+// AVX-512: four entries per vector, their table rows inserted as blocks, the
+// maxima taken on the way (no second pass over the scores).
+void QuadAnchorScoresMax(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRICT ak,
+                         const float* HWY_RESTRICT gk, int64_t n, float* HWY_RESTRICT s4, float* HWY_RESTRICT m4) {
+#if ANCHORKV_AVX512_TARGET
+  auto four = [&](int64_t e) {
+    __m512 t = _mm512_castps128_ps512(_mm_loadu_ps(T + ak[e] * 4));
+    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + ak[e + 1] * 4), 1);
+    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + ak[e + 2] * 4), 2);
+    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + ak[e + 3] * 4), 3);
+    const __m512 v = _mm512_mul_ps(t, SpreadFour(gk + e).raw);
+    _mm512_storeu_ps(s4 + e * 4, v);
+    return v;
+  };
+  __m512 mx0 = _mm512_set1_ps(-HUGE_VALF), mx1 = mx0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    mx0 = _mm512_max_ps(mx0, four(i));
+    mx1 = _mm512_max_ps(mx1, four(i + 4));
+  }
+  for (; i + 4 <= n; i += 4) mx0 = _mm512_max_ps(mx0, four(i));
+  const __m512 m = _mm512_max_ps(mx0, mx1);  // lane l holds query l % 4
+  const __m256 h = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
+  _mm_storeu_ps(m4, _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  for (; i < n; ++i)
+    for (int g = 0; g < 4; ++g) m4[g] = std::max(m4[g], s4[i * 4 + g] = gk[i] * T[ak[i] * 4 + g]);
+#else
+  QuadAnchorScores(T, ak, gk, n, s4);
+  QuadMax(s4, n, m4);
+#endif
 }
 
 // W[av[i] * 4 + g] += p4[i * 4 + g] * gv[i]: value weights per anchor, one
@@ -469,6 +482,64 @@ void QuadScatter(const float* HWY_RESTRICT p4, const int32_t* HWY_RESTRICT av, c
     float* a = W0 + av[i] * 4;
     hn::StoreU(hn::MulAdd(hn::LoadU(d4, p4 + i * 4), hn::Set(d4, gv[i]), hn::LoadU(d4, a)), d4, a);
   }
+}
+
+// The softmax's exps and the value weights in one pass: s4 = exp(s4 - m4)
+// (scores finite, m4 their maxima), l4[g] = sum of query g's, and
+// QuadScatter's W0 / W1. AVX-512: four entries per vector; the exps keep the
+// vector units busy while the scatter's read-modify-writes wait on memory.
+void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT m4, float* HWY_RESTRICT l4,
+                    const int32_t* HWY_RESTRICT av, const float* HWY_RESTRICT gv, float* HWY_RESTRICT W0,
+                    float* HWY_RESTRICT W1) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int g = 0; g < 4; ++g) l4[g] = 0;
+  int64_t i = 0;
+#if ANCHORKV_AVX512_TARGET
+  const auto vm = hn::Vec<DF>{_mm512_broadcast_f32x4(_mm_loadu_ps(m4))};
+  auto vsum = hn::Zero(d);
+  for (; i + 4 <= n; i += 4) {
+    const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, s4 + i * 4), vm));
+    hn::StoreU(e, d, s4 + i * 4);
+    vsum = hn::Add(vsum, e);
+    const __m512 pv = _mm512_mul_ps(e.raw, SpreadFour(gv + i).raw);
+    float *w0 = W0 + av[i] * 4, *w1 = W1 + av[i + 1] * 4;
+    _mm_storeu_ps(w0, _mm_add_ps(_mm_loadu_ps(w0), _mm512_castps512_ps128(pv)));
+    _mm_storeu_ps(w1, _mm_add_ps(_mm_loadu_ps(w1), _mm512_extractf32x4_ps(pv, 1)));
+    float *w2 = W0 + av[i + 2] * 4, *w3 = W1 + av[i + 3] * 4;
+    _mm_storeu_ps(w2, _mm_add_ps(_mm_loadu_ps(w2), _mm512_extractf32x4_ps(pv, 2)));
+    _mm_storeu_ps(w3, _mm_add_ps(_mm_loadu_ps(w3), _mm512_extractf32x4_ps(pv, 3)));
+  }
+  HWY_ALIGN float lanes[16];
+  hn::Store(vsum, d, lanes);
+  for (int64_t t = 0; t < 16; ++t) l4[t % 4] += lanes[t];
+  for (; i < n; ++i)
+    for (int g = 0; g < 4; ++g) {
+      const float p = s4[i * 4 + g] = std::exp(s4[i * 4 + g] - m4[g]);
+      l4[g] += p;
+      (i % 2 ? W1 : W0)[av[i] * 4 + g] += p * gv[i];
+    }
+  (void)N;
+#else
+  const int64_t total = 4 * n;
+  int64_t j = 0;
+  if (N % 4 == 0) {
+    HWY_ALIGN float lanes[hn::MaxLanes(d)];
+    for (int64_t t = 0; t < N; ++t) lanes[t] = m4[t % 4];
+    const auto vm = hn::Load(d, lanes);
+    auto vsum = hn::Zero(d);
+    for (; j + N <= total; j += N) {
+      const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, s4 + j), vm));
+      hn::StoreU(e, d, s4 + j);
+      vsum = hn::Add(vsum, e);
+    }
+    hn::Store(vsum, d, lanes);
+    for (int64_t t = 0; t < N; ++t) l4[t % 4] += lanes[t];
+  }
+  for (; j < total; ++j) l4[j % 4] += (s4[j] = std::exp(s4[j] - m4[j % 4]));
+  QuadScatter(s4, av, gv, n, W0, W1);
+  (void)i;
+#endif
 }
 
 // 2-bit residual codes (4 per byte, code i in bits 2 (i % 4) of byte i / 4)
@@ -757,48 +828,6 @@ void AccumulateRowsF16(const float* HWY_RESTRICT w, int64_t k, const uint16_t* H
 #endif
 }
 
-// Residual flags set in n words of one layout: K count, V count (the slots
-// owned by the entries before a chunk).
-template <class Layout>
-HWY_INLINE void CountFlags(const typename Layout::Word* HWY_RESTRICT w, int64_t n, int64_t* nk, int64_t* nv) {
-  using Word = typename Layout::Word;
-  const hn::ScalableTag<Word> dl;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(dl));
-  const auto fk = hn::Set(dl, Layout::kFlagK), fv = hn::Set(dl, Layout::kFlagV);
-  int64_t ck = 0, cv = 0, i = 0;
-  for (; i + N <= n; i += N) {
-    const auto v = hn::LoadU(dl, w + i);
-    ck += static_cast<int64_t>(hn::CountTrue(dl, hn::TestBit(v, fk)));
-    cv += static_cast<int64_t>(hn::CountTrue(dl, hn::TestBit(v, fv)));
-  }
-  for (; i < n; ++i) {
-    const compress::Meta m = Layout::unpack(w[i]);
-    ck += m.res_k, cv += m.res_v;
-  }
-  *nk = ck, *nv = cv;
-}
-
-// Bit 6 set in n coefficient bytes (the tight layout's residual flags).
-HWY_INLINE int64_t CountTightFlags(const uint8_t* HWY_RESTRICT c, int64_t n) {
-  const hn::ScalableTag<uint8_t> d8;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d8));
-  const auto flag = hn::Set(d8, compress::kTightResidual);
-  int64_t count = 0, i = 0;
-  for (; i + N <= n; i += N) count += static_cast<int64_t>(hn::CountTrue(d8, hn::TestBit(hn::LoadU(d8, c + i), flag)));
-  for (; i < n; ++i) count += (c[i] & compress::kTightResidual) != 0;
-  return count;
-}
-
-void CountResidualFlags(const compress::CompressedRow* row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv) {
-  if (row->tight()) {
-    *nk = CountTightFlags(row->k.coef8.data() + e0, e1 - e0);
-    *nv = CountTightFlags(row->v.coef8.data() + e0, e1 - e0);
-  } else if (row->lists_positions())
-    CountFlags<CompactMeta>(row->meta32.data() + e0, e1 - e0, nk, nv);
-  else
-    CountFlags<SeedMeta>(row->meta.data() + e0, e1 - e0, nk, nv);
-}
-
 float MaxOf(const float* HWY_RESTRICT x, int64_t n) { return core::HWY_NAMESPACE::MaxSpan(DF(), x, n); }
 
 #if ANCHORKV_HW_F16
@@ -940,15 +969,14 @@ HWY_EXPORT(ScatterAdd4);
 HWY_EXPORT(SupportsF16Rows);
 HWY_EXPORT(DotRowsF16);
 HWY_EXPORT(AccumulateRowsF16);
-HWY_EXPORT(CountResidualFlags);
 HWY_EXPORT(DecodeMetaSeed);
 HWY_EXPORT(DecodeMetaCompact);
 HWY_EXPORT(DecodeMetaTight);
-HWY_EXPORT(QuadAnchorScores);
+HWY_EXPORT(QuadAnchorScoresMax);
 HWY_EXPORT(QuadRopeScores);
 HWY_EXPORT(SupportsQuadRope);
-HWY_EXPORT(QuadSoftmax);
-HWY_EXPORT(QuadScatter);
+HWY_EXPORT(QuadMax);
+HWY_EXPORT(QuadExpScatter);
 HWY_EXPORT(QuadKeyResiduals2Bit);
 HWY_EXPORT(DecodeRows2Bit);
 HWY_EXPORT(Supports2BitRows);
@@ -1367,21 +1395,23 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
   std::fill_n(out.rot, nq * D, 0.0f);
   for (int64_t q0 = 0; q0 < nq; q0 += 4) {
     const int64_t gn = std::min<int64_t>(4, nq - q0);
+    float m4[4], l4[4];
     if (cq.rope) {
       for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
       HWY_DYNAMIC_DISPATCH(QuadRopeScores)
       (cq.rope_anchors, cq.rope_queries + q0 * D, D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
        cq.table->sin.data(), n, s4);
       for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
+      HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m4);
     } else {
-      HWY_DYNAMIC_DISPATCH(QuadAnchorScores)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4);
+      HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m4);
     }
     add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
-    float m4[4], l4[4];
-    HWY_DYNAMIC_DISPATCH(QuadSoftmax)(s4, n, m4, l4);
+    for (const int32_t i : sc.res_k)  // the scores the residuals changed
+      for (int g = 0; g < 4; ++g) m4[g] = std::max(m4[g], s4[i * 4 + g]);
     std::fill(sc.wa.begin(), sc.wa.end(), 0.0f);
     std::fill(sc.wb.begin(), sc.wb.end(), 0.0f);
-    HWY_DYNAMIC_DISPATCH(QuadScatter)(s4, sc.av.data(), sc.gv_at, n, sc.wa.data(), sc.wb.data());
+    HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, m4, l4, sc.av.data(), sc.gv_at, sc.wa.data(), sc.wb.data());
     for (int64_t g = 0; g < gn; ++g) {
       out.m[q0 + g] = m4[g];
       out.l[q0 + g] = l4[g];
@@ -1478,10 +1508,6 @@ void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t
   HWY_DYNAMIC_DISPATCH(AccumulateRowsF16)(w, k, A16, D, y);
 }
 
-void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk,
-                          int64_t* nv) {
-  HWY_DYNAMIC_DISPATCH(CountResidualFlags)(&row, e0, e1, nk, nv);
-}
 
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,
                    const float* acc_b, const float* w_b, const float* rot_b, int64_t D, int64_t k) {

@@ -128,9 +128,6 @@ bool f16_rows_supported(int64_t D);
 void dot_rows_f16(const float* q, int64_t nq, const uint16_t* A16, int64_t k, int64_t D, float* out);
 void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t D, float* y);
 
-// K and V residual flags among entries [e0, e1) of a row (SIMD count).
-void count_residual_flags(const compress::CompressedRow& row, int64_t e0, int64_t e1, int64_t* nk, int64_t* nv);
-
 // Merge partial `b` into `a` (same layout); k may be 0 and w/rot null. When a
 // is empty (m_a = -inf) its buffers are overwritten, so they need no zeroing.
 void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_a, float m_b, float l_b,

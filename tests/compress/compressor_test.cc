@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "../test_util.h"
 #include "compress/anchors.h"
@@ -286,6 +287,39 @@ TEST(Compressor, StorageMatchesSeedFormulaAndAnchorsRecover) {
     EXPECT_EQ(row.anchor_positions(), analysis[r].anchors);
     EXPECT_EQ(row.n_anchor, 25);
   }
+}
+
+// The slot index gives the K and V residual slots before every block start
+// (and before the end), in every layout, at sizes around block boundaries.
+TEST(Compressor, ResidualSlotIndexCountsTheFlagsBeforeEachBlock) {
+  std::mt19937 g(3);
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight})
+    for (int64_t n : {0, 1, 1023, 1024, 1025, 2048, 3000}) {
+      CompressedRow row;
+      row.layout = layout;
+      std::vector<bool> fk(static_cast<size_t>(n)), fv(fk.size());
+      for (int64_t e = 0; e < n; ++e) {
+        fk[e] = g() % 3 == 0, fv[e] = g() % 5 == 0;
+        if (layout == MetadataLayout::kSeed)
+          row.meta.push_back(uint64_t{fk[e]} << 60 | uint64_t{fv[e]} << 61);
+        else if (layout == MetadataLayout::kCompact)
+          row.meta32.push_back(uint32_t{fk[e]} << 15 | uint32_t{fv[e]} << 31);
+        else {
+          row.meta16.push_back(0);
+          row.k.coef8.push_back(fk[e] ? kTightResidual : 0);
+          row.v.coef8.push_back(fv[e] ? kTightResidual : 0);
+        }
+      }
+      ASSERT_EQ(row.n_other(), n);
+      const std::vector<int64_t> index = residual_slot_index(row);
+      const int64_t blocks = (n + kSlotIndexBlock - 1) / kSlotIndexBlock;
+      ASSERT_EQ(static_cast<int64_t>(index.size()), 2 * (blocks + 1)) << "n " << n;
+      for (int64_t b = 0; b <= blocks; ++b) {
+        const int64_t end = std::min(b * kSlotIndexBlock, n);
+        EXPECT_EQ(index[2 * b], std::count(fk.begin(), fk.begin() + end, true)) << "n " << n << " block " << b;
+        EXPECT_EQ(index[2 * b + 1], std::count(fv.begin(), fv.begin() + end, true)) << "n " << n << " block " << b;
+      }
+    }
 }
 
 // key_rope changes the key residual codes only: each codes RoPE_t(r) at the

@@ -84,13 +84,13 @@ struct Case {
   bool tail;
 };
 
-void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed) {
+void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, double anchor_frac = 1.0 / 16) {
   SCOPED_TRACE(::testing::Message() << "S=" << c.S << " D=" << c.D << " G=" << c.G << " B=" << c.B
                                     << " Sq=" << c.Sq << " tail=" << c.tail);
   const int64_t H = 2, Hq = H * c.G;
   AnchorKVConfig cfg;
   cfg.theta = 0.15;  // residuals on K and V
-  cfg.anchor_frac = 1.0 / 16;
+  cfg.anchor_frac = anchor_frac;
   cfg.window = 8;
   cfg.metadata = layout;
   AnchorKVCache cache(cfg);
@@ -151,6 +151,13 @@ TEST(Attention, CompressedMatchesDenseOverReconstructionSweep) {
         run_case(c);
       }
     }
+}
+
+// Rows longer than one chunk of entries (8192): chunks after the first start
+// from the residual slots the row's slot index gives.
+TEST(Attention, SeveralEntryChunksPerRow) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight})
+    run_case({20000, 64, 4, 1, 1, true}, layout, 1.0 / 128);
 }
 
 // The dispatcher picks the best target of this CPU; force each one it has
