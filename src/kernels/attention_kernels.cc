@@ -124,10 +124,6 @@ void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, i
 }
 
 // ---- Entry metadata without positions (MetaOut).
-HWY_INLINE void PushSetBits(uint64_t bits, int64_t i0, int32_t* out, int64_t& count) {
-  for (; bits != 0; bits &= bits - 1)
-    out[count++] = static_cast<int32_t>(i0 + hwy::Num0BitsBelowLS1Bit_Nonzero64(bits));
-}
 
 // The seed and compact layouts' bit fields (compress/segment.h; the tight
 // layout has its own decoder below).
@@ -144,36 +140,53 @@ struct CompactMeta {  // anchor K in bits 0..14, K residual 15, anchor V 16..30,
   static compress::Meta unpack(Word w) { return compress::unpack_meta32(w); }
 };
 
+// Per step, the entries of one 32-bit vector: their ordinals widened or cut
+// to 32 bits, and the indices of the flagged ones compressed into the
+// residual lists (vpcompressd on AVX-512; a loop over the set bits had cost
+// a mispredicted branch every few entries).
 template <class Layout>
 HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   using Word = typename Layout::Word;
-  const hn::ScalableTag<Word> dw;
-  const hn::Rebind<uint32_t, decltype(dw)> d32;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(dw));
+  const hn::ScalableTag<int32_t> d32;
+  const hn::Repartition<Word, decltype(d32)> dw;
+  const hn::Rebind<uint32_t, decltype(dw)> dn;  // a word vector's lanes as 32 bits
+  const int64_t N32 = static_cast<int64_t>(hn::Lanes(d32)), NW = static_cast<int64_t>(hn::Lanes(dw));
+  constexpr int kWordsPerStep = sizeof(Word) / 4;
   const auto field = hn::Set(dw, Layout::kField);
   const auto flag_k = hn::Set(dw, Layout::kFlagK), flag_v = hn::Set(dw, Layout::kFlagV);
   auto to32 = [&](auto v) {
     if constexpr (sizeof(Word) == 8) {
-      return hn::TruncateTo(d32, v);
+      return hn::TruncateTo(dn, v);
     } else {
       return v;
     }
   };
+  const auto iota = hn::Iota(d32, 0);
   int64_t i = 0;
-  uint8_t bits[8] = {};
-  if (N <= 64) {
-    for (; i + N <= n; i += N) {
-      const auto v = hn::LoadU(dw, w + i);
-      hn::StoreU(to32(hn::And(v, field)), d32, reinterpret_cast<uint32_t*>(out->ak + i));
-      hn::StoreU(to32(hn::And(hn::ShiftRight<Layout::kVShift>(v), field)), d32,
-                 reinterpret_cast<uint32_t*>(out->av + i));
+  if (N32 <= 64 && NW * kWordsPerStep == N32) {  // (one-lane targets: the scalar loop)
+    for (; i + N32 <= n; i += N32) {
       uint64_t mk = 0, mv = 0;
-      hn::StoreMaskBits(dw, hn::TestBit(v, flag_k), bits);
-      std::memcpy(&mk, bits, (N + 7) / 8);
-      hn::StoreMaskBits(dw, hn::TestBit(v, flag_v), bits);
-      std::memcpy(&mv, bits, (N + 7) / 8);
-      PushSetBits(mk, i, out->res_k, out->nk);
-      PushSetBits(mv, i, out->res_v, out->nv);
+      for (int h = 0; h < kWordsPerStep; ++h) {
+        const int64_t e = i + h * NW;
+        const auto v = hn::LoadU(dw, w + e);
+        hn::StoreU(to32(hn::And(v, field)), dn, reinterpret_cast<uint32_t*>(out->ak + e));
+        hn::StoreU(to32(hn::And(hn::ShiftRight<Layout::kVShift>(v), field)), dn,
+                   reinterpret_cast<uint32_t*>(out->av + e));
+        uint8_t bits[8] = {};
+        uint64_t b = 0;
+        hn::StoreMaskBits(dw, hn::TestBit(v, flag_k), bits);
+        std::memcpy(&b, bits, 8);
+        mk |= b << (h * NW);
+        hn::StoreMaskBits(dw, hn::TestBit(v, flag_v), bits);
+        std::memcpy(&b, bits, 8);
+        mv |= b << (h * NW);
+      }
+      uint8_t bytes[8];
+      const auto idx = hn::Add(iota, hn::Set(d32, static_cast<int32_t>(i)));
+      std::memcpy(bytes, &mk, 8);
+      out->nk += static_cast<int64_t>(hn::CompressBlendedStore(idx, hn::LoadMaskBits(d32, bytes), d32, out->res_k + out->nk));
+      std::memcpy(bytes, &mv, 8);
+      out->nv += static_cast<int64_t>(hn::CompressBlendedStore(idx, hn::LoadMaskBits(d32, bytes), d32, out->res_v + out->nv));
     }
   }
   for (; i < n; ++i) {
@@ -194,26 +207,22 @@ void DecodeMetaCompact(const uint32_t* HWY_RESTRICT w, int64_t n, MetaOut* out) 
 // side's coefficient byte; all widened to 32-bit lanes.
 void DecodeMetaTight(const uint16_t* HWY_RESTRICT w, const uint8_t* HWY_RESTRICT ck, const uint8_t* HWY_RESTRICT cv,
                      int64_t n, MetaOut* out) {
-  const hn::ScalableTag<uint32_t> d32;
+  const hn::ScalableTag<int32_t> d32;
   const hn::Rebind<uint16_t, decltype(d32)> d16;
   const hn::Rebind<uint8_t, decltype(d32)> d8;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d32));
-  const auto field = hn::Set(d32, 0xFFu), flag = hn::Set(d32, uint32_t{compress::kTightResidual});
+  const auto field = hn::Set(d32, 0xFF), flag = hn::Set(d32, int32_t{compress::kTightResidual});
+  const auto iota = hn::Iota(d32, 0);
   int64_t i = 0;
-  uint8_t bits[8] = {};
-  if (N <= 64) {
-    for (; i + N <= n; i += N) {
-      const auto v = hn::PromoteTo(d32, hn::LoadU(d16, w + i));
-      hn::StoreU(hn::And(v, field), d32, reinterpret_cast<uint32_t*>(out->ak + i));
-      hn::StoreU(hn::ShiftRight<8>(v), d32, reinterpret_cast<uint32_t*>(out->av + i));
-      uint64_t mk = 0, mv = 0;
-      hn::StoreMaskBits(d32, hn::TestBit(hn::PromoteTo(d32, hn::LoadU(d8, ck + i)), flag), bits);
-      std::memcpy(&mk, bits, (N + 7) / 8);
-      hn::StoreMaskBits(d32, hn::TestBit(hn::PromoteTo(d32, hn::LoadU(d8, cv + i)), flag), bits);
-      std::memcpy(&mv, bits, (N + 7) / 8);
-      PushSetBits(mk, i, out->res_k, out->nk);
-      PushSetBits(mv, i, out->res_v, out->nv);
-    }
+  for (; i + N <= n; i += N) {  // as DecodeMetaWords: flagged indices compressed into the lists
+    const auto v = hn::BitCast(d32, hn::PromoteTo(hn::RebindToUnsigned<decltype(d32)>(), hn::LoadU(d16, w + i)));
+    hn::StoreU(hn::And(v, field), d32, out->ak + i);
+    hn::StoreU(hn::ShiftRight<8>(v), d32, out->av + i);
+    const auto idx = hn::Add(iota, hn::Set(d32, static_cast<int32_t>(i)));
+    const auto fk = hn::TestBit(hn::BitCast(d32, hn::PromoteTo(hn::RebindToUnsigned<decltype(d32)>(), hn::LoadU(d8, ck + i))), flag);
+    const auto fv = hn::TestBit(hn::BitCast(d32, hn::PromoteTo(hn::RebindToUnsigned<decltype(d32)>(), hn::LoadU(d8, cv + i))), flag);
+    out->nk += static_cast<int64_t>(hn::CompressBlendedStore(idx, fk, d32, out->res_k + out->nk));
+    out->nv += static_cast<int64_t>(hn::CompressBlendedStore(idx, fv, d32, out->res_v + out->nv));
   }
   for (; i < n; ++i) {
     const compress::Meta m = compress::unpack_meta16(w[i], ck[i], cv[i]);

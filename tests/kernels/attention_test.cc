@@ -169,6 +169,7 @@ TEST(Attention, EverySimdTarget) {
     SCOPED_TRACE(hwy::TargetName(target));
     run_case({1000, 64, 4, 1, 1, true});
     run_case({1000, 128, 8, 1, 3, false}, MetadataLayout::kTight);
+    run_case({1000, 80, 4, 1, 1, false}, MetadataLayout::kCompact);
     ++tested;
   }
   hwy::SetSupportedTargetsForTest(0);
