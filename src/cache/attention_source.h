@@ -28,7 +28,7 @@ struct CompressedRegion {
   const std::vector<compress::CompressedRow>* rows = nullptr;  // [rows]
   const compress::ResidualCodec* codec = nullptr;
   int64_t tokens = 0, pos0 = 0;
-  // compress::residual_slot_index of each row, or null (attention then counts flags)
+  // compress::residual_slot_index of each row (attention refuses a segment without)
   const std::vector<std::vector<int64_t>>* slot_index = nullptr;
 };
 

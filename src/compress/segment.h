@@ -184,11 +184,11 @@ struct CompressedRow {
 
 // Residual slots before every kSlotIndexBlock-th entry of a row: index[2 b]
 // K slots and index[2 b + 1] V slots before entry min(b * kSlotIndexBlock,
-// n_other), for b = 0 .. ceil(n_other / kSlotIndexBlock). Attention starts a chunk of
-// entries anywhere by reading it and counting the flags of at most one block,
+// n_other), for b = 0 .. ceil(n_other / kSlotIndexBlock). Attention starts
+// its chunks of entries on these blocks and reads a chunk's first slots here
 // instead of counting every flag before the chunk (a pass over the row's
-// metadata per call). Derived from the flags, kept in memory beside the row,
-// never stored.
+// metadata per call). Derived from the flags, kept in memory beside the row
+// (docs/storage.md), never stored.
 inline constexpr int64_t kSlotIndexBlock = 1024;
 std::vector<int64_t> residual_slot_index(const CompressedRow& row);
 
