@@ -655,65 +655,35 @@ bool Supports2BitRows(int64_t D) { return Levels2Bit::supported(D); }
 
 // Value residuals of a quad, decoded in registers:
 //   rot[g, :] += wv[g * ldw + j] * levels(codes of slot slot0 + j)   for g < gn, j < nr.
-// Two queries per pass keep 2 * NB accumulators in registers.
-template <int NB>
-HWY_INLINE void QuadValueResidualsNB(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
-                                     const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv,
-                                     int64_t ldw, int64_t gn, float* HWY_RESTRICT rot) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
-  const Levels2Bit dec(levels);
-  for (int64_t g0 = 0; g0 < gn; g0 += 2) {
-    const float* w0 = wv + g0 * ldw;
-    const float* w1 = g0 + 1 < gn ? w0 + ldw : w0;
-    hn::Vec<DF> a0[NB], a1[NB];
-    for (int b = 0; b < NB; ++b) a0[b] = hn::LoadU(df, rot + g0 * D + b * N);
-    for (int b = 0; b < NB; ++b)
-      a1[b] = g0 + 1 < gn ? hn::LoadU(df, rot + (g0 + 1) * D + b * N) : hn::Zero(df);
-    for (int64_t j = 0; j < nr; ++j) {
-      const uint8_t* c = codes + (slot0 + j) * cb;
-      const auto x0 = hn::Set(df, w0[j]), x1 = hn::Set(df, w1[j]);
-      for (int b = 0; b < NB; ++b) {
-        const auto z = dec.at(c, b * N);
-        a0[b] = hn::MulAdd(x0, z, a0[b]);
-        a1[b] = hn::MulAdd(x1, z, a1[b]);
-      }
-    }
-    for (int b = 0; b < NB; ++b) hn::StoreU(a0[b], df, rot + g0 * D + b * N);
-    if (g0 + 1 < gn)
-      for (int b = 0; b < NB; ++b) hn::StoreU(a1[b], df, rot + (g0 + 1) * D + b * N);
-  }
-}
-
-// A whole quad (gn == 4) in passes over D of four vectors each: 16
-// accumulators in registers and every code decoded once (two queries per
-// pass decode each code twice for a quad). NB % PB == 0.
-template <int NB, int PB = (NB < 4 ? NB : 4)>
-HWY_INLINE void QuadValueResidualsFull(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+// Passes of QP queries over PB vectors of D keep QP * PB accumulators in
+// registers; each code is decoded once per pass, so a whole quad (QP = 4)
+// decodes it once per block of PB vectors. Query rows past gn get zero
+// weights and are not stored.
+template <int QP, int PB>
+HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
                                        const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv,
-                                       int64_t ldw, float* HWY_RESTRICT rot) {
-  static_assert(NB % PB == 0);
+                                       int64_t ldw, int64_t gn, int64_t NB, float* HWY_RESTRICT rot) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
   const Levels2Bit dec(levels);
-  for (int b0 = 0; b0 < NB; b0 += PB) {
-    hn::Vec<DF> a[4][PB];
-    for (int g = 0; g < 4; ++g)
-      for (int b = 0; b < PB; ++b) a[g][b] = hn::LoadU(df, rot + g * D + (b0 + b) * N);
-    for (int64_t j = 0; j < nr; ++j) {
-      const uint8_t* c = codes + (slot0 + j) * cb;
-      const auto x0 = hn::Set(df, wv[j]), x1 = hn::Set(df, wv[ldw + j]);
-      const auto x2 = hn::Set(df, wv[2 * ldw + j]), x3 = hn::Set(df, wv[3 * ldw + j]);
-      for (int b = 0; b < PB; ++b) {
-        const auto z = dec.at(c, (b0 + b) * N);
-        a[0][b] = hn::MulAdd(x0, z, a[0][b]);
-        a[1][b] = hn::MulAdd(x1, z, a[1][b]);
-        a[2][b] = hn::MulAdd(x2, z, a[2][b]);
-        a[3][b] = hn::MulAdd(x3, z, a[3][b]);
+  for (int64_t g0 = 0; g0 < gn; g0 += QP) {
+    const int64_t qn = std::min<int64_t>(QP, gn - g0);
+    for (int64_t b0 = 0; b0 < NB; b0 += PB) {
+      hn::Vec<DF> a[QP][PB];
+      for (int q = 0; q < QP; ++q)
+        for (int b = 0; b < PB; ++b) a[q][b] = q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df);
+      for (int64_t j = 0; j < nr; ++j) {
+        const uint8_t* c = codes + (slot0 + j) * cb;
+        hn::Vec<DF> x[QP];
+        for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, q < qn ? wv[(g0 + q) * ldw + j] : 0.0f);
+        for (int b = 0; b < PB; ++b) {
+          const auto z = dec.at(c, (b0 + b) * N);
+          for (int q = 0; q < QP; ++q) a[q][b] = hn::MulAdd(x[q], z, a[q][b]);
+        }
       }
+      for (int q = 0; q < qn; ++q)
+        for (int b = 0; b < PB; ++b) hn::StoreU(a[q][b], df, rot + (g0 + q) * D + (b0 + b) * N);
     }
-    for (int g = 0; g < 4; ++g)
-      for (int b = 0; b < PB; ++b) hn::StoreU(a[g][b], df, rot + g * D + (b0 + b) * N);
   }
 }
 
@@ -727,25 +697,26 @@ void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64
                             const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv, int64_t ldw,
                             int64_t gn, int64_t D, float* HWY_RESTRICT rot) {
   const int64_t NB = D / static_cast<int64_t>(hn::Lanes(DF()));
-  if (gn == 4 && NB == 8) return QuadValueResidualsFull<8>(codes, cb, slot0, nr, levels, wv, ldw, rot);
-  if (gn == 4 && NB == 4) return QuadValueResidualsFull<4>(codes, cb, slot0, nr, levels, wv, ldw, rot);
+  // A whole quad in blocks of four vectors (16 accumulators); otherwise two
+  // queries over all of D (NB <= 8).
+  if (gn == 4 && NB % 4 == 0) return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
   switch (NB) {
     case 1:
-      return QuadValueResidualsNB<1>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 1>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     case 2:
-      return QuadValueResidualsNB<2>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 2>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     case 3:
-      return QuadValueResidualsNB<3>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 3>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     case 4:
-      return QuadValueResidualsNB<4>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 4>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     case 5:
-      return QuadValueResidualsNB<5>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 5>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     case 6:
-      return QuadValueResidualsNB<6>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 6>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     case 7:
-      return QuadValueResidualsNB<7>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 7>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
     default:
-      return QuadValueResidualsNB<8>(codes, cb, slot0, nr, levels, wv, ldw, gn, rot);
+      return QuadValueResidualsPass<2, 8>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
   }
 }
 
