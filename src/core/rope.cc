@@ -10,6 +10,7 @@
 #define HWY_TARGET_INCLUDE "core/rope.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "core/simd-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -35,8 +36,8 @@ int64_t RopeRotatePairs(float* HWY_RESTRICT x, int64_t D, int neox, const float*
     } else {
       hn::LoadInterleaved2(d, x + 2 * i, xa, xb);
     }
-    const auto ra = hn::NegMulAdd(xb, vs, hn::Mul(xa, vc));  // x c - y s
-    const auto rb = hn::MulAdd(xa, vs, hn::Mul(xb, vc));     // x s + y c
+    hn::Vec<decltype(d)> ra, rb;
+    RotatePairs(xa, xb, vc, vs, ra, rb);
     if (neox) {
       hn::StoreU(ra, d, x + i);
       hn::StoreU(rb, d, x + half + i);
@@ -54,10 +55,10 @@ void AddAngles(const float* HWY_RESTRICT ca, const float* HWY_RESTRICT sa, const
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t i = 0;
   for (; i + N <= half; i += N) {
-    const auto vca = hn::LoadU(d, ca + i), vsa = hn::LoadU(d, sa + i);
-    const auto vcb = hn::LoadU(d, cb + i), vsb = hn::LoadU(d, sb + i);
-    hn::StoreU(hn::NegMulAdd(vsa, vsb, hn::Mul(vca, vcb)), d, c + i);
-    hn::StoreU(hn::MulAdd(vsa, vcb, hn::Mul(vca, vsb)), d, s + i);
+    hn::Vec<decltype(d)> vc, vs;
+    RotatePairs(hn::LoadU(d, cb + i), hn::LoadU(d, sb + i), hn::LoadU(d, ca + i), hn::LoadU(d, sa + i), vc, vs);
+    hn::StoreU(vc, d, c + i);
+    hn::StoreU(vs, d, s + i);
   }
   for (; i < half; ++i) {
     c[i] = ca[i] * cb[i] - sa[i] * sb[i];

@@ -1,5 +1,5 @@
 // Per-target SIMD helpers shared by the Highway translation units
-// (core/linalg.cc, core/convert.cc, kernels/attention_kernels.cc,
+// (core/linalg.cc, core/convert.cc, core/rope.cc, kernels/attention_kernels.cc,
 // kernels/causal_attention.cc). Include it
 // after "hwy/highway.h" in a file compiled through hwy/foreach_target.h: the
 // guard below toggles per target, the Highway "-inl.h" convention.
@@ -39,6 +39,15 @@ HWY_INLINE hn::Vec<D> LoadTail(D d, const hn::TFromD<D>* HWY_RESTRICT p, int64_t
   HWY_ALIGN hn::TFromD<D> buf[hn::MaxLanes(D())] = {};
   for (int64_t i = 0; i < n; ++i) buf[i] = p[i];
   return hn::Load(d, buf);
+}
+
+// Pairs (x, y) rotated by angles with cosines c and sines s:
+// (x c - y s, x s + y c). With (x, y) = (cos b, sin b) and (c, s) the cosines
+// and sines of a, this is the angle sum: (cos(a + b), sin(a + b)).
+template <class V>
+HWY_INLINE void RotatePairs(V x, V y, V c, V s, V& rx, V& ry) {
+  rx = hn::NegMulAdd(y, s, hn::Mul(x, c));
+  ry = hn::MulAdd(x, s, hn::Mul(y, c));
 }
 
 // One dot product: lane-parallel FMA over D, zero-filled tail, then a lane sum.

@@ -302,9 +302,11 @@ void AttendCall::prepare_row(int64_t r) {
     }
     ak_scores = ak_rot.data();
     if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
-      p.rope_anchors.resize(static_cast<size_t>(k * D));
       p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
-      for (int64_t j = 0; j < k; ++j) core::rope_split(&p.ak[j * D], D, rope_->style, &p.rope_anchors[j * D]);
+      if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
+        p.rope_anchors.resize(static_cast<size_t>(k * D));
+        for (int64_t j = 0; j < k; ++j) core::rope_split(&p.ak[j * D], D, rope_->style, &p.rope_anchors[j * D]);
+      }
       for (int64_t g = 0; g < nq_; ++g) core::rope_split(q + g * D, D, rope_->style, &p.rope_queries[g * D]);
     } else {
       p.cs.resize(static_cast<size_t>(nq_ * k * D));
@@ -353,7 +355,9 @@ kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
           p.rq.data(),
           rope_,
           p.cs.empty() ? nullptr : p.cs.data(),
-          p.rope_anchors.empty() ? nullptr : p.rope_anchors.data(),
+          p.rope_queries.empty()   ? nullptr  // split rows only for the fast kernel
+          : p.rope_anchors.empty() ? p.ak.data()
+                                   : p.rope_anchors.data(),
           p.rope_queries.empty() ? nullptr : p.rope_queries.data(),
           rtab_.get()};
 }

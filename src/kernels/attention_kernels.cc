@@ -63,6 +63,7 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, i
   return core::HWY_NAMESPACE::Dot1(DF(), x, y, D);
 }
 using core::HWY_NAMESPACE::ExpNonPositive;
+using core::HWY_NAMESPACE::RotatePairs;
 
 float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   const DF d;
@@ -318,7 +319,7 @@ HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
 // 16 pairs, and each entry reads its anchor's D floats (the pair products of
 // the earlier form, four queries' worth, were 4x the bytes from L2). The
 // angles of p = p0 + j (p0 a multiple of kRopeStep) come from the table rows
-// of p0 and j by angle addition, so only every kRopeStep-th row and the first
+// of p0 and j by angle addition (RotatePairs), so only every kRopeStep-th row and the first
 // kRopeStep rows are read (cache-resident).
 #if HWY_TARGET != HWY_SCALAR
 template <int64_t kD>  // 0: D at run time
@@ -343,10 +344,10 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT A, const float* HWY_RE
         const float *cb = cos_t + p0 * half, *sb = sin_t + p0 * half;
         const float *cj = cos_t + j * half, *sj = sin_t + j * half;
         for (int64_t t = 0; t < half; t += N) {
-          const auto vcb = hn::LoadU(df, cb + t), vsb = hn::LoadU(df, sb + t);
-          const auto vcj = hn::LoadU(df, cj + t), vsj = hn::LoadU(df, sj + t);
-          hn::Store(hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj)), df, cs_buf[e] + t);     // cos(a + b)
-          hn::Store(hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj)), df, cs_buf[e] + half + t);  // sin(a + b)
+          hn::Vec<DF> c, sn;  // the angles of p0 + j
+          RotatePairs(hn::LoadU(df, cj + t), hn::LoadU(df, sj + t), hn::LoadU(df, cb + t), hn::LoadU(df, sb + t), c, sn);
+          hn::Store(c, df, cs_buf[e] + t);
+          hn::Store(sn, df, cs_buf[e] + half + t);
         }
         a[e] = A + ak[i + e] * kD;
       }
@@ -355,10 +356,9 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT A, const float* HWY_RE
       for (int64_t t = 0; t < half; t += N) {
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
-          const auto c = hn::Load(df, cs_buf[e] + t), sn = hn::Load(df, cs_buf[e] + half + t);
-          const auto ax = hn::LoadU(df, a[e] + t), ay = hn::LoadU(df, a[e] + half + t);
-          const auto rx = hn::NegMulAdd(ay, sn, hn::Mul(ax, c));  // x c - y s
-          const auto ry = hn::MulAdd(ax, sn, hn::Mul(ay, c));     // x s + y c
+          hn::Vec<DF> rx, ry;  // the anchor's pairs at the entry's position
+          RotatePairs(hn::LoadU(df, a[e] + t), hn::LoadU(df, a[e] + half + t), hn::Load(df, cs_buf[e] + t),
+                      hn::Load(df, cs_buf[e] + half + t), rx, ry);
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g)
             acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, Q + g * kD + half + t), ry,
@@ -378,13 +378,9 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT A, const float* HWY_RE
     const float* a = A + ak[i] * D;
     auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     for (int64_t t = 0; t < half; t += N) {
-      const auto vcb = hn::LoadU(df, cb + t), vsb = hn::LoadU(df, sb + t);
-      const auto vcj = hn::LoadU(df, cj + t), vsj = hn::LoadU(df, sj + t);
-      const auto c = hn::NegMulAdd(vsb, vsj, hn::Mul(vcb, vcj));  // cos(a + b)
-      const auto sn = hn::MulAdd(vsb, vcj, hn::Mul(vcb, vsj));    // sin(a + b)
-      const auto ax = hn::LoadU(df, a + t), ay = hn::LoadU(df, a + half + t);
-      const auto rx = hn::NegMulAdd(ay, sn, hn::Mul(ax, c));
-      const auto ry = hn::MulAdd(ax, sn, hn::Mul(ay, c));
+      hn::Vec<DF> c, sn, rx, ry;
+      RotatePairs(hn::LoadU(df, cj + t), hn::LoadU(df, sj + t), hn::LoadU(df, cb + t), hn::LoadU(df, sb + t), c, sn);
+      RotatePairs(hn::LoadU(df, a + t), hn::LoadU(df, a + half + t), c, sn, rx, ry);
       a0 = hn::MulAdd(hn::LoadU(df, Q + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + t), rx, a0));
       a1 = hn::MulAdd(hn::LoadU(df, Q + D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + D + t), rx, a1));
       a2 = hn::MulAdd(hn::LoadU(df, Q + 2 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 2 * D + t), rx, a2));
