@@ -194,10 +194,66 @@ __attribute__((target("avx512f,avx512bw,f16c"))) void rows_q6_k_bytes(const uint
   for (int i = 0; i < n_rows * n_tok; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
+#define ANCHORKV_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+// acc[r] += block b of row r times the token's block b.
+template <int kRows>
+ANCHORKV_VNNI __attribute__((always_inline)) inline void q8_0_vnni_block(const uint8_t* rows, int64_t row_bytes,
+                                                                       int64_t b, const int8_t* x, const float* xs,
+                                                                       __m256* acc) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * 32));
+  for (int r = 0; r < kRows; ++r) {
+    const uint8_t* blk = rows + r * row_bytes + b * 34;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_in_register(blk) * xs[b]), acc[r]);
+  }
+}
+template <int kRows>
+ANCHORKV_VNNI void rows_q8_0_vnni(const uint8_t* rows, int64_t row_bytes, int64_t nb, const int8_t* x,
+                                  const float* xs, float* out) {
+  __m256 even[kRows], odd[kRows];  // even and odd blocks apart: two chains of adds per row
+  for (int r = 0; r < kRows; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    q8_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, even);
+    q8_0_vnni_block<kRows>(rows, row_bytes, b + 1, x, xs, odd);
+  }
+  if (b < nb) q8_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, even);
+  for (int r = 0; r < kRows; ++r) {
+    const __m256 v = _mm256_add_ps(even[r], odd[r]);
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    out[r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+  }
+}
+// Q8_0 rows of one token with bytes and VNNI on 256-bit lanes (as ggml's
+// dot product): per 32-element block, |w| (unsigned) times x with w's sign
+// (vpsignb twice; activations are within +-127, so the sign flip cannot
+// overflow), vpdpbusd adds groups of four products into eight int32 lanes,
+// exactly the block's integer dot; one float conversion and multiply-add by
+// the two scales. A row's arithmetic is the same whichever of 1-4 rows pass
+// together (which depends on where a thread's range starts). out[r] = row r's dot.
+void rows_q8_0_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, const int8_t* x,
+                    const float* xs, float* out) {
+  switch (n_rows) {
+    case 4: return rows_q8_0_vnni<4>(rows, row_bytes, nb, x, xs, out);
+    case 3: return rows_q8_0_vnni<3>(rows, row_bytes, nb, x, xs, out);
+    case 2: return rows_q8_0_vnni<2>(rows, row_bytes, nb, x, xs, out);
+    default: return rows_q8_0_vnni<1>(rows, row_bytes, nb, x, xs, out);
+  }
+}
+#undef ANCHORKV_VNNI
+
 #pragma GCC diagnostic pop
 
 bool cpu_has_avx512bw() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+bool cpu_has_avx512vnni() {
+  static const bool has = cpu_has_avx512bw() && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512vnni");
   return has;
 }
 #endif
@@ -497,6 +553,19 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
           else
             rows_q6_k_bytes(rows, W.row_bytes, 4, a.cols / 256, 1, &x8, &xs, out);
           for (int i = 0; i < 4; ++i) y[t * W.rows + r + i] = out[i];
+        }
+      }
+#endif
+#ifdef ANCHORKV_BYTE_KERNELS
+      if (W.type == io::GgmlType::kQ8_0 && g_byte_kernels.load(std::memory_order_relaxed) &&
+          cpu_has_avx512vnni()) {  // four rows per pass; every row the same arithmetic
+        const int8_t* x8 = &a.q8[static_cast<size_t>(t * a.cols)];
+        const float* xs = &a.scale[static_cast<size_t>(t * (a.cols / 32))];
+        for (; r < end; r += 4) {
+          const int n_rows = static_cast<int>(std::min<int64_t>(4, end - r));
+          float out[4];
+          rows_q8_0_vnni(W.blocks + r * W.row_bytes, W.row_bytes, n_rows, a.cols / 32, x8, xs, out);
+          for (int i = 0; i < n_rows; ++i) y[t * W.rows + r + i] = out[i];
         }
       }
 #endif
