@@ -16,7 +16,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python" / "tests"))
 import ggufw  # noqa: E402
 
-TYPES = {"f32": ggufw.F32, "f16": ggufw.F16, "q8_0": ggufw.Q8_0, "q4_k": ggufw.Q4_K, "q6_k": ggufw.Q6_K}
+TYPES = {"f32": ggufw.F32, "f16": ggufw.F16, "q4_0": ggufw.Q4_0, "q8_0": ggufw.Q8_0, "q4_k": ggufw.Q4_K,
+         "q6_k": ggufw.Q6_K}
 
 
 def main():

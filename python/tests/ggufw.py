@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-F32, F16, Q8_0, Q4_K, Q6_K = 0, 1, 8, 12, 14
+F32, F16, Q4_0, Q8_0, Q4_K, Q6_K = 0, 1, 2, 8, 12, 14
 
 
 def _f16(x):
@@ -23,6 +23,20 @@ def q8_0(x):
     q = np.where(df[:, None] > 0, np.rint(b / np.where(df > 0, df, 1)[:, None]), 0).clip(-128, 127).astype(np.int8)
     raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), q.view(np.uint8)], 1)
     return raw.tobytes(), (df[:, None] * q).reshape(x.shape)
+
+
+def q4_0(x):
+    """32-element blocks: x = d*(q - 8), q in 0..15 (element i in the low nibble
+    of byte i, element 16 + i in its high nibble); d from the block's value of
+    largest magnitude, as ggml quantizes."""
+    b = x.reshape(-1, 32).astype(np.float64)
+    mx = b[np.arange(b.shape[0]), np.abs(b).argmax(1)]
+    d = _f16(mx / -8.0)
+    df = d.astype(np.float64)
+    q = np.where(df[:, None] != 0, np.rint(b / np.where(df != 0, df, 1)[:, None]) + 8, 8).clip(0, 15).astype(np.int64)
+    qs = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), qs], 1)
+    return raw.tobytes(), (df[:, None] * (q - 8)).reshape(x.shape)
 
 
 def q4_k(x):
@@ -71,7 +85,7 @@ def q6_k(x):
     return raw.tobytes(), vals.reshape(x.shape)
 
 
-QUANTIZERS = {Q8_0: q8_0, Q4_K: q4_k, Q6_K: q6_k}
+QUANTIZERS = {Q4_0: q4_0, Q8_0: q8_0, Q4_K: q4_k, Q6_K: q6_k}
 
 
 def encode(x, typ):

@@ -164,7 +164,7 @@ def test_logits_match_independent_numpy_reference(name, loader, tokens):
 
 
 # ---------------------------------------------------------------- qwen2, quantized weights, byte-level BPE
-# A synthetic qwen2 model written here (random weights in Q8_0 / Q4_K / Q6_K /
+# A synthetic qwen2 model written here (random weights in Q4_0 / Q8_0 / Q4_K / Q6_K /
 # F16 / F32, Q/K/V biases, NeoX RoPE, tied output, GPT-2 tokenizer with merges)
 # checks the loader, the dequantizers, the architecture and the tokenizer
 # against this file's own float64 forward pass and BPE encoder.
@@ -300,7 +300,7 @@ def write_qwen2(path):
     W["emb"] = add("token_embd.weight", rng.normal(0, 0.5, (V, D)), ggufw.Q4_K)
     W["final_norm"] = add("output_norm.weight", 1 + rng.normal(0, 0.1, D), ggufw.F32)
     types = [dict(q=ggufw.Q8_0, k=ggufw.Q6_K, v=ggufw.Q4_K, o=ggufw.Q8_0, g=ggufw.Q4_K, u=ggufw.Q6_K, d=ggufw.Q6_K),
-             dict(q=ggufw.F16, k=ggufw.Q8_0, v=ggufw.Q6_K, o=ggufw.Q4_K, g=ggufw.F16, u=ggufw.Q8_0, d=ggufw.Q4_K)]
+             dict(q=ggufw.F16, k=ggufw.Q8_0, v=ggufw.Q6_K, o=ggufw.Q4_0, g=ggufw.F16, u=ggufw.Q8_0, d=ggufw.Q4_K)]
     for l in range(nl):
         p, t = f"blk.{l}.", types[l]
         L = {}

@@ -243,6 +243,58 @@ void rows_q8_0_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t 
     default: return rows_q8_0_vnni<1>(rows, row_bytes, nb, x, xs, out);
   }
 }
+// Q4_0: acc[r] += block b of row r times the token's block b without the
+// -8 offset (unsigned nibbles, low ones for elements 0-15 and high ones for
+// 16-31, by signed activations); off[r] takes -8 * the block's activation sum.
+template <int kRows>
+ANCHORKV_VNNI __attribute__((always_inline)) inline void q4_0_vnni_block(const uint8_t* rows, int64_t row_bytes,
+                                                                       int64_t b, const int8_t* x, const float* xs,
+                                                                       const int32_t* sums, __m256* acc,
+                                                                       float* off) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * 32));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  for (int r = 0; r < kRows; ++r) {
+    const uint8_t* blk = rows + r * row_bytes + b * 18;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
+    const float scale = f16_in_register(blk) * xs[b];
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[r]);
+    off[r] += scale * static_cast<float>(-8 * sums[b]);
+  }
+}
+template <int kRows>
+ANCHORKV_VNNI void rows_q4_0_vnni(const uint8_t* rows, int64_t row_bytes, int64_t nb, const int8_t* x,
+                                  const float* xs, const int32_t* sums, float* out) {
+  __m256 even[kRows], odd[kRows];
+  float off[kRows];
+  for (int r = 0; r < kRows; ++r) even[r] = odd[r] = _mm256_setzero_ps(), off[r] = 0.0f;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    q4_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, sums, even, off);
+    q4_0_vnni_block<kRows>(rows, row_bytes, b + 1, x, xs, sums, odd, off);
+  }
+  if (b < nb) q4_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, sums, even, off);
+  for (int r = 0; r < kRows; ++r) {
+    const __m256 v = _mm256_add_ps(even[r], odd[r]);
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    out[r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1))) + off[r];
+  }
+}
+// Q4_0 rows the same way (|nibble| needs no sign trick: nibbles are
+// unsigned, and the -8 offset comes back through the activations' per-32
+// sums).
+void rows_q4_0_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, const int8_t* x,
+                    const float* xs, const int32_t* sums, float* out) {
+  switch (n_rows) {
+    case 4: return rows_q4_0_vnni<4>(rows, row_bytes, nb, x, xs, sums, out);
+    case 3: return rows_q4_0_vnni<3>(rows, row_bytes, nb, x, xs, sums, out);
+    case 2: return rows_q4_0_vnni<2>(rows, row_bytes, nb, x, xs, sums, out);
+    default: return rows_q4_0_vnni<1>(rows, row_bytes, nb, x, xs, sums, out);
+  }
+}
 #undef ANCHORKV_VNNI
 
 #pragma GCC diagnostic pop
@@ -557,14 +609,20 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
       }
 #endif
 #ifdef ANCHORKV_BYTE_KERNELS
-      if (W.type == io::GgmlType::kQ8_0 && g_byte_kernels.load(std::memory_order_relaxed) &&
+      const bool q8 = W.type == io::GgmlType::kQ8_0, q4 = W.type == io::GgmlType::kQ4_0;
+      if ((q8 || q4) && g_byte_kernels.load(std::memory_order_relaxed) &&
           cpu_has_avx512vnni()) {  // four rows per pass; every row the same arithmetic
         const int8_t* x8 = &a.q8[static_cast<size_t>(t * a.cols)];
         const float* xs = &a.scale[static_cast<size_t>(t * (a.cols / 32))];
+        const int32_t* sums = &a.sum[static_cast<size_t>(t * (a.cols / 32))];
         for (; r < end; r += 4) {
           const int n_rows = static_cast<int>(std::min<int64_t>(4, end - r));
           float out[4];
-          rows_q8_0_vnni(W.blocks + r * W.row_bytes, W.row_bytes, n_rows, a.cols / 32, x8, xs, out);
+          const uint8_t* rows = W.blocks + r * W.row_bytes;
+          if (q8)
+            rows_q8_0_vnni(rows, W.row_bytes, n_rows, a.cols / 32, x8, xs, out);
+          else
+            rows_q4_0_vnni(rows, W.row_bytes, n_rows, a.cols / 32, x8, xs, sums, out);
           for (int i = 0; i < n_rows; ++i) y[t * W.rows + r + i] = out[i];
         }
       }

@@ -130,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
-// The byte kernels (AVX-512BW: Q4_K, Q6_K; with VNNI: Q8_0) and the 16-bit kernels: the same
+// The byte kernels (AVX-512BW: Q4_K, Q6_K; with VNNI: Q8_0, Q4_0) and the 16-bit kernels: the same
 // integer sums, so outputs agree to the float rounding of the flush; both
 // agree with the twin (one and four rows per pass, token blocks and single
 // tokens); the int8 copy of the activations matches the int16 one.
@@ -166,7 +166,7 @@ TEST_P(ByteKernel, MatchesThe16BitKernelAndTheTwin) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, ByteKernel, ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K),
+INSTANTIATE_TEST_SUITE_P(Types, ByteKernel, ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
 TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
