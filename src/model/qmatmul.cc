@@ -195,104 +195,72 @@ __attribute__((target("avx512f,avx512bw,f16c"))) void rows_q6_k_bytes(const uint
 }
 
 #define ANCHORKV_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-// acc[r] += block b of row r times the token's block b.
-template <int kRows>
-ANCHORKV_VNNI __attribute__((always_inline)) inline void q8_0_vnni_block(const uint8_t* rows, int64_t row_bytes,
-                                                                       int64_t b, const int8_t* x, const float* xs,
-                                                                       __m256* acc) {
+// The integer dot of one block with the token's 32 activations xv, in eight
+// int32 lanes. Q8_0: |w| (unsigned) times x with w's sign (vpsignb twice;
+// activations are within +-127, so the sign flip cannot overflow). Q4_0:
+// the unsigned nibbles (low ones for elements 0-15, high ones for 16-31)
+// as they are; the -8 offset is the caller's.
+ANCHORKV_VNNI __attribute__((always_inline)) inline __m256i q8_0_dot(const uint8_t* blk, __m256i xv) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+}
+ANCHORKV_VNNI __attribute__((always_inline)) inline __m256i q4_0_dot(const uint8_t* blk, __m256i xv) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)), m4 = _mm_set1_epi8(0x0f);
+  const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
+}
+// acc[r] += block b of row r times the token's block b; for Q4_0, off[r]
+// takes the block's -8 offset (-8 * its activation sum, scaled).
+template <int kRows, bool kQ4>
+ANCHORKV_VNNI __attribute__((always_inline)) inline void vnni_block(const uint8_t* rows, int64_t row_bytes, int64_t b,
+                                                                  const int8_t* x, const float* xs,
+                                                                  const int32_t* sums, __m256* acc, float* off) {
+  constexpr int64_t kBlockBytes = kQ4 ? 18 : 34;
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * 32));
   for (int r = 0; r < kRows; ++r) {
-    const uint8_t* blk = rows + r * row_bytes + b * 34;
+    const uint8_t* blk = rows + r * row_bytes + b * kBlockBytes;
     _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_in_register(blk) * xs[b]), acc[r]);
+    const __m256i dot = kQ4 ? q4_0_dot(blk, xv) : q8_0_dot(blk, xv);
+    const float scale = f16_in_register(blk) * xs[b];
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[r]);
+    if constexpr (kQ4) off[r] += scale * static_cast<float>(-8 * sums[b]);
   }
 }
-template <int kRows>
-ANCHORKV_VNNI void rows_q8_0_vnni(const uint8_t* rows, int64_t row_bytes, int64_t nb, const int8_t* x,
-                                  const float* xs, float* out) {
+template <int kRows, bool kQ4>
+ANCHORKV_VNNI void rows_vnni(const uint8_t* rows, int64_t row_bytes, int64_t nb, const int8_t* x, const float* xs,
+                             const int32_t* sums, float* out) {
   __m256 even[kRows], odd[kRows];  // even and odd blocks apart: two chains of adds per row
-  for (int r = 0; r < kRows; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+  float off[kRows];
+  for (int r = 0; r < kRows; ++r) even[r] = odd[r] = _mm256_setzero_ps(), off[r] = 0.0f;
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
-    q8_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, even);
-    q8_0_vnni_block<kRows>(rows, row_bytes, b + 1, x, xs, odd);
+    vnni_block<kRows, kQ4>(rows, row_bytes, b, x, xs, sums, even, off);
+    vnni_block<kRows, kQ4>(rows, row_bytes, b + 1, x, xs, sums, odd, off);
   }
-  if (b < nb) q8_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, even);
+  if (b < nb) vnni_block<kRows, kQ4>(rows, row_bytes, b, x, xs, sums, even, off);
   for (int r = 0; r < kRows; ++r) {
     const __m256 v = _mm256_add_ps(even[r], odd[r]);
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     out[r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+    if constexpr (kQ4) out[r] += off[r];
   }
 }
-// Q8_0 rows of one token with bytes and VNNI on 256-bit lanes (as ggml's
-// dot product): per 32-element block, |w| (unsigned) times x with w's sign
-// (vpsignb twice; activations are within +-127, so the sign flip cannot
-// overflow), vpdpbusd adds groups of four products into eight int32 lanes,
-// exactly the block's integer dot; one float conversion and multiply-add by
-// the two scales. A row's arithmetic is the same whichever of 1-4 rows pass
-// together (which depends on where a thread's range starts). out[r] = row r's dot.
-void rows_q8_0_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, const int8_t* x,
-                    const float* xs, float* out) {
+// Q8_0 or Q4_0 rows of one token with bytes and VNNI on 256-bit lanes (as
+// ggml's dot product): per 32-element block, vpdpbusd adds groups of four
+// products into eight int32 lanes, exactly the block's integer dot; one float
+// conversion and multiply-add by the two scales. A row's arithmetic is the
+// same whichever of 1-4 rows pass together (which depends on where a
+// thread's range starts). sums: the activations' per-32 sums (Q4_0's offset).
+// out[r] = row r's dot.
+template <bool kQ4>
+void rows_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, const int8_t* x, const float* xs,
+               const int32_t* sums, float* out) {
   switch (n_rows) {
-    case 4: return rows_q8_0_vnni<4>(rows, row_bytes, nb, x, xs, out);
-    case 3: return rows_q8_0_vnni<3>(rows, row_bytes, nb, x, xs, out);
-    case 2: return rows_q8_0_vnni<2>(rows, row_bytes, nb, x, xs, out);
-    default: return rows_q8_0_vnni<1>(rows, row_bytes, nb, x, xs, out);
-  }
-}
-// Q4_0: acc[r] += block b of row r times the token's block b without the
-// -8 offset (unsigned nibbles, low ones for elements 0-15 and high ones for
-// 16-31, by signed activations); off[r] takes -8 * the block's activation sum.
-template <int kRows>
-ANCHORKV_VNNI __attribute__((always_inline)) inline void q4_0_vnni_block(const uint8_t* rows, int64_t row_bytes,
-                                                                       int64_t b, const int8_t* x, const float* xs,
-                                                                       const int32_t* sums, __m256* acc,
-                                                                       float* off) {
-  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * 32));
-  const __m128i m4 = _mm_set1_epi8(0x0f);
-  for (int r = 0; r < kRows; ++r) {
-    const uint8_t* blk = rows + r * row_bytes + b * 18;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
-    const float scale = f16_in_register(blk) * xs[b];
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[r]);
-    off[r] += scale * static_cast<float>(-8 * sums[b]);
-  }
-}
-template <int kRows>
-ANCHORKV_VNNI void rows_q4_0_vnni(const uint8_t* rows, int64_t row_bytes, int64_t nb, const int8_t* x,
-                                  const float* xs, const int32_t* sums, float* out) {
-  __m256 even[kRows], odd[kRows];
-  float off[kRows];
-  for (int r = 0; r < kRows; ++r) even[r] = odd[r] = _mm256_setzero_ps(), off[r] = 0.0f;
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    q4_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, sums, even, off);
-    q4_0_vnni_block<kRows>(rows, row_bytes, b + 1, x, xs, sums, odd, off);
-  }
-  if (b < nb) q4_0_vnni_block<kRows>(rows, row_bytes, b, x, xs, sums, even, off);
-  for (int r = 0; r < kRows; ++r) {
-    const __m256 v = _mm256_add_ps(even[r], odd[r]);
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    out[r] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1))) + off[r];
-  }
-}
-// Q4_0 rows the same way (|nibble| needs no sign trick: nibbles are
-// unsigned, and the -8 offset comes back through the activations' per-32
-// sums).
-void rows_q4_0_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, const int8_t* x,
-                    const float* xs, const int32_t* sums, float* out) {
-  switch (n_rows) {
-    case 4: return rows_q4_0_vnni<4>(rows, row_bytes, nb, x, xs, sums, out);
-    case 3: return rows_q4_0_vnni<3>(rows, row_bytes, nb, x, xs, sums, out);
-    case 2: return rows_q4_0_vnni<2>(rows, row_bytes, nb, x, xs, sums, out);
-    default: return rows_q4_0_vnni<1>(rows, row_bytes, nb, x, xs, sums, out);
+    case 4: return rows_vnni<4, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
+    case 3: return rows_vnni<3, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
+    case 2: return rows_vnni<2, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
+    default: return rows_vnni<1, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
   }
 }
 #undef ANCHORKV_VNNI
@@ -619,10 +587,7 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
           const int n_rows = static_cast<int>(std::min<int64_t>(4, end - r));
           float out[4];
           const uint8_t* rows = W.blocks + r * W.row_bytes;
-          if (q8)
-            rows_q8_0_vnni(rows, W.row_bytes, n_rows, a.cols / 32, x8, xs, out);
-          else
-            rows_q4_0_vnni(rows, W.row_bytes, n_rows, a.cols / 32, x8, xs, sums, out);
+          (q8 ? rows_vnni<false> : rows_vnni<true>)(rows, W.row_bytes, n_rows, a.cols / 32, x8, xs, sums, out);
           for (int i = 0; i < n_rows; ++i) y[t * W.rows + r + i] = out[i];
         }
       }
