@@ -262,6 +262,48 @@ ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOpera
 #undef ANCHORKV_TILE_PRODUCT
 #undef ANCHORKV_TILE_SCALE
 
+// kQ8_0x16: one group of 16 rows (nb blocks of 512 bytes, then the fp16
+// scales) and one tile of 16 tokens, out[t * 16 + i]. tmm2/tmm3: the tokens'
+// bytes (16 x 32), tmm4/tmm5: the weights (8 x 64), tmm0/tmm1: products
+// (16 tokens x 16 rows); pipelined as tile_outputs.
+#define ANCHORKV_TILE_PRODUCT(C, A, B, blk)                                       \
+  do {                                                                            \
+    _tile_zero(C);                                                                \
+    _tile_loadd(A, tokens + (blk) * 32, x.cols);                                  \
+    _tile_loadd(B, group + (blk) * 512, 64);                                      \
+    _tile_dpbsud(C, A, B);                                                        \
+  } while (0)
+ANCHORKV_AMX_TARGET inline void accumulate_q8_0x16(const int32_t* c, const uint8_t* scales, const float* x_scales,
+                                                   const int32_t* x_sums, int64_t nb, int64_t b, __m512* acc) {
+  const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
+  for (int t = 0; t < 16; ++t) {
+    const __m512i p = _mm512_sub_epi32(_mm512_load_si512(c + 16 * t), _mm512_set1_epi32(128 * x_sums[t * nb + b]));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ws, _mm512_set1_ps(x_scales[t])), acc[t]);
+  }
+}
+ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs_q8_0x16(const uint8_t* group, const AmxTokens& x,
+                                                                        int64_t mt, float* out) {
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  alignas(64) int32_t c[256];
+  const int64_t nb = x.blocks;
+  const int8_t* tokens = &x.rows[static_cast<size_t>(mt * 16 * x.cols)];
+  const int32_t* sums = &x.sum[static_cast<size_t>(mt * 16 * nb)];
+  const uint8_t* scales = group + nb * 512;
+  ANCHORKV_TILE_PRODUCT(0, 2, 4, 0);
+  for (int64_t b = 0; b < nb; b += 2) {
+    if (b + 1 < nb) ANCHORKV_TILE_PRODUCT(1, 3, 5, b + 1);
+    _tile_stored(0, c, 64);
+    accumulate_q8_0x16(c, scales, x.scales(mt, b), sums, nb, b, acc);
+    if (b + 1 >= nb) break;
+    if (b + 2 < nb) ANCHORKV_TILE_PRODUCT(0, 2, 4, b + 2);
+    _tile_stored(1, c, 64);
+    accumulate_q8_0x16(c, scales, x.scales(mt, b + 1), sums, nb, b + 1, acc);
+  }
+  for (int t = 0; t < 16; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
+}
+#undef ANCHORKV_TILE_PRODUCT
+
 ANCHORKV_AMX_TARGET void release_tiles() { _tile_release(); }
 #pragma GCC diagnostic pop
 #undef ANCHORKV_AMX_TARGET
@@ -297,7 +339,7 @@ bool amx_matmul_usable(io::GgmlType type) {
   return amx_matmul_supported(type) && g_amx_on.load(std::memory_order_relaxed) && amx_available();
 }
 
-void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16) {
+void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16, bool with_rows) {
   const int64_t K = a.cols, nb = K / 32, per_group = a.group / 32;
   out->T = a.T;
   out->cols = K;
@@ -307,6 +349,12 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool
   out->scale.assign(static_cast<size_t>(out->tiles * nb * 16), 0.0f);
   out->scaled_sum.assign(out->scale.size(), 0.0f);
   out->scaled_sum16.assign(with_sums16 ? 2 * out->scale.size() : 0, 0.0f);
+  out->rows.assign(with_rows ? static_cast<size_t>(out->tiles * 16 * K) : 0, 0);
+  out->sum.assign(with_rows ? static_cast<size_t>(out->tiles * 16 * nb) : 0, 0);
+  if (with_rows) {
+    std::copy(a.q8.begin(), a.q8.begin() + a.T * K, out->rows.begin());
+    std::copy(a.sum.begin(), a.sum.begin() + a.T * nb, out->sum.begin());
+  }
   core::parallel_for(out->tiles, threads, [&](int64_t mt) {
     for (int64_t t = mt * 16; t < std::min(a.T, mt * 16 + 16); ++t) {
       const int64_t lane = t - mt * 16;
@@ -340,6 +388,20 @@ void rows_amx(const QuantMatrix& W, int64_t r0, int64_t n, const AmxTokens& x, f
   alignas(64) float out[256];
   const bool half_blocks = W.type == io::GgmlType::kQ6_K;
   load_tile_config(half_blocks);
+  if (W.layout == QuantLayout::kQ8_0x16) {
+    if (x.rows.size() != static_cast<size_t>(x.tiles * 16 * x.cols))
+      core::fail(ErrorCode::kInvalidArgument, kOp, "Q8_0 in the 16-row layout needs tokens packed with their rows");
+    for (int64_t g = r0; g < r0 + n; g += 16) {
+      const uint8_t* group = W.blocks + g / 16 * q8_0x16_group_bytes(W.cols);
+      for (int64_t mt = 0; mt < x.tiles; ++mt) {
+        tile_outputs_q8_0x16(group, x, mt, out);
+        for (int64_t t = mt * 16; t < std::min(x.T, mt * 16 + 16); ++t)
+          std::copy_n(out + (t - mt * 16) * 16, 16, y + t * W.rows + g);
+      }
+    }
+    release_tiles();
+    return;
+  }
   for (int64_t g = r0; g < r0 + n; g += 16) {
     prepare_weights(W, g, &w);
     const GroupOperands ops{w.base, w.stride, w.block_step, w.scale.data(), w.has_min ? w.min.data() : nullptr};

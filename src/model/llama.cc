@@ -60,6 +60,10 @@ Weight read_weight(const io::GgufFile& f, const std::string& name, int64_t cols,
   if (t.type == io::GgmlType::kF32) {
     w.f32.resize(static_cast<size_t>(t.n_elements));
     std::memcpy(w.f32.data(), t.data, static_cast<size_t>(t.n_bytes));
+  } else if (t.type == io::GgmlType::kQ8_0 && q8_0x16_supported()) {
+    w.layout = QuantLayout::kQ8_0x16;
+    w.blocks.resize(static_cast<size_t>(q8_0x16_bytes(rows, cols)));
+    pack_q8_0x16(t.data, rows, cols, w.blocks.data());
   } else {
     w.blocks.assign(t.data, t.data + t.n_bytes);
   }
@@ -241,6 +245,8 @@ int64_t Weight::row_bytes() const {
 void Weight::row(int64_t r, float* out) const {
   if (type == io::GgmlType::kF32)
     std::copy_n(&f32[static_cast<size_t>(r * cols)], cols, out);
+  else if (layout == QuantLayout::kQ8_0x16)
+    dequantize_q8_0x16_row(blocks.data(), cols, r, out);
   else
     io::dequantize_row(type, &blocks[static_cast<size_t>(r * row_bytes())], cols, out);
 }
@@ -269,7 +275,9 @@ bool integer_path(const Weight& W, int64_t T, Activations activations) {
   return activations == Activations::kInt8 && int8_matmul_supported(W.type) &&
          (T <= kInt8MaxTokens || amx_matmul_usable(W.type));
 }
-QuantMatrix quant_matrix(const Weight& W) { return {W.type, W.blocks.data(), W.rows, W.cols, W.row_bytes()}; }
+QuantMatrix quant_matrix(const Weight& W) {
+  return {W.type, W.blocks.data(), W.rows, W.cols, W.row_bytes(), W.layout};
+}
 }  // namespace
 
 void matmul(const float* x, int64_t T, const Weight& W, float* y, int threads, Activations activations) {

@@ -15,6 +15,7 @@
 #endif
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/parallel.h"
 #include "model/amx_matmul.h"
 #include "model/kquant_scales.h"
@@ -261,6 +262,76 @@ void rows_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, c
     case 3: return rows_vnni<3, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
     case 2: return rows_vnni<2, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
     default: return rows_vnni<1, kQ4>(rows, row_bytes, nb, x, xs, sums, out);
+  }
+}
+
+// One kQ8_0x16 group (16 rows; qmatmul.h has the layout) times kTok tokens:
+// per block and token, eight vpdpbusd of the 64-byte weight loads by four
+// broadcast activations give each row's exact int32 sum of (w + 128) x, from
+// which 128 * sum(x) (the activations' per-32 sum) comes back off; then one
+// float conversion and multiply-add by the 16 rows' scales times the token's.
+// A token's arithmetic is the same whatever kTok. out[t]: the 16 rows' dots.
+template <int kTok>
+ANCHORKV_VNNI void group_q8_0x16(const uint8_t* group, int64_t nb, const int8_t* const* x, const float* const* xs,
+                                 const int32_t* const* sums, __m512* out) {
+  const uint8_t* scales = group + nb * 512;
+  __m512 acc[kTok];
+  for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = group + b * 512;
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 256), _MM_HINT_T0);
+    __m512i even[kTok], odd[kTok];  // two chains of vpdpbusd per token
+    for (int t = 0; t < kTok; ++t) even[t] = odd[t] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+      const __m512i w0 = _mm512_loadu_si512(w + 64 * k), w1 = _mm512_loadu_si512(w + 64 * (k + 1));
+      for (int t = 0; t < kTok; ++t) {
+        int32_t x0, x1;
+        std::memcpy(&x0, x[t] + b * 32 + 4 * k, 4);
+        std::memcpy(&x1, x[t] + b * 32 + 4 * k + 4, 4);
+        even[t] = _mm512_dpbusd_epi32(even[t], w0, _mm512_set1_epi32(x0));
+        odd[t] = _mm512_dpbusd_epi32(odd[t], w1, _mm512_set1_epi32(x1));
+      }
+    }
+    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
+    for (int t = 0; t < kTok; ++t) {
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(128 * sums[t][b]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(xs[t][b])), acc[t]);
+    }
+  }
+  for (int t = 0; t < kTok; ++t) out[t] = acc[t];
+}
+
+// Rows [r0, r0 + n) of a kQ8_0x16 matrix for every token of a (group 32):
+// y[t * W.rows + r]. Tokens four at a time over each group of 16 rows.
+ANCHORKV_VNNI void rows_q8_0x16(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y) {
+  const int64_t nb = W.cols / 32, group_bytes = q8_0x16_group_bytes(W.cols);
+  for (int64_t g = r0 / 16; g * 16 < r0 + n; ++g) {
+    const uint8_t* group = W.blocks + g * group_bytes;
+    const int64_t lo = std::max(r0, g * 16), hi = std::min(r0 + n, g * 16 + 16);
+    for (int64_t t = 0; t < a.T; t += 4) {
+      const int kt = static_cast<int>(std::min<int64_t>(4, a.T - t));
+      const int8_t* x[4];
+      const float* xs[4];
+      const int32_t* sums[4];
+      for (int i = 0; i < kt; ++i) {
+        x[i] = &a.q8[static_cast<size_t>((t + i) * a.cols)];
+        xs[i] = &a.scale[static_cast<size_t>((t + i) * nb)];
+        sums[i] = &a.sum[static_cast<size_t>((t + i) * nb)];
+      }
+      __m512 out[4];
+      switch (kt) {
+        case 4: group_q8_0x16<4>(group, nb, x, xs, sums, out); break;
+        case 3: group_q8_0x16<3>(group, nb, x, xs, sums, out); break;
+        case 2: group_q8_0x16<2>(group, nb, x, xs, sums, out); break;
+        default: group_q8_0x16<1>(group, nb, x, xs, sums, out); break;
+      }
+      for (int i = 0; i < kt; ++i) {
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, out[i]);
+        std::copy(lanes + (lo - g * 16), lanes + (hi - g * 16), y + (t + i) * W.rows + lo);
+      }
+    }
   }
 }
 #undef ANCHORKV_VNNI
@@ -548,6 +619,12 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
   return false;
 #else
   if (n == 0) return true;  // the caller asks whether this target has the kernels
+#ifdef ANCHORKV_BYTE_KERNELS
+  if (W.layout == QuantLayout::kQ8_0x16) {  // check_matrix: only where the CPU has VNNI
+    rows_q8_0x16(W, r0, n, a, y);
+    return true;
+  }
+#endif
   // Tiles of rows small enough to stay in L2 while every token passes over them.
   constexpr int64_t kTileRows = 16;
   for (int64_t tile = r0; tile < r0 + n; tile += kTileRows) {
@@ -670,6 +747,57 @@ int64_t int8_group(io::GgmlType type) {
   return type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ8_0 ? 32 : 256;
 }
 
+bool q8_0x16_supported() {
+#ifdef ANCHORKV_BYTE_KERNELS
+  return cpu_has_avx512vnni();
+#else
+  return false;
+#endif
+}
+
+int64_t q8_0x16_group_bytes(int64_t cols) { return (cols / 32 * 544 + 63) / 64 * 64; }
+
+int64_t q8_0x16_bytes(int64_t rows, int64_t cols) { return (rows + 15) / 16 * q8_0x16_group_bytes(cols); }
+
+void pack_q8_0x16(const uint8_t* gguf, int64_t rows, int64_t cols, uint8_t* out) {
+  const int64_t nb = cols / 32, row_bytes = nb * 34, group_bytes = q8_0x16_group_bytes(cols);
+  std::memset(out, 0, static_cast<size_t>(q8_0x16_bytes(rows, cols)));
+  for (int64_t g = 0; g < (rows + 15) / 16; ++g) {
+    uint8_t* group = out + g * group_bytes;
+    for (int64_t i = 0; i < 16; ++i) {
+      const bool real = g * 16 + i < rows;  // padding rows: w = 0 (stored 128), scale 0
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = gguf + (g * 16 + i) * row_bytes + b * 34;
+        for (int64_t e = 0; e < 32; ++e)
+          group[b * 512 + e / 4 * 64 + i * 4 + e % 4] = real ? static_cast<uint8_t>(blk[2 + e] ^ 0x80) : 0x80;
+        if (real) std::memcpy(group + nb * 512 + b * 32 + i * 2, blk, 2);
+      }
+    }
+  }
+}
+
+void unpack_q8_0x16_row(const uint8_t* packed, int64_t cols, int64_t r, uint8_t* gguf_row) {
+  const int64_t nb = cols / 32, i = r % 16;
+  const uint8_t* group = packed + r / 16 * q8_0x16_group_bytes(cols);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = gguf_row + b * 34;
+    std::memcpy(blk, group + nb * 512 + b * 32 + i * 2, 2);
+    for (int64_t e = 0; e < 32; ++e) blk[2 + e] = group[b * 512 + e / 4 * 64 + i * 4 + e % 4] ^ 0x80;
+  }
+}
+
+void dequantize_q8_0x16_row(const uint8_t* packed, int64_t cols, int64_t r, float* out) {
+  const int64_t nb = cols / 32, i = r % 16;
+  const uint8_t* group = packed + r / 16 * q8_0x16_group_bytes(cols);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint16_t h;
+    std::memcpy(&h, group + nb * 512 + b * 32 + i * 2, 2);
+    const float d = core::half_to_float(h);
+    for (int64_t e = 0; e < 32; ++e)
+      out[b * 32 + e] = d * static_cast<float>(static_cast<int8_t>(group[b * 512 + e / 4 * 64 + i * 4 + e % 4] ^ 0x80));
+  }
+}
+
 namespace {
 constexpr const char* kOp = "anchorkv::matmul_int8";
 
@@ -697,6 +825,10 @@ void check_matrix(const QuantMatrix& W) {
   if (W.rows < 0 || W.cols < 0 || W.cols % be != 0 || W.row_bytes != W.cols / be * bb ||
       (W.rows > 0 && W.blocks == nullptr))
     core::fail(ErrorCode::kInvalidArgument, kOp, "matrix shape does not match its block type");
+  if (W.layout == QuantLayout::kQ8_0x16 && W.type != io::GgmlType::kQ8_0)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0 matrices are held in the 16-row layout");
+  if (W.layout == QuantLayout::kQ8_0x16 && !q8_0x16_supported())
+    core::fail(ErrorCode::kUnsupported, kOp, "Q8_0 in the 16-row layout needs AVX-512 VNNI, which this CPU lacks");
 }
 }  // namespace
 
@@ -755,10 +887,13 @@ void matmul_amx_batch(Int8Activations* const acts[2], const bool quantized[2], c
   thread_local AmxTokens buffers[2];  // named outside the lambda: see matmul_int8_batch
   AmxTokens* packed = buffers;
   auto slot_of = [&](int m) { return int8_group(W[m].type) == 32 ? 0 : 1; };
-  bool sums16[2] = {false, false};
-  for (int m = 0; m < n; ++m) sums16[slot_of(m)] |= W[m].type == io::GgmlType::kQ6_K;
+  bool sums16[2] = {false, false}, token_rows[2] = {false, false};
+  for (int m = 0; m < n; ++m) {
+    sums16[slot_of(m)] |= W[m].type == io::GgmlType::kQ6_K;
+    token_rows[slot_of(m)] |= W[m].layout == QuantLayout::kQ8_0x16;
+  }
   for (int slot = 0; slot < 2; ++slot)
-    if (quantized[slot]) pack_amx_tokens(*acts[slot], &packed[slot], threads, sums16[slot]);
+    if (quantized[slot]) pack_amx_tokens(*acts[slot], &packed[slot], threads, sums16[slot], token_rows[slot]);
   int64_t total = 0;
   for (int m = 0; m < n; ++m) total += (W[m].rows + 15) / 16;
   const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), std::max<int64_t>(total, 1));
@@ -811,9 +946,11 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
   // thread: each core then streams its weights in order, which the hardware
   // prefetchers follow (interleaved small tasks halved the two-thread
   // bandwidth), and the batch costs one synchronization.
+  // Cuts on multiples of 16 rows: a kQ8_0x16 group is then read by one thread.
   const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), std::max<int64_t>(total, 1));
+  auto cut = [&](int64_t i) { return i == parts ? total : total * i / parts / 16 * 16; };
   core::parallel_for(parts, threads, [&](int64_t i) {
-    const int64_t begin = total * i / parts, end = total * (i + 1) / parts;
+    const int64_t begin = cut(i), end = cut(i + 1);
     int64_t first = 0;  // the first row of matrix m in the joined row space
     for (int m = 0; m < n; first += W[m].rows, ++m) {
       const int64_t r0 = std::max(begin, first) - first, r1 = std::min(end, first + W[m].rows) - first;
@@ -829,8 +966,14 @@ void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y) 
   quantize_int8_ref(x, T, W.cols, int8_group(W.type), &a);
   const int64_t G = a.group;
   std::vector<float> w(static_cast<size_t>(W.cols));
+  std::vector<uint8_t> row(static_cast<size_t>(W.row_bytes));
   for (int64_t r = 0; r < W.rows; ++r) {
-    io::dequantize_row_ref(W.type, W.blocks + r * W.row_bytes, W.cols, w.data());
+    const uint8_t* blocks = W.blocks + r * W.row_bytes;
+    if (W.layout == QuantLayout::kQ8_0x16) {
+      unpack_q8_0x16_row(W.blocks, W.cols, r, row.data());
+      blocks = row.data();
+    }
+    io::dequantize_row_ref(W.type, blocks, W.cols, w.data());
     for (int64_t t = 0; t < T; ++t) {
       double s = 0.0;
       for (int64_t i = 0; i < W.cols; ++i)

@@ -35,12 +35,39 @@ bool int8_matmul_supported(io::GgmlType type);
 // Elements per activation group for weights of `type` (32 or 256).
 int64_t int8_group(io::GgmlType type);
 
-// A row-major weight matrix [rows, cols] in its GGML blocks.
+// How a matrix's blocks lie in memory.
+//  kGguf: row-major GGML blocks, as in the file (row r at r * row_bytes).
+//  kQ8_0x16: Q8_0 only, rearranged losslessly for one-token VNNI products
+//    and AMX tiles. Rows in groups of 16 (the last padded with zero rows),
+//    group g at g * q8_0x16_group_bytes(cols); in a group, for each of the
+//    nb = cols / 32 blocks, 512 bytes [8][16 rows][4]: element 4k + j of
+//    row i's block at k * 64 + i * 4 + j, stored as w + 128 (unsigned);
+//    then the nb x 16 fp16 scales. One 64-byte load holds four elements of
+//    all 16 rows, so a token's product is a vpdpbusd per four elements with
+//    each row in its own lane (no horizontal sums), and a block's 512 bytes
+//    are an AMX tile's second operand as they lie.
+enum class QuantLayout : uint8_t { kGguf, kQ8_0x16 };
+
+// A weight matrix [rows, cols] in its GGML blocks. row_bytes is the GGUF
+// row's size in either layout.
 struct QuantMatrix {
   io::GgmlType type = io::GgmlType::kQ8_0;
   const uint8_t* blocks = nullptr;
   int64_t rows = 0, cols = 0, row_bytes = 0;
+  QuantLayout layout = QuantLayout::kGguf;
 };
+
+// Whether this CPU multiplies kQ8_0x16 matrices (AVX-512 VNNI); a runtime
+// holds Q8_0 weights in that layout only where it does.
+bool q8_0x16_supported();
+int64_t q8_0x16_group_bytes(int64_t cols);
+int64_t q8_0x16_bytes(int64_t rows, int64_t cols);
+// GGUF Q8_0 rows [rows, cols] -> kQ8_0x16 (out: q8_0x16_bytes), and row r
+// back to its GGUF bytes (gguf_row: cols / 32 * 34); the round trip is exact.
+void pack_q8_0x16(const uint8_t* gguf, int64_t rows, int64_t cols, uint8_t* out);
+void unpack_q8_0x16_row(const uint8_t* packed, int64_t cols, int64_t r, uint8_t* gguf_row);
+// Row r as floats [cols] (as io::dequantize_row on its GGUF bytes).
+void dequantize_q8_0x16_row(const uint8_t* packed, int64_t cols, int64_t r, float* out);
 
 // T tokens' activations quantized for one weight type (see Numerics).
 struct Int8Activations {
