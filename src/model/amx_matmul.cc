@@ -129,8 +129,14 @@ void prepare_unpacked(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
   w->unpacked.resize(static_cast<size_t>(16 * W.cols));
   w->scale.resize(static_cast<size_t>(nb * 16));
   w->min.resize(static_cast<size_t>(nb * 16));
+  thread_local std::vector<uint8_t> gguf_row;  // a kRows16 row back in its GGUF bytes
+  gguf_row.resize(static_cast<size_t>(W.row_bytes));
   for (int64_t i = 0; i < 16; ++i) {
     const uint8_t* row = W.blocks + (r0 + i) * W.row_bytes;
+    if (W.layout == QuantLayout::kRows16) {
+      unpack_rows16_row(W.type, W.blocks, W.cols, r0 + i, gguf_row.data());
+      row = gguf_row.data();
+    }
     uint8_t* out = &w->unpacked[static_cast<size_t>(i * W.cols)];
     if (W.type == io::GgmlType::kQ4_0)
       unpack_q4_0_row(row, nb, out, &w->scale[static_cast<size_t>(i)], &w->min[static_cast<size_t>(i)]);
@@ -262,7 +268,7 @@ ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOpera
 #undef ANCHORKV_TILE_PRODUCT
 #undef ANCHORKV_TILE_SCALE
 
-// kQ8_0x16: one group of 16 rows (nb blocks of 512 bytes, then the fp16
+// kRows16 Q8_0: one group of 16 rows (nb blocks of 512 bytes, then the fp16
 // scales) and one tile of 16 tokens, out[t * 16 + i]. tmm2/tmm3: the tokens'
 // bytes (16 x 32), tmm4/tmm5: the weights (8 x 64), tmm0/tmm1: products
 // (16 tokens x 16 rows); pipelined as tile_outputs.
@@ -273,7 +279,7 @@ ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOpera
     _tile_loadd(B, group + (blk) * 512, 64);                                      \
     _tile_dpbsud(C, A, B);                                                        \
   } while (0)
-ANCHORKV_AMX_TARGET inline void accumulate_q8_0x16(const int32_t* c, const uint8_t* scales, const float* x_scales,
+ANCHORKV_AMX_TARGET inline void accumulate_rows16_q8_0(const int32_t* c, const uint8_t* scales, const float* x_scales,
                                                    const int32_t* x_sums, int64_t nb, int64_t b, __m512* acc) {
   const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
   for (int t = 0; t < 16; ++t) {
@@ -281,7 +287,7 @@ ANCHORKV_AMX_TARGET inline void accumulate_q8_0x16(const int32_t* c, const uint8
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ws, _mm512_set1_ps(x_scales[t])), acc[t]);
   }
 }
-ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs_q8_0x16(const uint8_t* group, const AmxTokens& x,
+ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs_rows16_q8_0(const uint8_t* group, const AmxTokens& x,
                                                                         int64_t mt, float* out) {
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -294,11 +300,11 @@ ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs_q8_0x16(const ui
   for (int64_t b = 0; b < nb; b += 2) {
     if (b + 1 < nb) ANCHORKV_TILE_PRODUCT(1, 3, 5, b + 1);
     _tile_stored(0, c, 64);
-    accumulate_q8_0x16(c, scales, x.scales(mt, b), sums, nb, b, acc);
+    accumulate_rows16_q8_0(c, scales, x.scales(mt, b), sums, nb, b, acc);
     if (b + 1 >= nb) break;
     if (b + 2 < nb) ANCHORKV_TILE_PRODUCT(0, 2, 4, b + 2);
     _tile_stored(1, c, 64);
-    accumulate_q8_0x16(c, scales, x.scales(mt, b + 1), sums, nb, b + 1, acc);
+    accumulate_rows16_q8_0(c, scales, x.scales(mt, b + 1), sums, nb, b + 1, acc);
   }
   for (int t = 0; t < 16; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
 }
@@ -388,13 +394,13 @@ void rows_amx(const QuantMatrix& W, int64_t r0, int64_t n, const AmxTokens& x, f
   alignas(64) float out[256];
   const bool half_blocks = W.type == io::GgmlType::kQ6_K;
   load_tile_config(half_blocks);
-  if (W.layout == QuantLayout::kQ8_0x16) {
+  if (W.layout == QuantLayout::kRows16 && W.type == io::GgmlType::kQ8_0) {
     if (x.rows.size() != static_cast<size_t>(x.tiles * 16 * x.cols))
-      core::fail(ErrorCode::kInvalidArgument, kOp, "Q8_0 in the 16-row layout needs tokens packed with their rows");
+      core::fail(ErrorCode::kInvalidArgument, kOp, "Q8_0 in groups of 16 rows needs tokens packed with their rows");
     for (int64_t g = r0; g < r0 + n; g += 16) {
-      const uint8_t* group = W.blocks + g / 16 * q8_0x16_group_bytes(W.cols);
+      const uint8_t* group = W.blocks + g / 16 * rows16_group_bytes(W.type, W.cols);
       for (int64_t mt = 0; mt < x.tiles; ++mt) {
-        tile_outputs_q8_0x16(group, x, mt, out);
+        tile_outputs_rows16_q8_0(group, x, mt, out);
         for (int64_t t = mt * 16; t < std::min(x.T, mt * 16 + 16); ++t)
           std::copy_n(out + (t - mt * 16) * 16, 16, y + t * W.rows + g);
       }

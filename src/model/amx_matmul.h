@@ -18,7 +18,7 @@
 // through the activations' per-32 sums). The tokens are the second operand:
 // per 16 tokens and block, 8 rows of 64 bytes (4 consecutive elements of each
 // of the 16 tokens), rearranged once per call. Q8_0 weights held as
-// kQ8_0x16 (qmatmul.h) swap the roles: their blocks are the second operand
+// kRows16 (qmatmul.h) swap the roles: their blocks are the second operand
 // as they lie (8 rows of 64 bytes, unsigned w + 128), the tokens' bytes the
 // first (16 tokens of 32 bytes), and 128 * the tokens' per-32 sums come back
 // off each product in integers.
@@ -56,7 +56,7 @@ struct AmxTokens {
   std::vector<float> scale;     // [tiles][blocks][16]: each token's activation scale of the block
   std::vector<float> scaled_sum;  // [tiles][blocks][16]: the block's sum of q times that scale
   std::vector<float> scaled_sum16;  // [tiles][blocks][2][16]: the same per 16 elements (Q6_K; else empty)
-  std::vector<int8_t> rows;         // [tiles * 16][cols]: the tokens as they are, zero past T (kQ8_0x16; else empty)
+  std::vector<int8_t> rows;         // [tiles * 16][cols]: the tokens as they are, zero past T (kRows16 Q8_0; else empty)
   std::vector<int32_t> sum;         // [tiles * 16][blocks]: the per-32 sums of q, zero past T (with rows)
   const int8_t* tile(int64_t mt, int64_t b) const { return &q[static_cast<size_t>((mt * blocks + b) * 512)]; }
   const float* scales(int64_t mt, int64_t b) const { return &scale[static_cast<size_t>((mt * blocks + b) * 16)]; }
@@ -67,7 +67,7 @@ struct AmxTokens {
   }
 };
 // with_sums16: also the per-16 sums (only Q6_K's tiles read them); with_rows:
-// also rows and sum (only kQ8_0x16 weights read them).
+// also rows and sum (only kRows16 Q8_0 weights read them).
 void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16, bool with_rows = false);
 
 // Rows [r0, r0 + n) of W, n a multiple of 16, for every token of x:

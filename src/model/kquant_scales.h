@@ -24,4 +24,14 @@ inline void unpack_scales_k4(const uint8_t* packed, uint8_t sc[8], uint8_t m[8])
   std::memcpy(m + 4, &mins_hi, 4);
 }
 
+// The inverse: 12 packed bytes from scales and minimums below 64 (every
+// packed pattern round-trips through the two).
+inline void pack_scales_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t* packed) {
+  for (int j = 0; j < 4; ++j) {
+    packed[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    packed[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    packed[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+  }
+}
+
 }  // namespace anchorkv::model

@@ -60,10 +60,10 @@ Weight read_weight(const io::GgufFile& f, const std::string& name, int64_t cols,
   if (t.type == io::GgmlType::kF32) {
     w.f32.resize(static_cast<size_t>(t.n_elements));
     std::memcpy(w.f32.data(), t.data, static_cast<size_t>(t.n_bytes));
-  } else if (t.type == io::GgmlType::kQ8_0 && q8_0x16_supported()) {
-    w.layout = QuantLayout::kQ8_0x16;
-    w.blocks.resize(static_cast<size_t>(q8_0x16_bytes(rows, cols)));
-    pack_q8_0x16(t.data, rows, cols, w.blocks.data());
+  } else if (rows16_supported(t.type)) {
+    w.layout = QuantLayout::kRows16;
+    w.blocks.resize(static_cast<size_t>(rows16_bytes(t.type, rows, cols)));
+    pack_rows16(t.type, t.data, rows, cols, w.blocks.data());
   } else {
     w.blocks.assign(t.data, t.data + t.n_bytes);
   }
@@ -245,8 +245,8 @@ int64_t Weight::row_bytes() const {
 void Weight::row(int64_t r, float* out) const {
   if (type == io::GgmlType::kF32)
     std::copy_n(&f32[static_cast<size_t>(r * cols)], cols, out);
-  else if (layout == QuantLayout::kQ8_0x16)
-    dequantize_q8_0x16_row(blocks.data(), cols, r, out);
+  else if (layout == QuantLayout::kRows16)
+    dequantize_rows16_row(type, blocks.data(), cols, r, out);
   else
     io::dequantize_row(type, &blocks[static_cast<size_t>(r * row_bytes())], cols, out);
 }

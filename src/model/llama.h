@@ -48,15 +48,15 @@ struct LlamaConfig {
 
 // A weight matrix [rows, cols] (row-major: a row's cols are contiguous) in its
 // file type: F32 as floats, any other GGML type as its blocks, row after row
-// as in the file, except Q8_0 on CPUs with AVX-512 VNNI: rearranged into
-// groups of 16 rows (QuantLayout::kQ8_0x16, lossless), the layout its
-// one-token and tile kernels read fastest.
+// as in the file, except Q8_0 and Q4_K on CPUs with AVX-512 VNNI:
+// rearranged into groups of 16 rows (QuantLayout::kRows16, lossless), the
+// layout their one-token kernels read fastest.
 struct Weight {
   io::GgmlType type = io::GgmlType::kF32;
   int64_t rows = 0, cols = 0;
   QuantLayout layout = QuantLayout::kGguf;
   std::vector<float> f32;               // type F32: rows * cols
-  core::AlignedVector<uint8_t> blocks;  // other types: rows * row_bytes(), or q8_0x16_bytes
+  core::AlignedVector<uint8_t> blocks;  // other types: rows * row_bytes(), or rows16_bytes
   static Weight from_f32(std::vector<float> data, int64_t rows, int64_t cols);
   int64_t row_bytes() const;
   void row(int64_t r, float* out) const;  // row r as floats [cols]

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -38,6 +39,8 @@ namespace {
 constexpr int kMaxTokens = 4;
 // How far ahead of the row being read weights are prefetched.
 constexpr int64_t kPrefetchBytes = 4096;
+// A kRows16 Q4_K super-block of 16 rows (qmatmul.h has the layout).
+constexpr int64_t kQ4KGroupBytes = 2368;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ANCHORKV_BYTE_KERNELS 1
@@ -265,15 +268,23 @@ void rows_vnni(const uint8_t* rows, int64_t row_bytes, int n_rows, int64_t nb, c
   }
 }
 
-// One kQ8_0x16 group (16 rows; qmatmul.h has the layout) times kTok tokens:
-// per block and token, eight vpdpbusd of the 64-byte weight loads by four
-// broadcast activations give each row's exact int32 sum of (w + 128) x, from
-// which 128 * sum(x) (the activations' per-32 sum) comes back off; then one
-// float conversion and multiply-add by the 16 rows' scales times the token's.
-// A token's arithmetic is the same whatever kTok. out[t]: the 16 rows' dots.
+// The activations of up to four tokens, as the kRows16 kernels read them.
+struct TokenRows {
+  const int8_t* x[4];
+  const float* xs[4];     // per activation group
+  const int32_t* sums[4]; // per 32 elements
+};
+
+// One kRows16 Q8_0 group (16 rows; qmatmul.h has the layout) times kTok
+// tokens: per block and token, eight vpdpbusd of the 64-byte weight loads by
+// four broadcast activations give each row's exact int32 sum of (w + 128) x,
+// from which 128 * sum(x) (the activations' per-32 sum) comes back off; then
+// one float conversion and multiply-add by the 16 rows' scales times the
+// token's. A token's arithmetic is the same whatever kTok. out[t]: the 16
+// rows' dots.
 template <int kTok>
-ANCHORKV_VNNI void group_q8_0x16(const uint8_t* group, int64_t nb, const int8_t* const* x, const float* const* xs,
-                                 const int32_t* const* sums, __m512* out) {
+ANCHORKV_VNNI void group_q8_0(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
+  const int64_t nb = cols / 32;
   const uint8_t* scales = group + nb * 512;
   __m512 acc[kTok];
   for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
@@ -287,44 +298,104 @@ ANCHORKV_VNNI void group_q8_0x16(const uint8_t* group, int64_t nb, const int8_t*
       const __m512i w0 = _mm512_loadu_si512(w + 64 * k), w1 = _mm512_loadu_si512(w + 64 * (k + 1));
       for (int t = 0; t < kTok; ++t) {
         int32_t x0, x1;
-        std::memcpy(&x0, x[t] + b * 32 + 4 * k, 4);
-        std::memcpy(&x1, x[t] + b * 32 + 4 * k + 4, 4);
+        std::memcpy(&x0, a.x[t] + b * 32 + 4 * k, 4);
+        std::memcpy(&x1, a.x[t] + b * 32 + 4 * k + 4, 4);
         even[t] = _mm512_dpbusd_epi32(even[t], w0, _mm512_set1_epi32(x0));
         odd[t] = _mm512_dpbusd_epi32(odd[t], w1, _mm512_set1_epi32(x1));
       }
     }
     const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
     for (int t = 0; t < kTok; ++t) {
-      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(128 * sums[t][b]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(xs[t][b])), acc[t]);
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(128 * a.sums[t][b]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(a.xs[t][b])), acc[t]);
     }
   }
   for (int t = 0; t < kTok; ++t) out[t] = acc[t];
 }
 
-// Rows [r0, r0 + n) of a kQ8_0x16 matrix for every token of a (group 32):
-// y[t * W.rows + r]. Tokens four at a time over each group of 16 rows.
-ANCHORKV_VNNI void rows_q8_0x16(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y) {
-  const int64_t nb = W.cols / 32, group_bytes = q8_0x16_group_bytes(W.cols);
+// One kRows16 Q4_K group times kTok tokens, per super-block: each 64-byte
+// load holds four nibble bytes of the 16 rows, low nibbles of sub-block 2c
+// and high ones of 2c + 1; vpdpbusd of each by the token's four bytes gives
+// the sub-blocks' exact dots D_j per row, then in int32 P = sum_j sc_j D_j
+// and M = sum_j m_j S_j (S_j: the activations' per-32 sums), and
+// y += xs (d P - dmin M) in float once per super-block (P < 8 * 63 * 32 *
+// 15 * 127 < 2^31).
+template <int kTok>
+ANCHORKV_VNNI void group_q4_k(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  __m512 acc[kTok];
+  for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < cols / 256; ++s) {
+    const uint8_t* blk = group + s * kQ4KGroupBytes;
+    __m512i P[kTok], M[kTok];
+    for (int t = 0; t < kTok; ++t) P[t] = M[t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t* w = blk + c * 512;
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 256), _MM_HINT_T0);
+      __m512i lo[kTok], hi[kTok];
+      for (int t = 0; t < kTok; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        const __m512i v = _mm512_loadu_si512(w + 64 * k);
+        const __m512i wl = _mm512_and_si512(v, nibble), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        for (int t = 0; t < kTok; ++t) {
+          int32_t xl, xh;
+          std::memcpy(&xl, a.x[t] + s * 256 + 64 * c + 4 * k, 4);
+          std::memcpy(&xh, a.x[t] + s * 256 + 64 * c + 32 + 4 * k, 4);
+          lo[t] = _mm512_dpbusd_epi32(lo[t], wl, _mm512_set1_epi32(xl));
+          hi[t] = _mm512_dpbusd_epi32(hi[t], wh, _mm512_set1_epi32(xh));
+        }
+      }
+      const __m512i sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2048 + 32 * c)));
+      const __m512i sc_hi =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2048 + 32 * c + 16)));
+      for (int t = 0; t < kTok; ++t)
+        P[t] = _mm512_add_epi32(P[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sc_lo), _mm512_mullo_epi32(hi[t], sc_hi)));
+    }
+    for (int j = 0; j < 8; ++j) {
+      const __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2176 + 16 * j)));
+      for (int t = 0; t < kTok; ++t)
+        M[t] = _mm512_add_epi32(M[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(a.sums[t][s * 8 + j])));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2304)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2336)));
+    for (int t = 0; t < kTok; ++t) {
+      const __m512 xs = _mm512_set1_ps(a.xs[t][s]);
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P[t]), _mm512_mul_ps(d, xs), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[t]), _mm512_mul_ps(dmin, xs), acc[t]);
+    }
+  }
+  for (int t = 0; t < kTok; ++t) out[t] = acc[t];
+}
+
+// Rows [r0, r0 + n) of a kRows16 matrix for every token of a: y[t * W.rows
+// + r]. Tokens four at a time over each group of 16 rows.
+template <bool kQ4K>
+ANCHORKV_VNNI void rows16(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y) {
+  const int64_t group_bytes = rows16_group_bytes(W.type, W.cols);
   for (int64_t g = r0 / 16; g * 16 < r0 + n; ++g) {
     const uint8_t* group = W.blocks + g * group_bytes;
     const int64_t lo = std::max(r0, g * 16), hi = std::min(r0 + n, g * 16 + 16);
     for (int64_t t = 0; t < a.T; t += 4) {
       const int kt = static_cast<int>(std::min<int64_t>(4, a.T - t));
-      const int8_t* x[4];
-      const float* xs[4];
-      const int32_t* sums[4];
+      TokenRows x;
       for (int i = 0; i < kt; ++i) {
-        x[i] = &a.q8[static_cast<size_t>((t + i) * a.cols)];
-        xs[i] = &a.scale[static_cast<size_t>((t + i) * nb)];
-        sums[i] = &a.sum[static_cast<size_t>((t + i) * nb)];
+        x.x[i] = &a.q8[static_cast<size_t>((t + i) * a.cols)];
+        x.xs[i] = &a.scale[static_cast<size_t>((t + i) * (a.cols / a.group))];
+        x.sums[i] = &a.sum[static_cast<size_t>((t + i) * (a.cols / 32))];
       }
       __m512 out[4];
+      auto kernel = [&](auto tok) {
+        if constexpr (kQ4K)
+          group_q4_k<decltype(tok)::value>(group, W.cols, x, out);
+        else
+          group_q8_0<decltype(tok)::value>(group, W.cols, x, out);
+      };
       switch (kt) {
-        case 4: group_q8_0x16<4>(group, nb, x, xs, sums, out); break;
-        case 3: group_q8_0x16<3>(group, nb, x, xs, sums, out); break;
-        case 2: group_q8_0x16<2>(group, nb, x, xs, sums, out); break;
-        default: group_q8_0x16<1>(group, nb, x, xs, sums, out); break;
+        case 4: kernel(std::integral_constant<int, 4>{}); break;
+        case 3: kernel(std::integral_constant<int, 3>{}); break;
+        case 2: kernel(std::integral_constant<int, 2>{}); break;
+        default: kernel(std::integral_constant<int, 1>{}); break;
       }
       for (int i = 0; i < kt; ++i) {
         alignas(64) float lanes[16];
@@ -620,8 +691,8 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
 #else
   if (n == 0) return true;  // the caller asks whether this target has the kernels
 #ifdef ANCHORKV_BYTE_KERNELS
-  if (W.layout == QuantLayout::kQ8_0x16) {  // check_matrix: only where the CPU has VNNI
-    rows_q8_0x16(W, r0, n, a, y);
+  if (W.layout == QuantLayout::kRows16) {  // check_matrix: only where the CPU has VNNI
+    (W.type == io::GgmlType::kQ4_K ? rows16<true> : rows16<false>)(W, r0, n, a, y);
     return true;
   }
 #endif
@@ -747,55 +818,101 @@ int64_t int8_group(io::GgmlType type) {
   return type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ8_0 ? 32 : 256;
 }
 
-bool q8_0x16_supported() {
+bool rows16_supported(io::GgmlType type) {
 #ifdef ANCHORKV_BYTE_KERNELS
-  return cpu_has_avx512vnni();
+  return (type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_K) && cpu_has_avx512vnni();
 #else
+  (void)type;
   return false;
 #endif
 }
 
-int64_t q8_0x16_group_bytes(int64_t cols) { return (cols / 32 * 544 + 63) / 64 * 64; }
+namespace {
 
-int64_t q8_0x16_bytes(int64_t rows, int64_t cols) { return (rows + 15) / 16 * q8_0x16_group_bytes(cols); }
+// Where byte e of the 4-byte word k of row i goes in a 16-row block: the
+// rows' words side by side.
+constexpr int64_t word16(int64_t k, int64_t i) { return k * 64 + i * 4; }
 
-void pack_q8_0x16(const uint8_t* gguf, int64_t rows, int64_t cols, uint8_t* out) {
-  const int64_t nb = cols / 32, row_bytes = nb * 34, group_bytes = q8_0x16_group_bytes(cols);
-  std::memset(out, 0, static_cast<size_t>(q8_0x16_bytes(rows, cols)));
-  for (int64_t g = 0; g < (rows + 15) / 16; ++g) {
-    uint8_t* group = out + g * group_bytes;
-    for (int64_t i = 0; i < 16; ++i) {
-      const bool real = g * 16 + i < rows;  // padding rows: w = 0 (stored 128), scale 0
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = gguf + (g * 16 + i) * row_bytes + b * 34;
-        for (int64_t e = 0; e < 32; ++e)
-          group[b * 512 + e / 4 * 64 + i * 4 + e % 4] = real ? static_cast<uint8_t>(blk[2 + e] ^ 0x80) : 0x80;
-        if (real) std::memcpy(group + nb * 512 + b * 32 + i * 2, blk, 2);
-      }
+void pack_q8_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group) {
+  for (int64_t i = 0; i < 16; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = rows + i * nb * 34 + b * 34;
+      for (int64_t e = 0; e < 32; ++e)
+        group[b * 512 + word16(e / 4, i) + e % 4] = i < n ? static_cast<uint8_t>(blk[2 + e] ^ 0x80) : 0x80;
+      if (i < n) std::memcpy(group + nb * 512 + b * 32 + i * 2, blk, 2);
     }
-  }
 }
-
-void unpack_q8_0x16_row(const uint8_t* packed, int64_t cols, int64_t r, uint8_t* gguf_row) {
-  const int64_t nb = cols / 32, i = r % 16;
-  const uint8_t* group = packed + r / 16 * q8_0x16_group_bytes(cols);
+void unpack_q8_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) {
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = gguf_row + b * 34;
+    uint8_t* blk = row + b * 34;
     std::memcpy(blk, group + nb * 512 + b * 32 + i * 2, 2);
-    for (int64_t e = 0; e < 32; ++e) blk[2 + e] = group[b * 512 + e / 4 * 64 + i * 4 + e % 4] ^ 0x80;
+    for (int64_t e = 0; e < 32; ++e) blk[2 + e] = group[b * 512 + word16(e / 4, i) + e % 4] ^ 0x80;
   }
 }
 
-void dequantize_q8_0x16_row(const uint8_t* packed, int64_t cols, int64_t r, float* out) {
-  const int64_t nb = cols / 32, i = r % 16;
-  const uint8_t* group = packed + r / 16 * q8_0x16_group_bytes(cols);
-  for (int64_t b = 0; b < nb; ++b) {
-    uint16_t h;
-    std::memcpy(&h, group + nb * 512 + b * 32 + i * 2, 2);
-    const float d = core::half_to_float(h);
-    for (int64_t e = 0; e < 32; ++e)
-      out[b * 32 + e] = d * static_cast<float>(static_cast<int8_t>(group[b * 512 + e / 4 * 64 + i * 4 + e % 4] ^ 0x80));
+void pack_q4_k_group(const uint8_t* rows, int64_t n, int64_t nsb, uint8_t* group) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* blk = rows + i * nsb * 144 + s * 144;
+      uint8_t* out = group + s * kQ4KGroupBytes;
+      for (int64_t w = 0; w < 32; ++w) std::memcpy(out + word16(w, i), blk + 16 + 4 * w, 4);
+      uint8_t sc[8], m[8];
+      unpack_scales_k4(blk + 4, sc, m);
+      for (int j = 0; j < 8; ++j) out[2048 + j * 16 + i] = sc[j], out[2176 + j * 16 + i] = m[j];
+      std::memcpy(out + 2304 + i * 2, blk, 2);
+      std::memcpy(out + 2336 + i * 2, blk + 2, 2);
+    }
+}
+void unpack_q4_k_row(const uint8_t* group, int64_t nsb, int64_t i, uint8_t* row) {
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* in = group + s * kQ4KGroupBytes;
+    uint8_t* blk = row + s * 144;
+    std::memcpy(blk, in + 2304 + i * 2, 2);
+    std::memcpy(blk + 2, in + 2336 + i * 2, 2);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) sc[j] = in[2048 + j * 16 + i], m[j] = in[2176 + j * 16 + i];
+    pack_scales_k4(sc, m, blk + 4);
+    for (int64_t w = 0; w < 32; ++w) std::memcpy(blk + 16 + 4 * w, in + word16(w, i), 4);
   }
+}
+}  // namespace
+
+int64_t rows16_group_bytes(io::GgmlType type, int64_t cols) {
+  return type == io::GgmlType::kQ4_K ? cols / 256 * kQ4KGroupBytes : (cols / 32 * 544 + 63) / 64 * 64;
+}
+
+int64_t rows16_bytes(io::GgmlType type, int64_t rows, int64_t cols) {
+  return (rows + 15) / 16 * rows16_group_bytes(type, cols);
+}
+
+void pack_rows16(io::GgmlType type, const uint8_t* gguf, int64_t rows, int64_t cols, uint8_t* out) {
+  const bool k4 = type == io::GgmlType::kQ4_K;
+  const int64_t row_bytes = k4 ? cols / 256 * 144 : cols / 32 * 34, group_bytes = rows16_group_bytes(type, cols);
+  std::memset(out, 0, static_cast<size_t>(rows16_bytes(type, rows, cols)));  // padding rows: zero weights
+  for (int64_t g = 0; g < (rows + 15) / 16; ++g) {
+    const int64_t n = std::min<int64_t>(16, rows - g * 16);
+    if (k4)
+      pack_q4_k_group(gguf + g * 16 * row_bytes, n, cols / 256, out + g * group_bytes);
+    else
+      pack_q8_0_group(gguf + g * 16 * row_bytes, n, cols / 32, out + g * group_bytes);
+  }
+}
+
+void unpack_rows16_row(io::GgmlType type, const uint8_t* packed, int64_t cols, int64_t r, uint8_t* gguf_row) {
+  const uint8_t* group = packed + r / 16 * rows16_group_bytes(type, cols);
+  if (type == io::GgmlType::kQ4_K)
+    unpack_q4_k_row(group, cols / 256, r % 16, gguf_row);
+  else
+    unpack_q8_0_row(group, cols / 32, r % 16, gguf_row);
+}
+
+void dequantize_rows16_row(io::GgmlType type, const uint8_t* packed, int64_t cols, int64_t r, float* out) {
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  thread_local std::vector<uint8_t> row;
+  row.resize(static_cast<size_t>(cols / be * bb));
+  unpack_rows16_row(type, packed, cols, r, row.data());
+  io::dequantize_row(type, row.data(), cols, out);
 }
 
 namespace {
@@ -825,10 +942,10 @@ void check_matrix(const QuantMatrix& W) {
   if (W.rows < 0 || W.cols < 0 || W.cols % be != 0 || W.row_bytes != W.cols / be * bb ||
       (W.rows > 0 && W.blocks == nullptr))
     core::fail(ErrorCode::kInvalidArgument, kOp, "matrix shape does not match its block type");
-  if (W.layout == QuantLayout::kQ8_0x16 && W.type != io::GgmlType::kQ8_0)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0 matrices are held in the 16-row layout");
-  if (W.layout == QuantLayout::kQ8_0x16 && !q8_0x16_supported())
-    core::fail(ErrorCode::kUnsupported, kOp, "Q8_0 in the 16-row layout needs AVX-512 VNNI, which this CPU lacks");
+  if (W.layout == QuantLayout::kRows16 && W.type != io::GgmlType::kQ8_0 && W.type != io::GgmlType::kQ4_K)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0 and Q4_K matrices are held in groups of 16 rows");
+  if (W.layout == QuantLayout::kRows16 && !rows16_supported(W.type))
+    core::fail(ErrorCode::kUnsupported, kOp, "weights in groups of 16 rows need AVX-512 VNNI, which this CPU lacks");
 }
 }  // namespace
 
@@ -890,7 +1007,7 @@ void matmul_amx_batch(Int8Activations* const acts[2], const bool quantized[2], c
   bool sums16[2] = {false, false}, token_rows[2] = {false, false};
   for (int m = 0; m < n; ++m) {
     sums16[slot_of(m)] |= W[m].type == io::GgmlType::kQ6_K;
-    token_rows[slot_of(m)] |= W[m].layout == QuantLayout::kQ8_0x16;
+    token_rows[slot_of(m)] |= W[m].layout == QuantLayout::kRows16 && W[m].type == io::GgmlType::kQ8_0;
   }
   for (int slot = 0; slot < 2; ++slot)
     if (quantized[slot]) pack_amx_tokens(*acts[slot], &packed[slot], threads, sums16[slot], token_rows[slot]);
@@ -946,7 +1063,7 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
   // thread: each core then streams its weights in order, which the hardware
   // prefetchers follow (interleaved small tasks halved the two-thread
   // bandwidth), and the batch costs one synchronization.
-  // Cuts on multiples of 16 rows: a kQ8_0x16 group is then read by one thread.
+  // Cuts on multiples of 16 rows: a kRows16 group is then read by one thread.
   const int64_t parts = std::min<int64_t>(core::resolve_threads(threads), std::max<int64_t>(total, 1));
   auto cut = [&](int64_t i) { return i == parts ? total : total * i / parts / 16 * 16; };
   core::parallel_for(parts, threads, [&](int64_t i) {
@@ -969,8 +1086,8 @@ void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y) 
   std::vector<uint8_t> row(static_cast<size_t>(W.row_bytes));
   for (int64_t r = 0; r < W.rows; ++r) {
     const uint8_t* blocks = W.blocks + r * W.row_bytes;
-    if (W.layout == QuantLayout::kQ8_0x16) {
-      unpack_q8_0x16_row(W.blocks, W.cols, r, row.data());
+    if (W.layout == QuantLayout::kRows16) {
+      unpack_rows16_row(W.type, W.blocks, W.cols, r, row.data());
       blocks = row.data();
     }
     io::dequantize_row_ref(W.type, blocks, W.cols, w.data());

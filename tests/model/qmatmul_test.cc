@@ -305,29 +305,35 @@ INSTANTIATE_TEST_SUITE_P(Types, AmxTiles,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
-// Q8_0 rearranged into groups of 16 rows (kQ8_0x16): a lossless round trip;
-// products on it (one-token VNNI rows, token blocks, AMX tiles from
-// kAmxMinTokens) agree with the GGUF layout's kernels and the twin, and one,
-// two and three threads give the same bits, with a partial last group.
-TEST(Q8_0x16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
-  if (!q8_0x16_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+// Q8_0 and Q4_K rearranged into groups of 16 rows (kRows16): a lossless
+// round trip; products on it (one-token VNNI rows, token blocks, AMX tiles
+// from kAmxMinTokens) agree with the GGUF layout's kernels and the twin, and
+// one, two and three threads give the same bits, with a partial last group.
+class Rows16 : public ::testing::TestWithParam<io::GgmlType> {};
+
+TEST_P(Rows16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
+  const io::GgmlType type = GetParam();
+  if (!rows16_supported(type)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
   std::mt19937 g(31);
-  const int64_t rows = 16 * 3 + 5, cols = 768, row_bytes = cols / 32 * 34;
-  std::vector<uint8_t> blocks = random_blocks(io::GgmlType::kQ8_0, rows, cols, g);
-  blocks[2] = 0x80;  // -128: the one int8 value a Q8_0 quantizer never writes, still a valid block
-  std::vector<uint8_t> packed(static_cast<size_t>(q8_0x16_bytes(rows, cols)));
-  pack_q8_0x16(blocks.data(), rows, cols, packed.data());
+  const int64_t rows = 16 * 3 + 5, cols = 768;
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  const int64_t row_bytes = cols / be * bb;
+  std::vector<uint8_t> blocks = random_blocks(type, rows, cols, g);
+  if (type == io::GgmlType::kQ8_0) blocks[2] = 0x80;  // -128: never written by a quantizer, still valid
+  std::vector<uint8_t> packed(static_cast<size_t>(rows16_bytes(type, rows, cols)));
+  pack_rows16(type, blocks.data(), rows, cols, packed.data());
   std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
   std::vector<float> w(static_cast<size_t>(cols)), wp(w.size());
   for (int64_t r = 0; r < rows; ++r) {
-    unpack_q8_0x16_row(packed.data(), cols, r, row.data());
+    unpack_rows16_row(type, packed.data(), cols, r, row.data());
     ASSERT_EQ(0, std::memcmp(row.data(), blocks.data() + r * row_bytes, static_cast<size_t>(row_bytes))) << r;
-    io::dequantize_row_ref(io::GgmlType::kQ8_0, row.data(), cols, w.data());
-    dequantize_q8_0x16_row(packed.data(), cols, r, wp.data());
+    io::dequantize_row_ref(type, row.data(), cols, w.data());
+    dequantize_rows16_row(type, packed.data(), cols, r, wp.data());
     ASSERT_EQ(w, wp) << r;
   }
-  const QuantMatrix gguf{io::GgmlType::kQ8_0, blocks.data(), rows, cols, row_bytes};
-  const QuantMatrix W{io::GgmlType::kQ8_0, packed.data(), rows, cols, row_bytes, QuantLayout::kQ8_0x16};
+  const QuantMatrix gguf{type, blocks.data(), rows, cols, row_bytes};
+  const QuantMatrix W{type, packed.data(), rows, cols, row_bytes, QuantLayout::kRows16};
   for (int64_t T : {1, 2, 3, 4, 5, 6, 16, 23}) {
     const std::vector<float> x = random_activations(T, cols, g);
     std::vector<float> y(static_cast<size_t>(T * rows)), rows_kernel(y.size()), in_place(y.size()), ref(y.size());
@@ -346,7 +352,7 @@ TEST(Q8_0x16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
     matmul_int8_ref(x.data(), T, gguf, ref_gguf.data());
     ASSERT_EQ(ref, ref_gguf) << "the twin reads both layouts as the same matrix";
     for (int64_t r = 0; r < rows; ++r) {
-      io::dequantize_row_ref(io::GgmlType::kQ8_0, blocks.data() + r * row_bytes, cols, w.data());
+      io::dequantize_row_ref(type, blocks.data() + r * row_bytes, cols, w.data());
       for (int64_t t = 0; t < T; ++t) {
         double magnitude = 0;
         for (int64_t i = 0; i < cols; ++i) magnitude += std::fabs(double(w[i]) * x[t * cols + i]);
@@ -359,21 +365,25 @@ TEST(Q8_0x16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
   }
 }
 
-TEST(Q8_0x16, ABatchWithOtherTypesGivesTheBitsOfSeparateCalls) {
-  if (!q8_0x16_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
-  Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ8_0}, {37, 20, 48}, 512, 41);
-  for (int m : {0, 2}) {  // the Q8_0 matrices rearranged, the Q4_K one in place
-    std::vector<uint8_t> packed(static_cast<size_t>(q8_0x16_bytes(b.W[m].rows, 512)));
-    pack_q8_0x16(b.blocks[m].data(), b.W[m].rows, 512, packed.data());
+INSTANTIATE_TEST_SUITE_P(Types, Rows16, ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_K),
+                         [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
+
+TEST(Rows16, ABatchWithOtherTypesGivesTheBitsOfSeparateCalls) {
+  if (!rows16_supported(io::GgmlType::kQ8_0)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ6_K, io::GgmlType::kQ4_K, io::GgmlType::kQ8_0},
+                         {37, 20, 35, 48}, 512, 41);
+  for (int m : {0, 2, 3}) {  // Q8_0 and Q4_K rearranged, Q6_K in place
+    std::vector<uint8_t> packed(static_cast<size_t>(rows16_bytes(b.W[m].type, b.W[m].rows, 512)));
+    pack_rows16(b.W[m].type, b.blocks[m].data(), b.W[m].rows, 512, packed.data());
     b.blocks[m] = std::move(packed);
     b.W[m].blocks = b.blocks[m].data();
-    b.W[m].layout = QuantLayout::kQ8_0x16;
+    b.W[m].layout = QuantLayout::kRows16;
   }
   expect_batch_is_separate_calls(b, 1, {1, 2, 3});
   expect_batch_is_separate_calls(b, 3, {1, 2});
   expect_batch_is_separate_calls(b, 21, {2});
   QuantMatrix wrong = b.W[1];
-  wrong.layout = QuantLayout::kQ8_0x16;  // a Q4_K matrix cannot be in the Q8_0 layout
+  wrong.layout = QuantLayout::kRows16;  // no Q6_K kernel reads groups of 16 rows
   std::vector<float> x(512, 1.0f), y(20);
   EXPECT_THROW(matmul_int8(x.data(), 1, wrong, y.data(), 1), Error);
 }
