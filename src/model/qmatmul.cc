@@ -313,6 +313,44 @@ ANCHORKV_VNNI void group_q8_0(const uint8_t* group, int64_t cols, const TokenRow
   for (int t = 0; t < kTok; ++t) out[t] = acc[t];
 }
 
+// One kRows16 Q4_0 group times kTok tokens: per block, each 64-byte load
+// holds four nibble bytes of the 16 rows (elements 4k + j low, 16 + 4k + j
+// high); vpdpbusd of both halves by the token's bytes gives the block's exact
+// dot of the unsigned nibbles, from which 8 * sum(x) comes back off (the -8
+// offset), then one float step per block as Q8_0.
+template <int kTok>
+ANCHORKV_VNNI void group_q4_0(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
+  const int64_t nb = cols / 32;
+  const uint8_t* scales = group + nb * 256;
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  __m512 acc[kTok];
+  for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = group + b * 256;
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 128), _MM_HINT_T0);
+    __m512i lo[kTok], hi[kTok];
+    for (int t = 0; t < kTok; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_loadu_si512(w + 64 * k);
+      const __m512i wl = _mm512_and_si512(v, nibble), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+      for (int t = 0; t < kTok; ++t) {
+        int32_t xl, xh;
+        std::memcpy(&xl, a.x[t] + b * 32 + 4 * k, 4);
+        std::memcpy(&xh, a.x[t] + b * 32 + 16 + 4 * k, 4);
+        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, _mm512_set1_epi32(xl));
+        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, _mm512_set1_epi32(xh));
+      }
+    }
+    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
+    for (int t = 0; t < kTok; ++t) {
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(lo[t], hi[t]), _mm512_set1_epi32(8 * a.sums[t][b]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(a.xs[t][b])), acc[t]);
+    }
+  }
+  for (int t = 0; t < kTok; ++t) out[t] = acc[t];
+}
+
 // One kRows16 Q4_K group times kTok tokens, per super-block: each 64-byte
 // load holds four nibble bytes of the 16 rows, low nibbles of sub-block 2c
 // and high ones of 2c + 1; vpdpbusd of each by the token's four bytes gives
@@ -370,7 +408,7 @@ ANCHORKV_VNNI void group_q4_k(const uint8_t* group, int64_t cols, const TokenRow
 
 // Rows [r0, r0 + n) of a kRows16 matrix for every token of a: y[t * W.rows
 // + r]. Tokens four at a time over each group of 16 rows.
-template <bool kQ4K>
+template <io::GgmlType kType>
 ANCHORKV_VNNI void rows16(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y) {
   const int64_t group_bytes = rows16_group_bytes(W.type, W.cols);
   for (int64_t g = r0 / 16; g * 16 < r0 + n; ++g) {
@@ -386,8 +424,10 @@ ANCHORKV_VNNI void rows16(const QuantMatrix& W, int64_t r0, int64_t n, const Int
       }
       __m512 out[4];
       auto kernel = [&](auto tok) {
-        if constexpr (kQ4K)
+        if constexpr (kType == io::GgmlType::kQ4_K)
           group_q4_k<decltype(tok)::value>(group, W.cols, x, out);
+        else if constexpr (kType == io::GgmlType::kQ4_0)
+          group_q4_0<decltype(tok)::value>(group, W.cols, x, out);
         else
           group_q8_0<decltype(tok)::value>(group, W.cols, x, out);
       };
@@ -692,7 +732,12 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
   if (n == 0) return true;  // the caller asks whether this target has the kernels
 #ifdef ANCHORKV_BYTE_KERNELS
   if (W.layout == QuantLayout::kRows16) {  // check_matrix: only where the CPU has VNNI
-    (W.type == io::GgmlType::kQ4_K ? rows16<true> : rows16<false>)(W, r0, n, a, y);
+    if (W.type == io::GgmlType::kQ4_K)
+      rows16<io::GgmlType::kQ4_K>(W, r0, n, a, y);
+    else if (W.type == io::GgmlType::kQ4_0)
+      rows16<io::GgmlType::kQ4_0>(W, r0, n, a, y);
+    else
+      rows16<io::GgmlType::kQ8_0>(W, r0, n, a, y);
     return true;
   }
 #endif
@@ -820,7 +865,8 @@ int64_t int8_group(io::GgmlType type) {
 
 bool rows16_supported(io::GgmlType type) {
 #ifdef ANCHORKV_BYTE_KERNELS
-  return (type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_K) && cpu_has_avx512vnni();
+  return (type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K) &&
+         cpu_has_avx512vnni();
 #else
   (void)type;
   return false;
@@ -847,6 +893,22 @@ void unpack_q8_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) 
     uint8_t* blk = row + b * 34;
     std::memcpy(blk, group + nb * 512 + b * 32 + i * 2, 2);
     for (int64_t e = 0; e < 32; ++e) blk[2 + e] = group[b * 512 + word16(e / 4, i) + e % 4] ^ 0x80;
+  }
+}
+
+void pack_q4_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = rows + i * nb * 18 + b * 18;
+      for (int64_t w = 0; w < 4; ++w) std::memcpy(group + b * 256 + word16(w, i), blk + 2 + 4 * w, 4);
+      std::memcpy(group + nb * 256 + b * 32 + i * 2, blk, 2);
+    }
+}
+void unpack_q4_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) {
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* blk = row + b * 18;
+    std::memcpy(blk, group + nb * 256 + b * 32 + i * 2, 2);
+    for (int64_t w = 0; w < 4; ++w) std::memcpy(blk + 2 + 4 * w, group + b * 256 + word16(w, i), 4);
   }
 }
 
@@ -878,7 +940,9 @@ void unpack_q4_k_row(const uint8_t* group, int64_t nsb, int64_t i, uint8_t* row)
 }  // namespace
 
 int64_t rows16_group_bytes(io::GgmlType type, int64_t cols) {
-  return type == io::GgmlType::kQ4_K ? cols / 256 * kQ4KGroupBytes : (cols / 32 * 544 + 63) / 64 * 64;
+  if (type == io::GgmlType::kQ4_K) return cols / 256 * kQ4KGroupBytes;
+  const int64_t block = type == io::GgmlType::kQ4_0 ? 256 + 32 : 512 + 32;  // 16 rows' bytes and scales
+  return (cols / 32 * block + 63) / 64 * 64;
 }
 
 int64_t rows16_bytes(io::GgmlType type, int64_t rows, int64_t cols) {
@@ -886,15 +950,19 @@ int64_t rows16_bytes(io::GgmlType type, int64_t rows, int64_t cols) {
 }
 
 void pack_rows16(io::GgmlType type, const uint8_t* gguf, int64_t rows, int64_t cols, uint8_t* out) {
-  const bool k4 = type == io::GgmlType::kQ4_K;
-  const int64_t row_bytes = k4 ? cols / 256 * 144 : cols / 32 * 34, group_bytes = rows16_group_bytes(type, cols);
-  std::memset(out, 0, static_cast<size_t>(rows16_bytes(type, rows, cols)));  // padding rows: zero weights
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  const int64_t row_bytes = cols / be * bb, group_bytes = rows16_group_bytes(type, cols);
+  std::memset(out, 0, static_cast<size_t>(rows16_bytes(type, rows, cols)));  // padding rows: zero scales
   for (int64_t g = 0; g < (rows + 15) / 16; ++g) {
     const int64_t n = std::min<int64_t>(16, rows - g * 16);
-    if (k4)
-      pack_q4_k_group(gguf + g * 16 * row_bytes, n, cols / 256, out + g * group_bytes);
+    const uint8_t* in = gguf + g * 16 * row_bytes;
+    if (type == io::GgmlType::kQ4_K)
+      pack_q4_k_group(in, n, cols / 256, out + g * group_bytes);
+    else if (type == io::GgmlType::kQ4_0)
+      pack_q4_0_group(in, n, cols / 32, out + g * group_bytes);
     else
-      pack_q8_0_group(gguf + g * 16 * row_bytes, n, cols / 32, out + g * group_bytes);
+      pack_q8_0_group(in, n, cols / 32, out + g * group_bytes);
   }
 }
 
@@ -902,6 +970,8 @@ void unpack_rows16_row(io::GgmlType type, const uint8_t* packed, int64_t cols, i
   const uint8_t* group = packed + r / 16 * rows16_group_bytes(type, cols);
   if (type == io::GgmlType::kQ4_K)
     unpack_q4_k_row(group, cols / 256, r % 16, gguf_row);
+  else if (type == io::GgmlType::kQ4_0)
+    unpack_q4_0_row(group, cols / 32, r % 16, gguf_row);
   else
     unpack_q8_0_row(group, cols / 32, r % 16, gguf_row);
 }
@@ -942,8 +1012,9 @@ void check_matrix(const QuantMatrix& W) {
   if (W.rows < 0 || W.cols < 0 || W.cols % be != 0 || W.row_bytes != W.cols / be * bb ||
       (W.rows > 0 && W.blocks == nullptr))
     core::fail(ErrorCode::kInvalidArgument, kOp, "matrix shape does not match its block type");
-  if (W.layout == QuantLayout::kRows16 && W.type != io::GgmlType::kQ8_0 && W.type != io::GgmlType::kQ4_K)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0 and Q4_K matrices are held in groups of 16 rows");
+  if (W.layout == QuantLayout::kRows16 && W.type != io::GgmlType::kQ8_0 && W.type != io::GgmlType::kQ4_0 &&
+      W.type != io::GgmlType::kQ4_K)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0, Q4_0 and Q4_K matrices are held in groups of 16 rows");
   if (W.layout == QuantLayout::kRows16 && !rows16_supported(W.type))
     core::fail(ErrorCode::kUnsupported, kOp, "weights in groups of 16 rows need AVX-512 VNNI, which this CPU lacks");
 }

@@ -37,7 +37,7 @@ int64_t int8_group(io::GgmlType type);
 
 // How a matrix's blocks lie in memory.
 //  kGguf: row-major GGML blocks, as in the file (row r at r * row_bytes).
-//  kRows16: Q8_0 and Q4_K rearranged losslessly for VNNI products with one
+//  kRows16: Q8_0, Q4_0 and Q4_K rearranged losslessly for VNNI products with one
 //    row per vector lane: rows in groups of 16 (the last padded with zero
 //    rows), group g at g * rows16_group_bytes(type, cols). A 64-byte load
 //    then holds four weight bytes of each of the 16 rows, so a token's
@@ -47,6 +47,9 @@ int64_t int8_group(io::GgmlType type);
 //      (element 4k + j of row i's block at k * 64 + i * 4 + j, stored as
 //      w + 128, unsigned), then the blocks' fp16 scales [blocks][16]. A
 //      block's 512 bytes are also an AMX tile's second operand as they lie.
+//    Q4_0, per block 256 bytes [4 k][16 rows][4] (GGUF's nibble bytes
+//      4 k .. 4 k + 3 of the row: elements 4 k + j low, 16 + 4 k + j high),
+//      then the blocks' fp16 scales [blocks][16].
 //    Q4_K, per 256-element super-block (2368 bytes): the nibble bytes
 //      [4 c][8 k][16 rows][4] (GGUF's qs bytes 32 c + 4 k .. + 3 of the
 //      row: elements 64 c + 4 k + j low, 64 c + 32 + 4 k + j high), the
@@ -63,7 +66,7 @@ struct QuantMatrix {
   QuantLayout layout = QuantLayout::kGguf;
 };
 
-// Whether this CPU multiplies kRows16 matrices of this type (Q8_0, Q4_K;
+// Whether this CPU multiplies kRows16 matrices of this type (Q8_0, Q4_0, Q4_K;
 // needs AVX-512 VNNI); a runtime holds those weights in that layout only
 // where it does.
 bool rows16_supported(io::GgmlType type);
