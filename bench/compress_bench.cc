@@ -78,4 +78,4 @@ BENCHMARK(BM_AssignmentProduct)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();  // also runs the suites of attention_bench.cc
+BENCHMARK_MAIN();  // also runs the suites of attention_bench.cc and matmul_bench.cc

@@ -48,7 +48,7 @@ struct LlamaConfig {
 
 // A weight matrix [rows, cols] (row-major: a row's cols are contiguous) in its
 // file type: F32 as floats, any other GGML type as its blocks, row after row
-// as in the file, except Q8_0, Q4_0 and Q4_K on CPUs with AVX-512 VNNI:
+// as in the file, except Q8_0, Q4_0, Q4_K and Q5_K on CPUs with AVX-512 VNNI:
 // rearranged into groups of 16 rows (QuantLayout::kRows16, lossless), the
 // layout their one-token kernels read fastest.
 struct Weight {

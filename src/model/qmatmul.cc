@@ -39,8 +39,16 @@ namespace {
 constexpr int kMaxTokens = 4;
 // How far ahead of the row being read weights are prefetched.
 constexpr int64_t kPrefetchBytes = 4096;
-// A kRows16 Q4_K super-block of 16 rows (qmatmul.h has the layout).
-constexpr int64_t kQ4KGroupBytes = 2368;
+// Where the parts of a kRows16 Q4_K / Q5_K super-block of 16 rows lie
+// (qmatmul.h has the layout): nibbles, Q5_K's fifth bits, sub-block scales,
+// minimums, d, dmin.
+struct KRows16 {
+  int64_t high, sc, m, d, dmin, bytes;
+  static constexpr KRows16 of(bool five) {
+    const int64_t h = five ? 512 : 0;
+    return {2048, 2048 + h, 2176 + h, 2304 + h, 2336 + h, 2368 + h};
+  }
+};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ANCHORKV_BYTE_KERNELS 1
@@ -351,20 +359,26 @@ ANCHORKV_VNNI void group_q4_0(const uint8_t* group, int64_t cols, const TokenRow
   for (int t = 0; t < kTok; ++t) out[t] = acc[t];
 }
 
-// One kRows16 Q4_K group times kTok tokens, per super-block: each 64-byte
-// load holds four nibble bytes of the 16 rows, low nibbles of sub-block 2c
-// and high ones of 2c + 1; vpdpbusd of each by the token's four bytes gives
-// the sub-blocks' exact dots D_j per row, then in int32 P = sum_j sc_j D_j
-// and M = sum_j m_j S_j (S_j: the activations' per-32 sums), and
-// y += xs (d P - dmin M) in float once per super-block (P < 8 * 63 * 32 *
-// 15 * 127 < 2^31).
-template <int kTok>
-ANCHORKV_VNNI void group_q4_k(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
-  const __m512i nibble = _mm512_set1_epi8(0x0f);
+// One kRows16 Q4_K or Q5_K group times kTok tokens, per super-block: each
+// 64-byte load holds four nibble bytes of the 16 rows, low nibbles of
+// sub-block 2c and high ones of 2c + 1 (Q5_K: each row's byte of fifth bits
+// for them, bits 0-3 and 4-7, added as 16 under a byte mask); vpdpbusd of
+// each by the token's four bytes gives the sub-blocks' exact dots D_j per
+// row, then in int32 P = sum_j sc_j D_j and M = sum_j m_j S_j (S_j: the
+// activations' per-32 sums), and y += xs (d P - dmin M) in float once per
+// super-block (P < 8 * 63 * 32 * 31 * 127 < 2^31).
+template <int kTok, bool kFive>
+ANCHORKV_VNNI void group_q45_k(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
+  constexpr KRows16 L = KRows16::of(kFive);
+  const __m512i nibble = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16);
+  // A row's byte of fifth bits to all four bytes of its lane, then bit j of
+  // it (4 + j) to byte j's low (high) element.
+  const __m512i spread = _mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0x00000000);
+  const __m512i bits_lo = _mm512_set1_epi32(0x08040201), bits_hi = _mm512_set1_epi32(static_cast<int>(0x80402010u));
   __m512 acc[kTok];
   for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t s = 0; s < cols / 256; ++s) {
-    const uint8_t* blk = group + s * kQ4KGroupBytes;
+    const uint8_t* blk = group + s * L.bytes;
     __m512i P[kTok], M[kTok];
     for (int t = 0; t < kTok; ++t) P[t] = M[t] = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
@@ -375,7 +389,14 @@ ANCHORKV_VNNI void group_q4_k(const uint8_t* group, int64_t cols, const TokenRow
       for (int t = 0; t < kTok; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {
         const __m512i v = _mm512_loadu_si512(w + 64 * k);
-        const __m512i wl = _mm512_and_si512(v, nibble), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        __m512i wl = _mm512_and_si512(v, nibble), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        if constexpr (kFive) {
+          const __m512i h = _mm512_shuffle_epi8(
+              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L.high + (c * 8 + k) * 16))),
+              spread);
+          wl = _mm512_mask_add_epi8(wl, _mm512_test_epi8_mask(h, bits_lo), wl, sixteen);
+          wh = _mm512_mask_add_epi8(wh, _mm512_test_epi8_mask(h, bits_hi), wh, sixteen);
+        }
         for (int t = 0; t < kTok; ++t) {
           int32_t xl, xh;
           std::memcpy(&xl, a.x[t] + s * 256 + 64 * c + 4 * k, 4);
@@ -384,19 +405,19 @@ ANCHORKV_VNNI void group_q4_k(const uint8_t* group, int64_t cols, const TokenRow
           hi[t] = _mm512_dpbusd_epi32(hi[t], wh, _mm512_set1_epi32(xh));
         }
       }
-      const __m512i sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2048 + 32 * c)));
+      const __m512i sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L.sc + 32 * c)));
       const __m512i sc_hi =
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2048 + 32 * c + 16)));
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L.sc + 32 * c + 16)));
       for (int t = 0; t < kTok; ++t)
         P[t] = _mm512_add_epi32(P[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sc_lo), _mm512_mullo_epi32(hi[t], sc_hi)));
     }
     for (int j = 0; j < 8; ++j) {
-      const __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2176 + 16 * j)));
+      const __m512i m = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L.m + 16 * j)));
       for (int t = 0; t < kTok; ++t)
         M[t] = _mm512_add_epi32(M[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(a.sums[t][s * 8 + j])));
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2304)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2336)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L.d)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + L.dmin)));
     for (int t = 0; t < kTok; ++t) {
       const __m512 xs = _mm512_set1_ps(a.xs[t][s]);
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P[t]), _mm512_mul_ps(d, xs), acc[t]);
@@ -424,8 +445,8 @@ ANCHORKV_VNNI void rows16(const QuantMatrix& W, int64_t r0, int64_t n, const Int
       }
       __m512 out[4];
       auto kernel = [&](auto tok) {
-        if constexpr (kType == io::GgmlType::kQ4_K)
-          group_q4_k<decltype(tok)::value>(group, W.cols, x, out);
+        if constexpr (kType == io::GgmlType::kQ4_K || kType == io::GgmlType::kQ5_K)
+          group_q45_k<decltype(tok)::value, kType == io::GgmlType::kQ5_K>(group, W.cols, x, out);
         else if constexpr (kType == io::GgmlType::kQ4_0)
           group_q4_0<decltype(tok)::value>(group, W.cols, x, out);
         else
@@ -734,6 +755,8 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
   if (W.layout == QuantLayout::kRows16) {  // check_matrix: only where the CPU has VNNI
     if (W.type == io::GgmlType::kQ4_K)
       rows16<io::GgmlType::kQ4_K>(W, r0, n, a, y);
+    else if (W.type == io::GgmlType::kQ5_K)
+      rows16<io::GgmlType::kQ5_K>(W, r0, n, a, y);
     else if (W.type == io::GgmlType::kQ4_0)
       rows16<io::GgmlType::kQ4_0>(W, r0, n, a, y);
     else
@@ -865,7 +888,8 @@ int64_t int8_group(io::GgmlType type) {
 
 bool rows16_supported(io::GgmlType type) {
 #ifdef ANCHORKV_BYTE_KERNELS
-  return (type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K) &&
+  return (type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K ||
+          type == io::GgmlType::kQ5_K) &&
          cpu_has_avx512vnni();
 #else
   (void)type;
@@ -912,35 +936,59 @@ void unpack_q4_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) 
   }
 }
 
-void pack_q4_k_group(const uint8_t* rows, int64_t n, int64_t nsb, uint8_t* group) {
+// Q4_K (144-byte super-blocks: d, dmin, 12 bytes of scales, 128 of nibbles)
+// or Q5_K (176: the same, with 32 bytes qh before the nibbles; bit j of
+// qh[l] is the fifth bit of element l of sub-block j).
+void pack_q45_k_group(const uint8_t* rows, int64_t n, int64_t nsb, bool five, uint8_t* group) {
+  const KRows16 L = KRows16::of(five);
+  const int64_t block_bytes = five ? 176 : 144, qs = five ? 48 : 16;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* blk = rows + i * nsb * 144 + s * 144;
-      uint8_t* out = group + s * kQ4KGroupBytes;
-      for (int64_t w = 0; w < 32; ++w) std::memcpy(out + word16(w, i), blk + 16 + 4 * w, 4);
+      const uint8_t* blk = rows + i * nsb * block_bytes + s * block_bytes;
+      uint8_t* out = group + s * L.bytes;
+      for (int64_t w = 0; w < 32; ++w) std::memcpy(out + word16(w, i), blk + qs + 4 * w, 4);
+      for (int64_t c = 0; c < 4 && five; ++c)
+        for (int64_t k = 0; k < 8; ++k) {
+          uint8_t h = 0;
+          for (int j = 0; j < 4; ++j)
+            h |= static_cast<uint8_t>(((blk[16 + 4 * k + j] >> (2 * c)) & 1) << j |
+                                      ((blk[16 + 4 * k + j] >> (2 * c + 1)) & 1) << (4 + j));
+          out[L.high + (c * 8 + k) * 16 + i] = h;
+        }
       uint8_t sc[8], m[8];
       unpack_scales_k4(blk + 4, sc, m);
-      for (int j = 0; j < 8; ++j) out[2048 + j * 16 + i] = sc[j], out[2176 + j * 16 + i] = m[j];
-      std::memcpy(out + 2304 + i * 2, blk, 2);
-      std::memcpy(out + 2336 + i * 2, blk + 2, 2);
+      for (int j = 0; j < 8; ++j) out[L.sc + j * 16 + i] = sc[j], out[L.m + j * 16 + i] = m[j];
+      std::memcpy(out + L.d + i * 2, blk, 2);
+      std::memcpy(out + L.dmin + i * 2, blk + 2, 2);
     }
 }
-void unpack_q4_k_row(const uint8_t* group, int64_t nsb, int64_t i, uint8_t* row) {
+void unpack_q45_k_row(const uint8_t* group, int64_t nsb, bool five, int64_t i, uint8_t* row) {
+  const KRows16 L = KRows16::of(five);
+  const int64_t block_bytes = five ? 176 : 144, qs = five ? 48 : 16;
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* in = group + s * kQ4KGroupBytes;
-    uint8_t* blk = row + s * 144;
-    std::memcpy(blk, in + 2304 + i * 2, 2);
-    std::memcpy(blk + 2, in + 2336 + i * 2, 2);
+    const uint8_t* in = group + s * L.bytes;
+    uint8_t* blk = row + s * block_bytes;
+    std::memcpy(blk, in + L.d + i * 2, 2);
+    std::memcpy(blk + 2, in + L.dmin + i * 2, 2);
     uint8_t sc[8], m[8];
-    for (int j = 0; j < 8; ++j) sc[j] = in[2048 + j * 16 + i], m[j] = in[2176 + j * 16 + i];
+    for (int j = 0; j < 8; ++j) sc[j] = in[L.sc + j * 16 + i], m[j] = in[L.m + j * 16 + i];
     pack_scales_k4(sc, m, blk + 4);
-    for (int64_t w = 0; w < 32; ++w) std::memcpy(blk + 16 + 4 * w, in + word16(w, i), 4);
+    for (int64_t w = 0; w < 32; ++w) std::memcpy(blk + qs + 4 * w, in + word16(w, i), 4);
+    if (!five) continue;
+    std::memset(blk + 16, 0, 32);
+    for (int64_t c = 0; c < 4; ++c)
+      for (int64_t k = 0; k < 8; ++k) {
+        const uint8_t h = in[L.high + (c * 8 + k) * 16 + i];
+        for (int j = 0; j < 4; ++j)
+          blk[16 + 4 * k + j] |= static_cast<uint8_t>(((h >> j) & 1) << (2 * c) | ((h >> (4 + j)) & 1) << (2 * c + 1));
+      }
   }
 }
 }  // namespace
 
 int64_t rows16_group_bytes(io::GgmlType type, int64_t cols) {
-  if (type == io::GgmlType::kQ4_K) return cols / 256 * kQ4KGroupBytes;
+  if (type == io::GgmlType::kQ4_K || type == io::GgmlType::kQ5_K)
+    return cols / 256 * KRows16::of(type == io::GgmlType::kQ5_K).bytes;
   const int64_t block = type == io::GgmlType::kQ4_0 ? 256 + 32 : 512 + 32;  // 16 rows' bytes and scales
   return (cols / 32 * block + 63) / 64 * 64;
 }
@@ -957,8 +1005,8 @@ void pack_rows16(io::GgmlType type, const uint8_t* gguf, int64_t rows, int64_t c
   for (int64_t g = 0; g < (rows + 15) / 16; ++g) {
     const int64_t n = std::min<int64_t>(16, rows - g * 16);
     const uint8_t* in = gguf + g * 16 * row_bytes;
-    if (type == io::GgmlType::kQ4_K)
-      pack_q4_k_group(in, n, cols / 256, out + g * group_bytes);
+    if (type == io::GgmlType::kQ4_K || type == io::GgmlType::kQ5_K)
+      pack_q45_k_group(in, n, cols / 256, type == io::GgmlType::kQ5_K, out + g * group_bytes);
     else if (type == io::GgmlType::kQ4_0)
       pack_q4_0_group(in, n, cols / 32, out + g * group_bytes);
     else
@@ -968,8 +1016,8 @@ void pack_rows16(io::GgmlType type, const uint8_t* gguf, int64_t rows, int64_t c
 
 void unpack_rows16_row(io::GgmlType type, const uint8_t* packed, int64_t cols, int64_t r, uint8_t* gguf_row) {
   const uint8_t* group = packed + r / 16 * rows16_group_bytes(type, cols);
-  if (type == io::GgmlType::kQ4_K)
-    unpack_q4_k_row(group, cols / 256, r % 16, gguf_row);
+  if (type == io::GgmlType::kQ4_K || type == io::GgmlType::kQ5_K)
+    unpack_q45_k_row(group, cols / 256, type == io::GgmlType::kQ5_K, r % 16, gguf_row);
   else if (type == io::GgmlType::kQ4_0)
     unpack_q4_0_row(group, cols / 32, r % 16, gguf_row);
   else
@@ -1013,8 +1061,8 @@ void check_matrix(const QuantMatrix& W) {
       (W.rows > 0 && W.blocks == nullptr))
     core::fail(ErrorCode::kInvalidArgument, kOp, "matrix shape does not match its block type");
   if (W.layout == QuantLayout::kRows16 && W.type != io::GgmlType::kQ8_0 && W.type != io::GgmlType::kQ4_0 &&
-      W.type != io::GgmlType::kQ4_K)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0, Q4_0 and Q4_K matrices are held in groups of 16 rows");
+      W.type != io::GgmlType::kQ4_K && W.type != io::GgmlType::kQ5_K)
+    core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0, Q4_0, Q4_K and Q5_K matrices are held in groups of 16 rows");
   if (W.layout == QuantLayout::kRows16 && !rows16_supported(W.type))
     core::fail(ErrorCode::kUnsupported, kOp, "weights in groups of 16 rows need AVX-512 VNNI, which this CPU lacks");
 }

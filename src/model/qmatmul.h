@@ -37,7 +37,7 @@ int64_t int8_group(io::GgmlType type);
 
 // How a matrix's blocks lie in memory.
 //  kGguf: row-major GGML blocks, as in the file (row r at r * row_bytes).
-//  kRows16: Q8_0, Q4_0 and Q4_K rearranged losslessly for VNNI products with one
+//  kRows16: Q8_0, Q4_0, Q4_K and Q5_K rearranged losslessly for VNNI products with one
 //    row per vector lane: rows in groups of 16 (the last padded with zero
 //    rows), group g at g * rows16_group_bytes(type, cols). A 64-byte load
 //    then holds four weight bytes of each of the 16 rows, so a token's
@@ -55,6 +55,9 @@ int64_t int8_group(io::GgmlType type);
 //      row: elements 64 c + 4 k + j low, 64 c + 32 + 4 k + j high), the
 //      sub-block scales [8][16 rows] and minimums [8][16 rows] as bytes,
 //      then d [16] and dmin [16] in fp16.
+//    Q5_K, per super-block (2880 bytes): as Q4_K, with each row's fifth
+//      bits after the nibbles, [4 c][8 k][16 rows] bytes whose bit j (4 + j)
+//      belongs to the low (high) nibble j of that row's word (c, k).
 enum class QuantLayout : uint8_t { kGguf, kRows16 };
 
 // A weight matrix [rows, cols] in its GGML blocks. row_bytes is the GGUF
@@ -66,7 +69,7 @@ struct QuantMatrix {
   QuantLayout layout = QuantLayout::kGguf;
 };
 
-// Whether this CPU multiplies kRows16 matrices of this type (Q8_0, Q4_0, Q4_K;
+// Whether this CPU multiplies kRows16 matrices of this type (Q8_0, Q4_0, Q4_K, Q5_K;
 // needs AVX-512 VNNI); a runtime holds those weights in that layout only
 // where it does.
 bool rows16_supported(io::GgmlType type);

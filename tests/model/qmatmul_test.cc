@@ -305,7 +305,7 @@ INSTANTIATE_TEST_SUITE_P(Types, AmxTiles,
                                            io::GgmlType::kQ5_K, io::GgmlType::kQ6_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
-// Q8_0, Q4_0 and Q4_K rearranged into groups of 16 rows (kRows16): a lossless
+// Q8_0, Q4_0, Q4_K and Q5_K rearranged into groups of 16 rows (kRows16): a lossless
 // round trip; products on it (one-token VNNI rows, token blocks, AMX tiles
 // from kAmxMinTokens) agree with the GGUF layout's kernels and the twin, and
 // one, two and three threads give the same bits, with a partial last group.
@@ -365,14 +365,16 @@ TEST_P(Rows16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, Rows16, ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K),
+INSTANTIATE_TEST_SUITE_P(Types, Rows16,
+                         ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K, io::GgmlType::kQ5_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
 TEST(Rows16, ABatchWithOtherTypesGivesTheBitsOfSeparateCalls) {
   if (!rows16_supported(io::GgmlType::kQ8_0)) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
-  Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ6_K, io::GgmlType::kQ4_K, io::GgmlType::kQ4_0},
-                         {37, 20, 35, 48}, 512, 41);
-  for (int m : {0, 2, 3}) {  // Q8_0, Q4_K and Q4_0 rearranged, Q6_K in place
+  Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ6_K, io::GgmlType::kQ4_K, io::GgmlType::kQ4_0,
+                          io::GgmlType::kQ5_K},
+                         {37, 20, 35, 48, 17}, 512, 41);
+  for (int m : {0, 2, 3, 4}) {  // Q8_0, Q4_K, Q4_0 and Q5_K rearranged, Q6_K in place
     std::vector<uint8_t> packed(static_cast<size_t>(rows16_bytes(b.W[m].type, b.W[m].rows, 512)));
     pack_rows16(b.W[m].type, b.blocks[m].data(), b.W[m].rows, 512, packed.data());
     b.blocks[m] = std::move(packed);
