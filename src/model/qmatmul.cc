@@ -283,76 +283,52 @@ struct TokenRows {
   const int32_t* sums[4]; // per 32 elements
 };
 
-// One kRows16 Q8_0 group (16 rows; qmatmul.h has the layout) times kTok
-// tokens: per block and token, eight vpdpbusd of the 64-byte weight loads by
-// four broadcast activations give each row's exact int32 sum of (w + 128) x,
-// from which 128 * sum(x) (the activations' per-32 sum) comes back off; then
-// one float conversion and multiply-add by the 16 rows' scales times the
-// token's. A token's arithmetic is the same whatever kTok. out[t]: the 16
-// rows' dots.
-template <int kTok>
-ANCHORKV_VNNI void group_q8_0(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
+// One kRows16 Q8_0 or Q4_0 group (16 rows; qmatmul.h has the layouts) times
+// kTok tokens. Per block, four steps each give two 64-byte vectors of four
+// unsigned weight bytes per row (Q8_0: two loads of w + 128; Q4_0: one load,
+// its low and high nibbles) and the offsets of the token's four matching
+// bytes; vpdpbusd of each by those bytes, broadcast, sums each row's products
+// into its own int32 lane, exactly; the offset (128 or 8) times the
+// activations' per-32 sum comes back off, then one float conversion and
+// multiply-add by the 16 rows' scales times the token's. A token's
+// arithmetic is the same whatever kTok. out[t]: the 16 rows' dots.
+template <int kTok, bool kQ4>
+ANCHORKV_VNNI void group_32(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
+  constexpr int64_t kBlockBytes = kQ4 ? 256 : 512;
+  constexpr int32_t kOffset = kQ4 ? 8 : 128;
   const int64_t nb = cols / 32;
-  const uint8_t* scales = group + nb * 512;
-  __m512 acc[kTok];
-  for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = group + b * 512;
-    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 256), _MM_HINT_T0);
-    __m512i even[kTok], odd[kTok];  // two chains of vpdpbusd per token
-    for (int t = 0; t < kTok; ++t) even[t] = odd[t] = _mm512_setzero_si512();
-    for (int k = 0; k < 8; k += 2) {
-      const __m512i w0 = _mm512_loadu_si512(w + 64 * k), w1 = _mm512_loadu_si512(w + 64 * (k + 1));
-      for (int t = 0; t < kTok; ++t) {
-        int32_t x0, x1;
-        std::memcpy(&x0, a.x[t] + b * 32 + 4 * k, 4);
-        std::memcpy(&x1, a.x[t] + b * 32 + 4 * k + 4, 4);
-        even[t] = _mm512_dpbusd_epi32(even[t], w0, _mm512_set1_epi32(x0));
-        odd[t] = _mm512_dpbusd_epi32(odd[t], w1, _mm512_set1_epi32(x1));
-      }
-    }
-    const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
-    for (int t = 0; t < kTok; ++t) {
-      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(128 * a.sums[t][b]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(a.xs[t][b])), acc[t]);
-    }
-  }
-  for (int t = 0; t < kTok; ++t) out[t] = acc[t];
-}
-
-// One kRows16 Q4_0 group times kTok tokens: per block, each 64-byte load
-// holds four nibble bytes of the 16 rows (elements 4k + j low, 16 + 4k + j
-// high); vpdpbusd of both halves by the token's bytes gives the block's exact
-// dot of the unsigned nibbles, from which 8 * sum(x) comes back off (the -8
-// offset), then one float step per block as Q8_0.
-template <int kTok>
-ANCHORKV_VNNI void group_q4_0(const uint8_t* group, int64_t cols, const TokenRows& a, __m512* out) {
-  const int64_t nb = cols / 32;
-  const uint8_t* scales = group + nb * 256;
+  const uint8_t* scales = group + nb * kBlockBytes;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   __m512 acc[kTok];
   for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = group + b * 256;
+    const uint8_t* w = group + b * kBlockBytes;
     _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 128), _MM_HINT_T0);
-    __m512i lo[kTok], hi[kTok];
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + kBlockBytes / 2), _MM_HINT_T0);
+    __m512i lo[kTok], hi[kTok];  // two chains of vpdpbusd per token
     for (int t = 0; t < kTok; ++t) lo[t] = hi[t] = _mm512_setzero_si512();
-    for (int k = 0; k < 4; ++k) {
-      const __m512i v = _mm512_loadu_si512(w + 64 * k);
-      const __m512i wl = _mm512_and_si512(v, nibble), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    for (int i = 0; i < 4; ++i) {
+      __m512i wl, wh;
+      int64_t xl, xh;  // where the token's bytes for wl and wh start in the block
+      if constexpr (kQ4) {
+        const __m512i v = _mm512_loadu_si512(w + 64 * i);
+        wl = _mm512_and_si512(v, nibble), wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        xl = 4 * i, xh = 16 + 4 * i;
+      } else {
+        wl = _mm512_loadu_si512(w + 128 * i), wh = _mm512_loadu_si512(w + 128 * i + 64);
+        xl = 8 * i, xh = 8 * i + 4;
+      }
       for (int t = 0; t < kTok; ++t) {
-        int32_t xl, xh;
-        std::memcpy(&xl, a.x[t] + b * 32 + 4 * k, 4);
-        std::memcpy(&xh, a.x[t] + b * 32 + 16 + 4 * k, 4);
-        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, _mm512_set1_epi32(xl));
-        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, _mm512_set1_epi32(xh));
+        int32_t x0, x1;
+        std::memcpy(&x0, a.x[t] + b * 32 + xl, 4);
+        std::memcpy(&x1, a.x[t] + b * 32 + xh, 4);
+        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, _mm512_set1_epi32(x0));
+        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, _mm512_set1_epi32(x1));
       }
     }
     const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
     for (int t = 0; t < kTok; ++t) {
-      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(lo[t], hi[t]), _mm512_set1_epi32(8 * a.sums[t][b]));
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(lo[t], hi[t]), _mm512_set1_epi32(kOffset * a.sums[t][b]));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(a.xs[t][b])), acc[t]);
     }
   }
@@ -447,10 +423,8 @@ ANCHORKV_VNNI void rows16(const QuantMatrix& W, int64_t r0, int64_t n, const Int
       auto kernel = [&](auto tok) {
         if constexpr (kType == io::GgmlType::kQ4_K || kType == io::GgmlType::kQ5_K)
           group_q45_k<decltype(tok)::value, kType == io::GgmlType::kQ5_K>(group, W.cols, x, out);
-        else if constexpr (kType == io::GgmlType::kQ4_0)
-          group_q4_0<decltype(tok)::value>(group, W.cols, x, out);
         else
-          group_q8_0<decltype(tok)::value>(group, W.cols, x, out);
+          group_32<decltype(tok)::value, kType == io::GgmlType::kQ4_0>(group, W.cols, x, out);
       };
       switch (kt) {
         case 4: kernel(std::integral_constant<int, 4>{}); break;

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "anchorkv/status.h"
@@ -52,6 +54,28 @@ std::vector<float> random_activations(int64_t T, int64_t cols, std::mt19937& g) 
   for (int64_t i = 0; i < std::min<int64_t>(cols, 32); ++i) x[static_cast<size_t>(i)] = 0.0f;
   if (T > 1) x[static_cast<size_t>(cols + 5)] = 40.0f;
   return x;
+}
+
+// Each of `outs` [T, rows] within float rounding of `ref` (the twin): 1e-5
+// of sum |w x| of its row and token, w the GGUF rows `blocks` dequantized.
+void expect_near_ref(io::GgmlType type, const uint8_t* blocks, int64_t rows, int64_t cols, const std::vector<float>& x,
+                     int64_t T, const std::vector<float>& ref, std::initializer_list<const std::vector<float>*> outs,
+                     const std::string& what) {
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  std::vector<float> w(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    io::dequantize_row_ref(type, blocks + r * (cols / be * bb), cols, w.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double magnitude = 0;
+      for (int64_t i = 0; i < cols; ++i) magnitude += std::fabs(double(w[i]) * x[t * cols + i]);
+      const size_t at = static_cast<size_t>(t * rows + r);
+      int k = 0;
+      for (const std::vector<float>* y : outs)
+        ASSERT_NEAR((*y)[at], ref[at], 1e-5 * magnitude + 1e-30)
+            << what << " output " << k++ << " T " << T << " t " << t << " row " << r;
+    }
+  }
 }
 
 TEST(Int8Activations, SimdQuantizationIsBitIdenticalToTheScalarTwin) {
@@ -277,17 +301,7 @@ TEST_P(AmxTiles, MatchTheRowKernelsAndTheTwin) {
     matmul_int8(x.data(), T, W, rows_kernel.data(), 2);
     set_amx(true);
     matmul_int8_ref(x.data(), T, W, ref.data());
-    std::vector<float> w(static_cast<size_t>(cols));
-    for (int64_t r = 0; r < rows; ++r) {
-      io::dequantize_row_ref(type, blocks.data() + r * W.row_bytes, cols, w.data());
-      for (int64_t t = 0; t < T; ++t) {
-        double magnitude = 0;
-        for (int64_t i = 0; i < cols; ++i) magnitude += std::fabs(double(w[i]) * x[t * cols + i]);
-        const size_t at = static_cast<size_t>(t * rows + r);
-        ASSERT_NEAR(tiles[at], rows_kernel[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
-        ASSERT_NEAR(tiles[at], ref[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
-      }
-    }
+    expect_near_ref(type, blocks.data(), rows, cols, x, T, ref, {&tiles, &rows_kernel}, "tiles, rows");
   }
 }
 
@@ -351,17 +365,8 @@ TEST_P(Rows16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
     std::vector<float> ref_gguf(y.size());
     matmul_int8_ref(x.data(), T, gguf, ref_gguf.data());
     ASSERT_EQ(ref, ref_gguf) << "the twin reads both layouts as the same matrix";
-    for (int64_t r = 0; r < rows; ++r) {
-      io::dequantize_row_ref(type, blocks.data() + r * row_bytes, cols, w.data());
-      for (int64_t t = 0; t < T; ++t) {
-        double magnitude = 0;
-        for (int64_t i = 0; i < cols; ++i) magnitude += std::fabs(double(w[i]) * x[t * cols + i]);
-        const size_t at = static_cast<size_t>(t * rows + r);
-        ASSERT_NEAR(y[at], ref[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
-        ASSERT_NEAR(rows_kernel[at], ref[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
-        ASSERT_NEAR(in_place[at], ref[at], 1e-5 * magnitude + 1e-30) << "T " << T << " t " << t << " row " << r;
-      }
-    }
+    expect_near_ref(type, blocks.data(), rows, cols, x, T, ref, {&y, &rows_kernel, &in_place},
+                    "rows16 (tiles where T >= 6), rows16 rows, in place");
   }
 }
 
