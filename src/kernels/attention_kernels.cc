@@ -557,16 +557,22 @@ struct Levels2Bit {
   }
   explicit Levels2Bit(const float* levels) {
     // At least 4 entries: the scalar target compiles this too (never constructed there: supported() is false).
+    // The levels repeat every 4 lanes: vpermps reads only an index's low
+    // bits, so on AVX-512 the codes above a lane's own need no mask.
     HWY_ALIGN float table[hn::MaxLanes(DF()) < 4 ? 4 : hn::MaxLanes(DF())] = {};
-    for (int i = 0; i < 4; ++i) table[i] = levels[i];
+    for (size_t i = 0; i < hn::Lanes(df); ++i) table[i] = levels[i % 4];
     lv = hn::Load(df, table);
     shifts = hn::ShiftLeft<1>(hn::Iota(du, 0));
   }
   HWY_INLINE hn::Vec<DF> at(const uint8_t* HWY_RESTRICT codes, int64_t d) const {
     uint32_t w = 0;
     std::memcpy(&w, codes + d / 4, hn::Lanes(df) / 4);
+#if ANCHORKV_AVX512_TARGET
+    return hn::Vec<DF>{_mm512_permutexvar_ps(hn::Shr(hn::Set(du, w), shifts).raw, lv.raw)};
+#else
     const auto idx = hn::BitCast(di, hn::And(hn::Shr(hn::Set(du, w), shifts), hn::Set(du, 3u)));
     return hn::TableLookupLanes(lv, hn::IndicesFromVec(df, idx));
+#endif
   }
   DF df;
   hn::RebindToUnsigned<DF> du;
