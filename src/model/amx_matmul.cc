@@ -216,6 +216,7 @@ ANCHORKV_AMX_TARGET inline void accumulate(const int32_t* c, const GroupOperands
                                            const float* x_sums, int64_t b, __m512* acc) {
   const __m512 xs = _mm512_loadu_ps(x_scales);
   const float* ws = w.scale + b * 16;
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
     const __m512 p = _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * i));
     acc[i] = _mm512_fmadd_ps(p, _mm512_mul_ps(_mm512_set1_ps(ws[i]), xs), acc[i]);
@@ -223,6 +224,7 @@ ANCHORKV_AMX_TARGET inline void accumulate(const int32_t* c, const GroupOperands
   if (w.min != nullptr) {
     const __m512 xm = _mm512_loadu_ps(x_sums);
     const float* wm = w.min + b * 16;
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(wm[i]), xm, acc[i]);
   }
 }
@@ -249,7 +251,8 @@ ANCHORKV_AMX_TARGET inline void accumulate(const int32_t* c, const GroupOperands
 template <bool kSigned, bool kHalf>
 ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOperands w, const AmxTokens& x,
                                                                 int64_t mt, float* out) {
-  __m512 acc[16];
+  __m512 acc[16];  // unrolled loops only: the array then lives in registers
+#pragma GCC unroll 16
   for (auto& a : acc) a = _mm512_setzero_ps();
   alignas(64) int32_t c[256];
   const int64_t nb = kHalf ? 2 * x.blocks : x.blocks;
@@ -263,6 +266,7 @@ ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOpera
     _tile_stored(1, c, 64);
     ANCHORKV_TILE_SCALE(b + 1);
   }
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
 }
 #undef ANCHORKV_TILE_PRODUCT
@@ -280,32 +284,34 @@ ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs(const GroupOpera
     _tile_dpbsud(C, A, B);                                                        \
   } while (0)
 ANCHORKV_AMX_TARGET inline void accumulate_rows16_q8_0(const int32_t* c, const uint8_t* scales, const float* x_scales,
-                                                   const int32_t* x_sums, int64_t nb, int64_t b, __m512* acc) {
+                                                   const int32_t* x_sums128, int64_t b, __m512* acc) {
   const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + b * 32)));
+#pragma GCC unroll 16
   for (int t = 0; t < 16; ++t) {
-    const __m512i p = _mm512_sub_epi32(_mm512_load_si512(c + 16 * t), _mm512_set1_epi32(128 * x_sums[t * nb + b]));
+    const __m512i p = _mm512_sub_epi32(_mm512_load_si512(c + 16 * t), _mm512_set1_epi32(x_sums128[t]));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ws, _mm512_set1_ps(x_scales[t])), acc[t]);
   }
 }
 ANCHORKV_AMX_TARGET __attribute__((noinline)) void tile_outputs_rows16_q8_0(const uint8_t* group, const AmxTokens& x,
                                                                         int64_t mt, float* out) {
-  __m512 acc[16];
+  __m512 acc[16];  // unrolled loops only: the array then lives in registers
+#pragma GCC unroll 16
   for (auto& a : acc) a = _mm512_setzero_ps();
   alignas(64) int32_t c[256];
   const int64_t nb = x.blocks;
   const int8_t* tokens = &x.rows[static_cast<size_t>(mt * 16 * x.cols)];
-  const int32_t* sums = &x.sum[static_cast<size_t>(mt * 16 * nb)];
   const uint8_t* scales = group + nb * 512;
   ANCHORKV_TILE_PRODUCT(0, 2, 4, 0);
   for (int64_t b = 0; b < nb; b += 2) {
     if (b + 1 < nb) ANCHORKV_TILE_PRODUCT(1, 3, 5, b + 1);
     _tile_stored(0, c, 64);
-    accumulate_rows16_q8_0(c, scales, x.scales(mt, b), sums, nb, b, acc);
+    accumulate_rows16_q8_0(c, scales, x.scales(mt, b), x.sums128(mt, b), b, acc);
     if (b + 1 >= nb) break;
     if (b + 2 < nb) ANCHORKV_TILE_PRODUCT(0, 2, 4, b + 2);
     _tile_stored(1, c, 64);
-    accumulate_rows16_q8_0(c, scales, x.scales(mt, b + 1), sums, nb, b + 1, acc);
+    accumulate_rows16_q8_0(c, scales, x.scales(mt, b + 1), x.sums128(mt, b + 1), b + 1, acc);
   }
+#pragma GCC unroll 16
   for (int t = 0; t < 16; ++t) _mm512_storeu_ps(out + 16 * t, acc[t]);
 }
 #undef ANCHORKV_TILE_PRODUCT
@@ -356,11 +362,8 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool
   out->scaled_sum.assign(out->scale.size(), 0.0f);
   out->scaled_sum16.assign(with_sums16 ? 2 * out->scale.size() : 0, 0.0f);
   out->rows.assign(with_rows ? static_cast<size_t>(out->tiles * 16 * K) : 0, 0);
-  out->sum.assign(with_rows ? static_cast<size_t>(out->tiles * 16 * nb) : 0, 0);
-  if (with_rows) {
-    std::copy(a.q8.begin(), a.q8.begin() + a.T * K, out->rows.begin());
-    std::copy(a.sum.begin(), a.sum.begin() + a.T * nb, out->sum.begin());
-  }
+  out->sum128.assign(with_rows ? out->scale.size() : 0, 0);
+  if (with_rows) std::copy(a.q8.begin(), a.q8.begin() + a.T * K, out->rows.begin());
   core::parallel_for(out->tiles, threads, [&](int64_t mt) {
     for (int64_t t = mt * 16; t < std::min(a.T, mt * 16 + 16); ++t) {
       const int64_t lane = t - mt * 16;
@@ -372,6 +375,7 @@ void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool
         const size_t at = static_cast<size_t>((mt * nb + b) * 16 + lane);
         out->scale[at] = s;
         out->scaled_sum[at] = static_cast<float>(a.sum[static_cast<size_t>(t * nb + b)]) * s;
+        if (with_rows) out->sum128[at] = 128 * a.sum[static_cast<size_t>(t * nb + b)];
         for (int h = 0; h < 2 && with_sums16; ++h) {  // per 16 elements (Q6_K's sub-blocks)
           int32_t sum16 = 0;
           for (int k = 0; k < 16; ++k) sum16 += row[b * 32 + 16 * h + k];

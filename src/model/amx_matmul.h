@@ -57,7 +57,8 @@ struct AmxTokens {
   std::vector<float> scaled_sum;  // [tiles][blocks][16]: the block's sum of q times that scale
   std::vector<float> scaled_sum16;  // [tiles][blocks][2][16]: the same per 16 elements (Q6_K; else empty)
   std::vector<int8_t> rows;         // [tiles * 16][cols]: the tokens as they are, zero past T (kRows16 Q8_0; else empty)
-  std::vector<int32_t> sum;         // [tiles * 16][blocks]: the per-32 sums of q, zero past T (with rows)
+  std::vector<int32_t> sum128;      // [tiles][blocks][16]: 128 x each token's per-32 sum of q (with rows)
+  const int32_t* sums128(int64_t mt, int64_t b) const { return &sum128[static_cast<size_t>((mt * blocks + b) * 16)]; }
   const int8_t* tile(int64_t mt, int64_t b) const { return &q[static_cast<size_t>((mt * blocks + b) * 512)]; }
   const float* scales(int64_t mt, int64_t b) const { return &scale[static_cast<size_t>((mt * blocks + b) * 16)]; }
   const float* sums(int64_t mt, int64_t b) const { return &scaled_sum[static_cast<size_t>((mt * blocks + b) * 16)]; }
@@ -67,7 +68,7 @@ struct AmxTokens {
   }
 };
 // with_sums16: also the per-16 sums (only Q6_K's tiles read them); with_rows:
-// also rows and sum (only kRows16 Q8_0 weights read them).
+// also rows and sum128 (only kRows16 Q8_0 weights read them).
 void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16, bool with_rows = false);
 
 // Rows [r0, r0 + n) of W, n a multiple of 16, for every token of x:
