@@ -90,6 +90,31 @@ void BM_DecodeMatmul(benchmark::State& state) {
   state.SetLabel(std::string(io::ggml_type_name(type)) + (rows16 ? " rows16" : " gguf"));
 }
 
+// One row to floats (Weight::row: embeddings, the f32 path of prefill on
+// CPUs without AMX), in each layout. Args: GGML type number, kRows16 (0/1).
+void BM_DequantizeRow(benchmark::State& state) {
+  const auto type = static_cast<io::GgmlType>(state.range(0));
+  const bool rows16 = state.range(1) != 0;
+  if (rows16 && !model::rows16_supported(type)) {
+    state.SkipWithError("no kRows16 kernel for this type on this CPU");
+    return;
+  }
+  const model::QuantMatrix& W = matrices(type, rows16).W[0];
+  std::vector<float> out(kCols);
+  int64_t r = 0;
+  for (auto _ : state) {
+    if (rows16)
+      model::dequantize_rows16_row(type, W.blocks, kCols, r, out.data());
+    else
+      io::dequantize_row(type, W.blocks + r * W.row_bytes, kCols, out.data());
+    benchmark::DoNotOptimize(out.data());
+    r = (r + 1) % kRows;
+  }
+  state.SetItemsProcessed(state.iterations() * kCols);
+  state.SetLabel(std::string(io::ggml_type_name(type)) + (rows16 ? " rows16" : " gguf"));
+}
+BENCHMARK(BM_DequantizeRow)->ArgsProduct({{8, 2, 12, 13}, {0, 1}});
+
 void Args(benchmark::internal::Benchmark* b) {
   for (io::GgmlType t : {io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K, io::GgmlType::kQ5_K,
                          io::GgmlType::kQ6_K})

@@ -370,6 +370,10 @@ def test_qwen2_quantized_logits_match_numpy_reference(qwen2):
     default = cli_logits(path, tokens)
     assert np.abs(default - ref).max() < 2e-2 * max(1.0, np.abs(ref).max())
     assert (default.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+    # Without the tiles: the row kernels (weights in groups of 16 rows, where the CPU has VNNI) or f32 tiles.
+    rows = cli_logits(path, tokens, "--no-amx")
+    assert np.abs(rows - ref).max() < 2e-2 * max(1.0, np.abs(ref).max())
+    assert (rows.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
     # NeoX RoPE inside attention (keys cached unrotated), through the compressed kernel too.
     for cache in ("full:pre", "anchorkv:pre"):
         pre = cli_logits(path, tokens, "--cache", cache, "--theta", "1.0", "--incremental", "--activations", "f32")

@@ -890,7 +890,12 @@ void unpack_q8_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) 
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* blk = row + b * 34;
     std::memcpy(blk, group + nb * 512 + b * 32 + i * 2, 2);
-    for (int64_t e = 0; e < 32; ++e) blk[2 + e] = group[b * 512 + word16(e / 4, i) + e % 4] ^ 0x80;
+    for (int64_t k = 0; k < 8; ++k) {  // a word of four bytes at a time, w + 128 back to w
+      uint32_t w;
+      std::memcpy(&w, group + b * 512 + word16(k, i), 4);
+      w ^= 0x80808080u;
+      std::memcpy(blk + 2 + 4 * k, &w, 4);
+    }
   }
 }
 
@@ -949,13 +954,17 @@ void unpack_q45_k_row(const uint8_t* group, int64_t nsb, bool five, int64_t i, u
     pack_scales_k4(sc, m, blk + 4);
     for (int64_t w = 0; w < 32; ++w) std::memcpy(blk + qs + 4 * w, in + word16(w, i), 4);
     if (!five) continue;
-    std::memset(blk + 16, 0, 32);
-    for (int64_t c = 0; c < 4; ++c)
-      for (int64_t k = 0; k < 8; ++k) {
-        const uint8_t h = in[L.high + (c * 8 + k) * 16 + i];
-        for (int j = 0; j < 4; ++j)
-          blk[16 + 4 * k + j] |= static_cast<uint8_t>(((h >> j) & 1) << (2 * c) | ((h >> (4 + j)) & 1) << (2 * c + 1));
+    for (int64_t k = 0; k < 8; ++k) {  // qh[4k + j]: bit 2c from bit j of byte (c, k), bit 2c + 1 from bit 4 + j
+      uint32_t qh = 0;
+      for (int64_t c = 0; c < 4; ++c) {
+        const uint32_t h = in[L.high + (c * 8 + k) * 16 + i];
+        // bits 0-3 and 4-7 of h to bit 0 of bytes 0-3, then to bits 2c and 2c + 1
+        const uint32_t lo = (h & 1) | (h >> 1 & 1) << 8 | (h >> 2 & 1) << 16 | (h >> 3 & 1) << 24;
+        const uint32_t hi = (h >> 4 & 1) | (h >> 5 & 1) << 8 | (h >> 6 & 1) << 16 | (h >> 7 & 1) << 24;
+        qh |= lo << (2 * c) | hi << (2 * c + 1);
       }
+      std::memcpy(blk + 16 + 4 * k, &qh, 4);
+    }
   }
 }
 }  // namespace

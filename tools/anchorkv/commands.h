@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cache/registry.h"
+#include "model/amx_matmul.h"
 #include "model/llama.h"
 
 namespace anchorkv::cli {
@@ -34,6 +35,9 @@ inline void add_activations_option(CLI::App* sub, model::Activations* a) {
          "matmuls on quantized weights: int8 (8-bit activations, integer dot products; decode, and prefill where the CPU has AMX tiles) or f32")
       ->check(CLI::IsMember({"int8", "f32"}))
       ->default_str("int8");
+  sub->add_flag_callback(
+      "--no-amx", [] { model::set_amx(false); },
+      "prefill without AMX tiles where the CPU has them (the row kernels, as on CPUs without AMX), for comparisons");
 }
 
 }  // namespace anchorkv::cli
