@@ -881,8 +881,12 @@ void pack_q8_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group)
   for (int64_t i = 0; i < 16; ++i)
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = rows + i * nb * 34 + b * 34;
-      for (int64_t e = 0; e < 32; ++e)
-        group[b * 512 + word16(e / 4, i) + e % 4] = i < n ? static_cast<uint8_t>(blk[2 + e] ^ 0x80) : 0x80;
+      for (int64_t k = 0; k < 8; ++k) {  // a word of four bytes at a time, w to w + 128 (padding rows: w = 0)
+        uint32_t w = 0;
+        if (i < n) std::memcpy(&w, blk + 2 + 4 * k, 4);
+        w ^= 0x80808080u;
+        std::memcpy(group + b * 512 + word16(k, i), &w, 4);
+      }
       if (i < n) std::memcpy(group + nb * 512 + b * 32 + i * 2, blk, 2);
     }
 }
@@ -984,17 +988,24 @@ void pack_rows16(io::GgmlType type, const uint8_t* gguf, int64_t rows, int64_t c
   int64_t be = 0, bb = 0;
   io::ggml_block(type, &be, &bb);
   const int64_t row_bytes = cols / be * bb, group_bytes = rows16_group_bytes(type, cols);
-  std::memset(out, 0, static_cast<size_t>(rows16_bytes(type, rows, cols)));  // padding rows: zero scales
-  for (int64_t g = 0; g < (rows + 15) / 16; ++g) {
-    const int64_t n = std::min<int64_t>(16, rows - g * 16);
-    const uint8_t* in = gguf + g * 16 * row_bytes;
-    if (type == io::GgmlType::kQ4_K || type == io::GgmlType::kQ5_K)
-      pack_q45_k_group(in, n, cols / 256, type == io::GgmlType::kQ5_K, out + g * group_bytes);
-    else if (type == io::GgmlType::kQ4_0)
-      pack_q4_0_group(in, n, cols / 32, out + g * group_bytes);
-    else
-      pack_q8_0_group(in, n, cols / 32, out + g * group_bytes);
-  }
+  // Groups are independent: split across the cores (a model's weights are
+  // rearranged at load, gigabytes for a 7B model).
+  constexpr int64_t kGroupsPerTask = 16;
+  const int64_t groups = (rows + 15) / 16;
+  core::parallel_for((groups + kGroupsPerTask - 1) / kGroupsPerTask, 0, [&](int64_t task) {
+    for (int64_t g = task * kGroupsPerTask; g < std::min(groups, (task + 1) * kGroupsPerTask); ++g) {
+      const int64_t n = std::min<int64_t>(16, rows - g * 16);
+      const uint8_t* in = gguf + g * 16 * row_bytes;
+      uint8_t* group = out + g * group_bytes;
+      std::memset(group, 0, static_cast<size_t>(group_bytes));  // padding rows: zero scales
+      if (type == io::GgmlType::kQ4_K || type == io::GgmlType::kQ5_K)
+        pack_q45_k_group(in, n, cols / 256, type == io::GgmlType::kQ5_K, group);
+      else if (type == io::GgmlType::kQ4_0)
+        pack_q4_0_group(in, n, cols / 32, group);
+      else
+        pack_q8_0_group(in, n, cols / 32, group);
+    }
+  });
 }
 
 void unpack_rows16_row(io::GgmlType type, const uint8_t* packed, int64_t cols, int64_t r, uint8_t* gguf_row) {
