@@ -35,12 +35,22 @@ Layer& layer(int64_t S) {
   return *l;
 }
 
+// The decode query and the cache (args: S, compressed) of a benchmark.
+struct DecodeCall {
+  TensorView q;
+  const KVCache& cache;
+  bool compressed;
+};
+DecodeCall decode_call(const benchmark::State& state) {
+  const bool compressed = state.range(1) != 0;
+  Layer& l = layer(state.range(0));
+  return {TensorView::f32(l.w.Q.data(), {1, 32, 1, 128}),
+          compressed ? static_cast<const KVCache&>(l.compressed) : l.dense, compressed};
+}
+
 void BM_DecodeAttention(benchmark::State& state) {
   const int64_t S = state.range(0);
-  const bool compressed = state.range(1) != 0;
-  Layer& l = layer(S);
-  const TensorView q = TensorView::f32(l.w.Q.data(), {1, 32, 1, 128});
-  const KVCache& c = compressed ? static_cast<const KVCache&>(l.compressed) : l.dense;
+  const auto [q, c, compressed] = decode_call(state);
   for (auto _ : state) benchmark::DoNotOptimize(attend(q, c).data());
   state.counters["token_heads_per_s"] =
       benchmark::Counter(static_cast<double>(8 * S), benchmark::Counter::kIsIterationInvariantRate);
@@ -60,11 +70,7 @@ BENCHMARK(BM_DecodeAttention)
 // model's caches together exceed the last-level cache): a buffer larger than
 // this machine's L3 is read between calls, outside the timing.
 void BM_DecodeAttentionCold(benchmark::State& state) {
-  const int64_t S = state.range(0);
-  const bool compressed = state.range(1) != 0;
-  Layer& l = layer(S);
-  const TensorView q = TensorView::f32(l.w.Q.data(), {1, 32, 1, 128});
-  const KVCache& c = compressed ? static_cast<const KVCache&>(l.compressed) : l.dense;
+  const auto [q, c, compressed] = decode_call(state);
   static std::vector<int64_t> evict(size_t{1} << 27, 1);  // 1 GiB
   for (auto _ : state) {
     state.PauseTiming();

@@ -860,11 +860,17 @@ int64_t int8_group(io::GgmlType type) {
   return type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ8_0 ? 32 : 256;
 }
 
+namespace {
+// The types kRows16 has a format for, whatever the CPU.
+bool rows16_format(io::GgmlType type) {
+  return type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K ||
+         type == io::GgmlType::kQ5_K;
+}
+}  // namespace
+
 bool rows16_supported(io::GgmlType type) {
 #ifdef ANCHORKV_BYTE_KERNELS
-  return (type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K ||
-          type == io::GgmlType::kQ5_K) &&
-         cpu_has_avx512vnni();
+  return rows16_format(type) && cpu_has_avx512vnni();
 #else
   (void)type;
   return false;
@@ -873,21 +879,21 @@ bool rows16_supported(io::GgmlType type) {
 
 namespace {
 
-// Where byte e of the 4-byte word k of row i goes in a 16-row block: the
-// rows' words side by side.
+// Where word k (four bytes) of row i lies in a block of 16 rows: the rows'
+// words side by side.
 constexpr int64_t word16(int64_t k, int64_t i) { return k * 64 + i * 4; }
 
 void pack_q8_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group) {
-  for (int64_t i = 0; i < 16; ++i)
+  for (int64_t i = 0; i < n; ++i)
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = rows + i * nb * 34 + b * 34;
-      for (int64_t k = 0; k < 8; ++k) {  // a word of four bytes at a time, w to w + 128 (padding rows: w = 0)
-        uint32_t w = 0;
-        if (i < n) std::memcpy(&w, blk + 2 + 4 * k, 4);
+      for (int64_t k = 0; k < 8; ++k) {  // a word of four bytes at a time, w to w + 128
+        uint32_t w;
+        std::memcpy(&w, blk + 2 + 4 * k, 4);
         w ^= 0x80808080u;
         std::memcpy(group + b * 512 + word16(k, i), &w, 4);
       }
-      if (i < n) std::memcpy(group + nb * 512 + b * 32 + i * 2, blk, 2);
+      std::memcpy(group + nb * 512 + b * 32 + i * 2, blk, 2);
     }
 }
 void unpack_q8_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) {
@@ -1054,8 +1060,7 @@ void check_matrix(const QuantMatrix& W) {
   if (W.rows < 0 || W.cols < 0 || W.cols % be != 0 || W.row_bytes != W.cols / be * bb ||
       (W.rows > 0 && W.blocks == nullptr))
     core::fail(ErrorCode::kInvalidArgument, kOp, "matrix shape does not match its block type");
-  if (W.layout == QuantLayout::kRows16 && W.type != io::GgmlType::kQ8_0 && W.type != io::GgmlType::kQ4_0 &&
-      W.type != io::GgmlType::kQ4_K && W.type != io::GgmlType::kQ5_K)
+  if (W.layout == QuantLayout::kRows16 && !rows16_format(W.type))
     core::fail(ErrorCode::kInvalidArgument, kOp, "only Q8_0, Q4_0, Q4_K and Q5_K matrices are held in groups of 16 rows");
   if (W.layout == QuantLayout::kRows16 && !rows16_supported(W.type))
     core::fail(ErrorCode::kUnsupported, kOp, "weights in groups of 16 rows need AVX-512 VNNI, which this CPU lacks");

@@ -38,8 +38,9 @@ int64_t int8_group(io::GgmlType type);
 // How a matrix's blocks lie in memory.
 //  kGguf: row-major GGML blocks, as in the file (row r at r * row_bytes).
 //  kRows16: Q8_0, Q4_0, Q4_K and Q5_K rearranged losslessly for VNNI products with one
-//    row per vector lane: rows in groups of 16 (the last padded with zero
-//    rows), group g at g * rows16_group_bytes(type, cols). A 64-byte load
+//    row per vector lane: rows in groups of 16 (the last padded with rows of
+//    zero bytes, whose zero scales make their never-stored outputs zero),
+//    group g at g * rows16_group_bytes(type, cols). A 64-byte load
 //    then holds four weight bytes of each of the 16 rows, so a token's
 //    product is a vpdpbusd per four elements (or per eight 4-bit ones) with
 //    no horizontal sums, as llama.cpp's repacked weights. In a group:

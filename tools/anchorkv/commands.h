@@ -25,8 +25,8 @@ inline std::string cache_option_help(const std::string& lead) {
   return lead + ": " + names + ". " + cache::cache_modifier_help();
 }
 
-// --activations int8|f32: what multiplies quantized weights in decode (see model::Activations).
-inline void add_activations_option(CLI::App* sub, model::Activations* a) {
+// --activations int8|f32 (what multiplies quantized weights, see model::Activations) and --no-amx.
+inline void add_matmul_options(CLI::App* sub, model::Activations* a) {
   sub->add_option_function<std::string>(
          "--activations",
          [a](const std::string& v) {

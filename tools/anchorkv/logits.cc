@@ -66,7 +66,7 @@ void register_logits(CLI::App& app) {
   sub->add_option("--theta", opt->theta, "cache byte budget");
   sub->add_option("--threads", opt->threads, "threads (0 = all cores)");
   sub->add_flag("--incremental", opt->incremental, "feed one token at a time");
-  add_activations_option(sub, &opt->activations);
+  add_matmul_options(sub, &opt->activations);
   sub->add_flag("--json", opt->json, "print {\"tokens\": [...], \"logits\": [[...], ...]}");
   sub->callback([opt] { run(*opt); });
 }

@@ -559,7 +559,7 @@ void register_runtime(CLI::App& app) {
   rbc->add_option("--reps", rb->reps, "repetitions (median)")->check(CLI::Range(1, 100));
   rbc->add_option("--threads", rb->threads, "threads (0 = all cores)");
   rbc->add_option("--json", rb->json_path, "write JSON here");
-  add_activations_option(rbc, &rb->activations);
+  add_matmul_options(rbc, &rb->activations);
   rbc->callback([rb] { bench_runtime(*rb); });
 
   struct TokenizeOptions {
@@ -604,7 +604,7 @@ void register_runtime(CLI::App& app) {
   run_cmd->add_option("--top-p", r->sampler.top_p, "nucleus mass (1 = all)");
   run_cmd->add_option("--seed", r->sampler.seed, "sampling seed");
   run_cmd->add_option("--threads", r->threads, "threads (0 = all cores)");
-  add_activations_option(run_cmd, &r->activations);
+  add_matmul_options(run_cmd, &r->activations);
   run_cmd->add_option(
       "--prompt-cache", r->prompt_cache,
       "cache file (docs/cachefile.md): reused when its tokens start the prompt, written otherwise");
