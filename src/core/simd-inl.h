@@ -87,7 +87,8 @@ HWY_INLINE void F16ToF32Span(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRIC
   for (; i < n; ++i) out[i] = half_to_float(in[i]);
 }
 
-// exp(x) for x <= 0 (scores minus their maximum), within 2 ulp of std::exp:
+// exp(x) for x <= 0 (scores minus their maximum; also right up to x = 88,
+// where 2^n stays normal), within 2 ulp of std::exp:
 // x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for exact reduction),
 // exp(r) by the Cephes expf polynomial, 2^n through the exponent bits. Below
 // -87 (where 2^n leaves the normal range) the result is 0 (exp < 2e-38).

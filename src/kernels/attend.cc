@@ -452,8 +452,8 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
         in_place ? out : kernels::PartialView{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
     (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *seg_->codec, range, t,
                                                                            scratch);
-    sk += static_cast<int64_t>(scratch.res_k.size());  // the tile's residual slots
-    sv += static_cast<int64_t>(scratch.res_v.size());
+    sk += scratch.slots_k;  // the tile's residual slots
+    sv += scratch.slots_v;
     if (in_place) break;
     for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by k_max
       kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_, tm[g],

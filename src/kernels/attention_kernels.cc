@@ -40,6 +40,28 @@ struct MetaOut {
   int32_t* res_v;
   int64_t nk = 0, nv = 0;
 };
+
+// Byte ranges of the cache to request into L2 while a loop computes: the
+// next sub-tile's streams, whose lines would otherwise arrive only when its
+// passes read them (the hardware prefetchers did not run that far ahead).
+struct LinesAhead {
+  static constexpr int kMax = 6;
+  const char* at[kMax];
+  const char* end[kMax];
+  int n = 0, i = 0;
+  void add(const void* p, int64_t bytes) {
+    if (bytes <= 0 || n == kMax) return;
+    at[n] = static_cast<const char*>(p);
+    end[n++] = static_cast<const char*>(p) + bytes;
+  }
+  // One line of the current range (none once all are requested).
+  void request_one() {
+    if (i == n) return;
+    __builtin_prefetch(at[i], 0, 2);
+    at[i] += 64;
+    if (at[i] >= end[i]) ++i;
+  }
+};
 }  // namespace anchorkv::kernels
 #endif
 
@@ -490,12 +512,13 @@ void QuadScatter(const float* HWY_RESTRICT p4, const int32_t* HWY_RESTRICT av, c
 }
 
 // The softmax's exps and the value weights in one pass: s4 = exp(s4 - m4)
-// (scores finite, m4 their maxima), l4[g] = sum of query g's, and
+// (scores finite, at most kHeadroom above m4), l4[g] = sum of query g's, and
 // QuadScatter's W0 / W1. AVX-512: four entries per vector; the exps keep the
-// vector units busy while the scatter's read-modify-writes wait on memory.
+// vector units busy while the scatter's read-modify-writes wait on memory,
+// and two lines of `ahead` are requested per four entries.
 void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT m4, float* HWY_RESTRICT l4,
                     const int32_t* HWY_RESTRICT av, const float* HWY_RESTRICT gv, float* HWY_RESTRICT W0,
-                    float* HWY_RESTRICT W1) {
+                    float* HWY_RESTRICT W1, LinesAhead* HWY_RESTRICT ahead) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   for (int g = 0; g < 4; ++g) l4[g] = 0;
@@ -504,6 +527,8 @@ void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT
   const auto vm = hn::Vec<DF>{_mm512_broadcast_f32x4(_mm_loadu_ps(m4))};
   auto vsum = hn::Zero(d);
   for (; i + 4 <= n; i += 4) {
+    ahead->request_one();  // two lines per four entries: ~1.6 are the next sub-tile's
+    ahead->request_one();
     const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, s4 + i * 4), vm));
     hn::StoreU(e, d, s4 + i * 4);
     vsum = hn::Add(vsum, e);
@@ -543,7 +568,7 @@ void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT
   }
   for (; j < total; ++j) l4[j % 4] += (s4[j] = std::exp(s4[j] - m4[j % 4]));
   QuadScatter(s4, av, gv, n, W0, W1);
-  (void)i;
+  (void)i, (void)ahead;
 #endif
 }
 
@@ -1287,6 +1312,8 @@ void entries_chunk_impl(const CompressedQueries& cq, const compress::CompressedR
   std::fill_n(out.rot, nq * D, 0.0f);
   Ops::value_weights(sc.s.data(), sc.gv_at, sc.av.data(), nq, n, k, out.w, sc);
   add_value_residuals<Ops>(row, codec, r, nq, out, sc);
+  sc.slots_k = static_cast<int64_t>(sc.res_k.size());
+  sc.slots_v = static_cast<int64_t>(sc.res_v.size());
 }
 
 // Scales of residual slots [slot0, slot0 + nr) of one side.
@@ -1353,62 +1380,152 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
     for (int64_t g = 0; g < gn; ++g) s4[sc.res_k[j] * 4 + g] += sc.zks[j] * sc.zdot[g * nr + j];
 }
 
-// The fast path for the common decode case (keys after RoPE, no causal mask
-// inside the segment): queries in quads, each entry's four scores in one
-// vector (token-major), anchor scores from the quad's interleaved table,
-// residuals decoded once per tile for all quads. Same arithmetic as
-// entries_chunk_impl up to summation order.
+// Entries per pass of the quad kernel: a sub-tile's scores, anchor ordinals
+// and residual lists stay in L1, and each stream of the cache (metadata,
+// coefficients, codes) is read at the pace of the arithmetic. Whole tiles per
+// pass read each stream in a burst that the prefetchers did not hide.
+constexpr int64_t kSubTile = 512;
+
+// A quad's softmax runs over the sub-tiles of a tile with a shift m4 per
+// query that is at most kHeadroom below the scores seen (exps up to e^16,
+// sums far from overflow), so later sub-tiles rarely move it. When one does,
+// to its maximum m_new[g], what the quad has summed for g so far (l4, the
+// interleaved anchor weights W0 / W1 [k, 4], rot [gn, D]) is scaled by
+// exp(old - new): raising at every new maximum cost more than the exps.
+constexpr float kHeadroom = 16.0f;
+
+void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, float* m4, float* l4, float* W0,
+                       float* W1, float* rot) {
+  float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  bool raised = false;
+  for (int g = 0; g < 4; ++g) {
+    if (!(m_new[g] > m4[g] + kHeadroom)) continue;  // -inf + 16 = -inf: the first sub-tile sets m4
+    f[g] = m4[g] == kNegInf ? 0.0f : std::exp(m4[g] - m_new[g]);
+    m4[g] = m_new[g];
+    raised = true;
+  }
+  if (!raised) return;
+  for (int g = 0; g < 4; ++g) l4[g] *= f[g];
+  for (int64_t j = 0; j < k; ++j)
+    for (int g = 0; g < 4; ++g) W0[j * 4 + g] *= f[g], W1[j * 4 + g] *= f[g];
+  for (int64_t g = 0; g < gn; ++g)
+    for (int64_t d = 0; d < D; ++d) rot[g * D + d] *= f[g];
+}
+
+// One quad (queries q0 .. q0 + gn) over the sub-tile whose entries
+// decode_entries left in sc: scores, key residuals, the running maxima,
+// exps with their value weights into W0 / W1, and value residuals into rot.
+void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& row,
+                   const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn, bool fused_v,
+                   float* m4, float* l4, float* W0, float* W1, float* rot, LinesAhead& ahead, EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, D = codec.dim(), k = row.n_anchor;
+  const int64_t nrv = static_cast<int64_t>(sc.res_v.size());
+  float* s4 = sc.s.data();
+  float m_sub[4];
+  if (cq.rope) {
+    for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
+    HWY_DYNAMIC_DISPATCH(QuadRopeScores)
+    (cq.rope_anchors, cq.rope_queries + q0 * D, D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
+     cq.table->sin.data(), n, s4);
+    for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
+    HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m_sub);
+  } else {
+    HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);
+  }
+  add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
+  for (const int32_t i : sc.res_k)  // the scores the residuals changed
+    for (int g = 0; g < 4; ++g) m_sub[g] = std::max(m_sub[g], s4[i * 4 + g]);
+  raise_quad_shifts(m_sub, gn, k, D, m4, l4, W0, W1, rot);
+  float l_sub[4];
+  HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, m4, l_sub, sc.av.data(), sc.gv_at, W0, W1, &ahead);
+  for (int g = 0; g < 4; ++g) l4[g] += l_sub[g];
+  if (nrv == 0) return;
+  sc.zdot.resize(static_cast<size_t>(4 * nrv));  // rot[g] += sum_j p[g, i_j] * scale_j * z_j
+  for (int64_t g = 0; g < gn; ++g)
+    for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
+  if (fused_v)
+    HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
+  (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv, gn, D, rot);
+  else core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, rot, D);
+}
+
+// The streams of entries [e0, e1) (metadata, coefficients) and of their
+// residual codes from slot_k / slot_v on (nk, nv of them, estimated).
+LinesAhead lines_of_entries(const compress::CompressedRow& row, int64_t cb, int64_t e0, int64_t e1, int64_t slot_k,
+                            int64_t nk, int64_t slot_v, int64_t nv) {
+  LinesAhead out;
+  if (e0 >= e1) return out;
+  const int64_t n = e1 - e0;
+  const size_t e = static_cast<size_t>(e0);
+  if (row.tight()) {
+    out.add(&row.meta16[e], 2 * n);
+    out.add(&row.k.coef8[e], n);
+    out.add(&row.v.coef8[e], n);
+  } else if (row.lists_positions()) {
+    out.add(&row.meta32[e], 4 * n);
+    out.add(&row.k.coef16[e], 2 * n);
+    out.add(&row.v.coef16[e], 2 * n);
+  } else {
+    out.add(&row.meta[e], 8 * n);
+    out.add(&row.k.coef[e], 4 * n);
+    out.add(&row.v.coef[e], 4 * n);
+  }
+  nk = std::min(nk, row.k.n_residual() - slot_k);
+  nv = std::min(nv, row.v.n_residual() - slot_v);
+  if (nk > 0) out.add(&row.k.codes[static_cast<size_t>(slot_k * cb)], nk * cb);
+  if (nv > 0) out.add(&row.v.codes[static_cast<size_t>(slot_v * cb)], nv * cb);
+  return out;
+}
+
+// The fast path for the common decode case (no causal mask inside the
+// segment): queries in quads, each entry's four scores in one vector
+// (token-major), anchor scores from the quad's interleaved table, residuals
+// decoded once per sub-tile for all quads, one online softmax per quad over
+// the tile's sub-tiles. Same arithmetic as entries_chunk_impl up to
+// summation order and the rescaling of partial sums.
 void entries_chunk_quads(const CompressedQueries& cq, const compress::CompressedRow& row,
                          const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
                          EntryScratch& sc) {
-  const int64_t n = r.e1 - r.e0, nq = cq.nq, D = codec.dim(), k = row.n_anchor;
-  decode_entries(cq, row, r, sc);
-  const int64_t nrk = static_cast<int64_t>(sc.res_k.size()), nrv = static_cast<int64_t>(sc.res_v.size());
-  residual_scales(row.k, r.slot_k0, nrk, sc.zks);
-  residual_scales(row.v, r.slot_v0, nrv, sc.zvs);
-  sc.zk.clear();
+  const int64_t nq = cq.nq, D = codec.dim(), k = row.n_anchor, quads = (nq + 3) / 4;
   const bool fused_v = codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(SupportsQuadValueResiduals)(D);
-  if (!fused_v) decode_residual_rows(row.v, codec, r.slot_v0, nrv, sc.zv, sc);
-  sc.s.resize(static_cast<size_t>(4 * n));
-  sc.wa.resize(static_cast<size_t>(4 * k));
-  sc.wb.resize(static_cast<size_t>(4 * k));
-  float* s4 = sc.s.data();
+  sc.s.resize(static_cast<size_t>(4 * kSubTile));
+  sc.wa.assign(static_cast<size_t>(quads * 4 * k), 0.0f);
+  sc.wb.assign(sc.wa.size(), 0.0f);
+  sc.ml.resize(static_cast<size_t>(8 * quads));
+  std::fill_n(sc.ml.begin(), 4 * quads, kNegInf);  // maxima, then sums
+  std::fill_n(sc.ml.begin() + 4 * quads, 4 * quads, 0.0f);
   std::fill_n(out.acc, nq * D, 0.0f);
   std::fill_n(out.rot, nq * D, 0.0f);
-  for (int64_t q0 = 0; q0 < nq; q0 += 4) {
-    const int64_t gn = std::min<int64_t>(4, nq - q0);
-    float m4[4], l4[4];
-    if (cq.rope) {
-      for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
-      HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-      (cq.rope_anchors, cq.rope_queries + q0 * D, D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
-       cq.table->sin.data(), n, s4);
-      for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
-      HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m4);
-    } else {
-      HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m4);
+  EntryRange sub = r;
+  for (int64_t e = r.e0; e < r.e1; e += kSubTile) {
+    sub.e0 = e;
+    sub.e1 = std::min(r.e1, e + kSubTile);
+    decode_entries(cq, row, sub, sc);
+    const int64_t nrk = static_cast<int64_t>(sc.res_k.size()), nrv = static_cast<int64_t>(sc.res_v.size());
+    residual_scales(row.k, sub.slot_k0, nrk, sc.zks);
+    residual_scales(row.v, sub.slot_v0, nrv, sc.zvs);
+    sc.zk.clear();
+    if (!fused_v) decode_residual_rows(row.v, codec, sub.slot_v0, nrv, sc.zv, sc);
+    // the next sub-tile's lines, with half again this one's residual count
+    LinesAhead ahead = lines_of_entries(row, codec.code_bytes(), sub.e1, std::min(r.e1, sub.e1 + kSubTile),
+                                        sub.slot_k0 + nrk, nrk + nrk / 2 + 4, sub.slot_v0 + nrv, nrv + nrv / 2 + 4);
+    for (int64_t qi = 0; qi < quads; ++qi) {
+      const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
+      quad_sub_tile(cq, row, codec, sub, q0, gn, fused_v, &sc.ml[4 * qi], &sc.ml[4 * (quads + qi)],
+                    &sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], out.rot + q0 * D, ahead, sc);
     }
-    add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
-    for (const int32_t i : sc.res_k)  // the scores the residuals changed
-      for (int g = 0; g < 4; ++g) m4[g] = std::max(m4[g], s4[i * 4 + g]);
-    std::fill(sc.wa.begin(), sc.wa.end(), 0.0f);
-    std::fill(sc.wb.begin(), sc.wb.end(), 0.0f);
-    HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, m4, l4, sc.av.data(), sc.gv_at, sc.wa.data(), sc.wb.data());
-    for (int64_t g = 0; g < gn; ++g) {
-      out.m[q0 + g] = m4[g];
-      out.l[q0 + g] = l4[g];
-      float* w = out.w + (q0 + g) * k;
-      for (int64_t j = 0; j < k; ++j) w[j] = sc.wa[j * 4 + g] + sc.wb[j * 4 + g];
-    }
-    if (nrv > 0) {  // rot[g] += sum_j p[g, i_j] * scale_j * z_j
-      sc.zdot.resize(static_cast<size_t>(4 * nrv));
-      for (int64_t g = 0; g < gn; ++g)
-        for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
-      if (fused_v) HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
-      (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv, gn,
-       D, out.rot + q0 * D);
-      else core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, out.rot + q0 * D, D);
-    }
+    sub.slot_k0 += nrk;
+    sub.slot_v0 += nrv;
+  }
+  sc.slots_k = sub.slot_k0 - r.slot_k0;
+  sc.slots_v = sub.slot_v0 - r.slot_v0;
+  for (int64_t g = 0; g < nq; ++g) {
+    const int64_t qi = g / 4, lane = g % 4;
+    out.m[g] = sc.ml[4 * qi + lane];
+    out.l[g] = sc.ml[4 * (quads + qi) + lane];
+    const float *wa = &sc.wa[qi * 4 * k], *wb = &sc.wb[qi * 4 * k];
+    float* w = out.w + g * k;
+    for (int64_t j = 0; j < k; ++j) w[j] = wa[j * 4 + lane] + wb[j * 4 + lane];
   }
 }
 

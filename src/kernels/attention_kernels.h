@@ -22,7 +22,8 @@ using core::kRopeStep;
 using core::RopeTable;
 
 // Online-softmax partial of one query over one chunk:
-//   m = max score, l = sum exp(score - m), acc = sum exp(score - m) * v  [D].
+//   m = the shift: max score (the compressed fast path: up to 16 below it, see
+//       kHeadroom), l = sum exp(score - m), acc = sum exp(score - m) * v  [D].
 // Compressed chunks also carry w[k] (per-anchor value weights) and rot[D]
 // (rotated-domain residual values), finished once per query after merging.
 struct PartialView {
@@ -103,11 +104,12 @@ struct EntryScratch {
   std::vector<int32_t> ak, av;          // [n] anchor ordinals
   std::vector<int64_t> pos;             // [n] absolute positions (masking / RoPE)
   std::vector<int32_t> res_k, res_v;    // chunk-local indices of entries with a residual
-                                        // (after a call: the range's, so their count is its slots)
+  int64_t slots_k = 0, slots_v = 0;     // after a call: the residual slots the range holds
   std::vector<float> z, zscale, zdot;   // decoded residual levels, scales, dots
   std::vector<uint8_t> codes;           // [D] unpacked codes of one residual
   std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
+  std::vector<float> ml;                // running maxima and sums of the quads
   std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales
 };
 

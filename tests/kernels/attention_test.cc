@@ -79,6 +79,9 @@ double nmse(const std::vector<double>& ref, const std::vector<float>& got) {
   return e / std::max(s, 1e-300);
 }
 
+void check_against_dense_and_twin(const AnchorKVCache& cache, const std::vector<float>& q, int64_t B, int64_t H,
+                                  int64_t Hq, int64_t Sq, int64_t D);
+
 struct Case {
   int64_t S, D, G, B, Sq;
   bool tail;
@@ -113,11 +116,17 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
     ASSERT_GT(rk, 0);
     ASSERT_GT(rv, 0);
   }
-  const auto q = random_kv(c.B, Hq, c.Sq, c.D, 15);
-  const TensorView qv = TensorView::f32(q.data(), {c.B, Hq, c.Sq, c.D});
+  check_against_dense_and_twin(cache, random_kv(c.B, Hq, c.Sq, c.D, 15), c.B, H, Hq, c.Sq, c.D);
+}
+
+// attend() on the cache: against dense attention over the reconstruction, the
+// scalar twin, and itself on 1 and 2 threads.
+void check_against_dense_and_twin(const AnchorKVCache& cache, const std::vector<float>& q, int64_t B, int64_t H,
+                                  int64_t Hq, int64_t Sq, int64_t D) {
+  const TensorView qv = TensorView::f32(q.data(), {B, Hq, Sq, D});
   std::vector<float> Kr, Vr;
   reconstruct_f32(cache, Kr, Vr);
-  const auto ref = dense_reference(q, Kr, Vr, c.B, H, Hq, c.Sq, cache.offset(), c.D);
+  const auto ref = dense_reference(q, Kr, Vr, B, H, Hq, Sq, cache.offset(), D);
 
   AttentionOptions o1, o2, oref;
   o1.threads = 1;
@@ -151,6 +160,28 @@ TEST(Attention, CompressedMatchesDenseOverReconstructionSweep) {
         run_case(c);
       }
     }
+}
+
+// The fast kernel's softmax runs over sub-tiles of a tile with a shift set
+// by the first: keys in the second half of the row score ~160 above the
+// first half's, so a later sub-tile must move the shift (exp(160) would
+// overflow) and rescale what was summed before it.
+TEST(Attention, ALateSubTileRaisesTheSoftmaxShift) {
+  const int64_t B = 1, H = 2, G = 4, Hq = H * G, S = 3000, D = 64;
+  AnchorKVConfig cfg;
+  cfg.theta = 0.15;
+  cfg.window = 8;
+  AnchorKVCache cache(cfg);
+  auto K = random_kv(B, H, S, D, 21);
+  const auto V = random_kv(B, H, S, D, 22);
+  auto q = random_kv(B, Hq, 1, D, 23);
+  for (int64_t r = 0; r < H; ++r)
+    for (int64_t t = S / 2; t < S; ++t)
+      for (int64_t d = 0; d < D; ++d) K[(r * S + t) * D + d] += 20.0f;  // q . k grows by 20 * sum(q)
+  for (float& x : q) x = 1.0f + 0.1f * x;  // sum(q) ~ 64: +160 after the 1/sqrt(D) scale
+  cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  ASSERT_TRUE(cache.is_compressed());
+  check_against_dense_and_twin(cache, q, B, H, Hq, 1, D);
 }
 
 // Rows longer than one chunk of entries (8192): chunks after the first start
