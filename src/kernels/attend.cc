@@ -191,8 +191,9 @@ class AttendCall {
   void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_and_finish(Tensor& out);
-  void finish_query(int64_t r, int64_t g, std::vector<float>& acc, std::vector<float>& w,
-                    std::vector<float>& rot, Tensor& out);
+  void merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* acc, float* w, float* rot);
+  void add_anchor_values(int64_t r, int64_t k, const float* w, float* acc) const;
+  void finish_query(int64_t r, int64_t g, float l, float* y, float* rot, Tensor& out) const;
   void report(AttentionStats* stats) const;
 
   const TensorView& query_;
@@ -485,38 +486,51 @@ void AttendCall::report(AttentionStats* stats) const {
 
 void AttendCall::merge_and_finish(Tensor& out) {
   core::parallel_for(R_, opt_.threads, [&](int64_t r) {
-    std::vector<float> acc(static_cast<size_t>(D_)), w(static_cast<size_t>(std::max<int64_t>(k_max_, 1))),
-        rot(static_cast<size_t>(D_));
-    for (int64_t g = 0; g < nq_; ++g) finish_query(r, g, acc, w, rot, out);
+    const int64_t k = has_c() ? seg_row(r).n_anchor : 0;
+    thread_local std::vector<float> l, acc, w, rot;
+    l.resize(static_cast<size_t>(nq_));
+    acc.resize(static_cast<size_t>(nq_ * D_));
+    w.resize(static_cast<size_t>(nq_ * k));
+    rot.resize(static_cast<size_t>(nq_ * D_));
+    for (int64_t g = 0; g < nq_; ++g) merge_chunks(r, g, k, l[g], &acc[g * D_], &w[g * k], &rot[g * D_]);
+    if (has_c()) add_anchor_values(r, k, w.data(), acc.data());
+    for (int64_t g = 0; g < nq_; ++g) finish_query(r, g, l[g], &acc[g * D_], &rot[g * D_], out);
   });
 }
 
-// y = (acc + sum_j w_j a^V_j + R^T rot) / l, after folding the row's chunks in order.
-void AttendCall::finish_query(int64_t r, int64_t g, std::vector<float>& acc, std::vector<float>& w,
-                              std::vector<float>& rot, Tensor& out) {
-  const int64_t k = has_c() ? seg_row(r).n_anchor : 0;
-  float m = kNegInf, l = 0;
-  std::fill(acc.begin(), acc.end(), 0.0f);
-  std::fill(w.begin(), w.end(), 0.0f);
-  std::fill(rot.begin(), rot.end(), 0.0f);
+// Query g's partials of row r folded in chunk order: l, acc [D], w [k], rot [D].
+void AttendCall::merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* acc, float* w, float* rot) {
+  float m = kNegInf;
+  l = 0;
+  std::fill_n(acc, D_, 0.0f);
+  if (has_c()) std::fill_n(w, k, 0.0f), std::fill_n(rot, D_, 0.0f);
   for (int64_t c = 0; c < C_; ++c) {
     const kernels::PartialView v = partial(r, c);
-    kernels::merge_partial(m, l, acc.data(), has_c() ? w.data() : nullptr, has_c() ? rot.data() : nullptr,
-                           v.m[g], v.l[g], v.acc + g * D_, has_c() ? v.w + g * k_max_ : nullptr,
-                           has_c() ? v.rot + g * D_ : nullptr, D_, k);
+    kernels::merge_partial(m, l, acc, has_c() ? w : nullptr, has_c() ? rot : nullptr, v.m[g], v.l[g],
+                           v.acc + g * D_, has_c() ? v.w + g * k_max_ : nullptr, has_c() ? v.rot + g * D_ : nullptr,
+                           D_, k);
   }
-  std::vector<float>& y = acc;
-  if (has_c()) {
-    const RowPrep& p = prep_[r];
-    if (opt_.reference) {
+}
+
+// acc[g] += sum_j w[g, j] a^V_j for every query of row r (w [nq, k], acc [nq, D]):
+// the fp16 anchors are read once for all of them.
+void AttendCall::add_anchor_values(int64_t r, int64_t k, const float* w, float* acc) const {
+  const RowPrep& p = prep_[r];
+  if (opt_.reference) {
+    for (int64_t g = 0; g < nq_; ++g)
       for (int64_t j = 0; j < k; ++j)
-        if (w[j] != 0.0f) core::axpy_ref(w[j], &p.av[j * D_], y.data(), D_);
-    } else if (anchors_in_place_) {
-      kernels::accumulate_rows_f16(w.data(), k, seg_row(r).anchor_v.data(), D_, y.data());
-    } else {
-      core::accumulate_rows(w.data(), k, p.av.data(), k, 1, D_, y.data(), D_);
-    }
-    seg_->codec->rotation().inverse(rot.data(), rot.data());
+        if (w[g * k + j] != 0.0f) core::axpy_ref(w[g * k + j], &p.av[j * D_], acc + g * D_, D_);
+  } else if (anchors_in_place_) {
+    kernels::accumulate_rows_f16_queries(w, k, nq_, k, seg_row(r).anchor_v.data(), D_, acc, D_);
+  } else {
+    core::accumulate_rows(w, k, p.av.data(), k, nq_, D_, acc, D_);
+  }
+}
+
+// y = (acc + sum_j w_j a^V_j + R^T rot) / l, the anchors' values already in acc.
+void AttendCall::finish_query(int64_t r, int64_t g, float l, float* y, float* rot, Tensor& out) const {
+  if (has_c()) {
+    seg_->codec->rotation().inverse(rot, rot);
     for (int64_t d = 0; d < D_; ++d) y[d] += rot[d];
   }
   const float inv = l > 0 ? 1.0f / l : 0.0f;
@@ -526,7 +540,7 @@ void AttendCall::finish_query(int64_t r, int64_t g, std::vector<float>& acc, std
     for (int64_t d = 0; d < D_; ++d) out.data_as<float>()[o + d] = y[d] * inv;
   } else {
     for (int64_t d = 0; d < D_; ++d) y[d] *= inv;
-    core::f32_to_f16_n(y.data(), out.data_as<uint16_t>() + o, D_);
+    core::f32_to_f16_n(y, out.data_as<uint16_t>() + o, D_);
   }
 }
 

@@ -759,79 +759,143 @@ bool SupportsF16Rows(int64_t D) {
 #endif
 }
 
+#if ANCHORKV_HW_F16
+// out[g, j] = q[g] . A[j] for queries [g0, g1) and rows [j0, j1), one row at a time.
+HWY_INLINE void DotRowsF16Range(const float* HWY_RESTRICT q, int64_t g0, int64_t g1, const hwy::float16_t* a16,
+                                int64_t j0, int64_t j1, int64_t k, int64_t D, float* HWY_RESTRICT out) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t g = g0; g < g1; g += 4) {
+      const int64_t gn = g1 - g < 4 ? g1 - g : 4;
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (int64_t d = 0; d < D; d += N) {
+        const auto a = hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + d));
+        a0 = hn::MulAdd(hn::LoadU(df, q + g * D + d), a, a0);
+        if (gn > 1) a1 = hn::MulAdd(hn::LoadU(df, q + (g + 1) * D + d), a, a1);
+        if (gn > 2) a2 = hn::MulAdd(hn::LoadU(df, q + (g + 2) * D + d), a, a2);
+        if (gn > 3) a3 = hn::MulAdd(hn::LoadU(df, q + (g + 3) * D + d), a, a3);
+      }
+      out[g * k + j] = hn::GetLane(hn::SumOfLanes(df, a0));
+      if (gn > 1) out[(g + 1) * k + j] = hn::GetLane(hn::SumOfLanes(df, a1));
+      if (gn > 2) out[(g + 2) * k + j] = hn::GetLane(hn::SumOfLanes(df, a2));
+      if (gn > 3) out[(g + 3) * k + j] = hn::GetLane(hn::SumOfLanes(df, a3));
+    }
+  }
+}
+#endif
+
 // out[g, j] = q[g] . A[j] for fp16 rows A [k, D] (SupportsF16Rows(D)).
 void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RESTRICT A16, int64_t k,
                 int64_t D, float* HWY_RESTRICT out) {
 #if ANCHORKV_HW_F16
+  const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
+  int64_t g0 = 0, j4 = 0;
+#if ANCHORKV_AVX512_TARGET
+  // Four rows by four queries at a time, their 16 sums in one SumsOf16 (a
+  // reduction per row and query was most of the work).
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
-  for (int64_t j = 0; j < k; ++j) {
-    for (int64_t g0 = 0; g0 < nq; g0 += 4) {
-      const int64_t gn = nq - g0 < 4 ? nq - g0 : 4;
-      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  j4 = k / 4 * 4;
+  for (; g0 + 4 <= nq; g0 += 4) {
+    const float* qg = q + g0 * D;
+    for (int64_t j = 0; j < j4; j += 4) {
+      hn::Vec<DF> acc[16];
+      for (auto& a : acc) a = hn::Zero(df);
       for (int64_t d = 0; d < D; d += N) {
-        const auto a = hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + d));
-        a0 = hn::MulAdd(hn::LoadU(df, q + g0 * D + d), a, a0);
-        if (gn > 1) a1 = hn::MulAdd(hn::LoadU(df, q + (g0 + 1) * D + d), a, a1);
-        if (gn > 2) a2 = hn::MulAdd(hn::LoadU(df, q + (g0 + 2) * D + d), a, a2);
-        if (gn > 3) a3 = hn::MulAdd(hn::LoadU(df, q + (g0 + 3) * D + d), a, a3);
+        const auto q0 = hn::LoadU(df, qg + d), q1 = hn::LoadU(df, qg + D + d);
+        const auto q2 = hn::LoadU(df, qg + 2 * D + d), q3 = hn::LoadU(df, qg + 3 * D + d);
+#pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) {
+          const auto a = hn::PromoteTo(df, hn::LoadU(dh, a16 + (j + e) * D + d));
+          acc[e * 4] = hn::MulAdd(q0, a, acc[e * 4]);
+          acc[e * 4 + 1] = hn::MulAdd(q1, a, acc[e * 4 + 1]);
+          acc[e * 4 + 2] = hn::MulAdd(q2, a, acc[e * 4 + 2]);
+          acc[e * 4 + 3] = hn::MulAdd(q3, a, acc[e * 4 + 3]);
+        }
       }
-      out[g0 * k + j] = hn::GetLane(hn::SumOfLanes(df, a0));
-      if (gn > 1) out[(g0 + 1) * k + j] = hn::GetLane(hn::SumOfLanes(df, a1));
-      if (gn > 2) out[(g0 + 2) * k + j] = hn::GetLane(hn::SumOfLanes(df, a2));
-      if (gn > 3) out[(g0 + 3) * k + j] = hn::GetLane(hn::SumOfLanes(df, a3));
+      alignas(64) float sums[16];  // [row e][query g]
+      hn::Store(SumsOf16(acc), df, sums);
+      for (int e = 0; e < 4; ++e)
+        for (int g = 0; g < 4; ++g) out[(g0 + g) * k + j + e] = sums[e * 4 + g];
     }
   }
+#endif
+  DotRowsF16Range(q, 0, g0, a16, j4, k, k, D, out);   // the rows past the last group of four
+  DotRowsF16Range(q, g0, nq, a16, 0, k, k, D, out);   // the queries past the last quad
 #else
   (void)q, (void)nq, (void)A16, (void)k, (void)D, (void)out;
 #endif
 }
 
 #if ANCHORKV_HW_F16
+// Y[g] += sum_j W[g * ldw + j] * A[j, d0 : d0 + NB * N] for four queries:
+// each converted row segment serves all four.
 template <int NB>
-HWY_INLINE void AccumulateRowsF16NB(const float* HWY_RESTRICT w, int64_t k,
-                                    const hwy::float16_t* HWY_RESTRICT a16, float* HWY_RESTRICT y) {
+HWY_INLINE void AccumulateRowsF16Quad(const float* const* HWY_RESTRICT w, int64_t k,
+                                      const hwy::float16_t* HWY_RESTRICT a16, int64_t D, int64_t d0,
+                                      float* const* HWY_RESTRICT y) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
-  hn::Vec<DF> acc[NB];
-  for (int b = 0; b < NB; ++b) acc[b] = hn::LoadU(df, y + b * N);
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[4][NB];
+  for (int g = 0; g < 4; ++g)
+    for (int b = 0; b < NB; ++b) acc[g][b] = hn::LoadU(df, y[g] + d0 + b * N);
   for (int64_t j = 0; j < k; ++j) {
-    const auto wj = hn::Set(df, w[j]);
-    for (int b = 0; b < NB; ++b)
-      acc[b] = hn::MulAdd(wj, hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + b * N)), acc[b]);
+    hn::Vec<DF> a[NB];
+    for (int b = 0; b < NB; ++b) a[b] = hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + d0 + b * N));
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      const auto wg = hn::Set(df, w[g][j]);
+      for (int b = 0; b < NB; ++b) acc[g][b] = hn::MulAdd(wg, a[b], acc[g][b]);
+    }
   }
-  for (int b = 0; b < NB; ++b) hn::StoreU(acc[b], df, y + b * N);
+  for (int g = 0; g < 4; ++g)
+    for (int b = 0; b < NB; ++b) hn::StoreU(acc[g][b], df, y[g] + d0 + b * N);
 }
 #endif
 
-// y += sum_j w[j] * A[j] for fp16 rows A [k, D] (SupportsF16Rows(D)).
-void AccumulateRowsF16(const float* HWY_RESTRICT w, int64_t k, const uint16_t* HWY_RESTRICT A16, int64_t D,
-                       float* HWY_RESTRICT y) {
+// Y[g * ldy + :D] += sum_j W[g * ldw + j] * A[j] for g < nq, fp16 rows A
+// [k, D] (SupportsF16Rows(D)): quads of queries read each row once, in
+// strips of up to four vectors (16 accumulators).
+void AccumulateRowsF16Queries(const float* HWY_RESTRICT W, int64_t ldw, int64_t nq, int64_t k,
+                              const uint16_t* HWY_RESTRICT A16, int64_t D, float* HWY_RESTRICT Y, int64_t ldy) {
 #if ANCHORKV_HW_F16
   const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
-  switch (D / static_cast<int64_t>(hn::Lanes(DF()))) {
-    case 1:
-      return AccumulateRowsF16NB<1>(w, k, a16, y);
-    case 2:
-      return AccumulateRowsF16NB<2>(w, k, a16, y);
-    case 3:
-      return AccumulateRowsF16NB<3>(w, k, a16, y);
-    case 4:
-      return AccumulateRowsF16NB<4>(w, k, a16, y);
-    case 5:
-      return AccumulateRowsF16NB<5>(w, k, a16, y);
-    case 6:
-      return AccumulateRowsF16NB<6>(w, k, a16, y);
-    case 7:
-      return AccumulateRowsF16NB<7>(w, k, a16, y);
-    default:
-      return AccumulateRowsF16NB<8>(w, k, a16, y);
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  thread_local std::vector<float> zero_w, spare_y;  // the lanes of a partial quad
+  for (int64_t g0 = 0; g0 < nq; g0 += 4) {
+    const float* w[4];
+    float* y[4];
+    for (int64_t g = 0; g < 4; ++g) {
+      if (g0 + g < nq) {
+        w[g] = W + (g0 + g) * ldw, y[g] = Y + (g0 + g) * ldy;
+        continue;
+      }
+      zero_w.assign(static_cast<size_t>(k), 0.0f);
+      spare_y.resize(static_cast<size_t>(D));
+      w[g] = zero_w.data(), y[g] = spare_y.data();
+    }
+    for (int64_t d0 = 0; d0 < D; d0 += 4 * N) {
+      switch ((D - d0) / N) {
+        case 1:
+          AccumulateRowsF16Quad<1>(w, k, a16, D, d0, y);
+          break;
+        case 2:
+          AccumulateRowsF16Quad<2>(w, k, a16, D, d0, y);
+          break;
+        case 3:
+          AccumulateRowsF16Quad<3>(w, k, a16, D, d0, y);
+          break;
+        default:
+          AccumulateRowsF16Quad<4>(w, k, a16, D, d0, y);
+      }
+    }
   }
 #else
-  (void)w, (void)k, (void)A16, (void)D, (void)y;
+  (void)W, (void)ldw, (void)nq, (void)k, (void)A16, (void)D, (void)Y, (void)ldy;
 #endif
 }
 
@@ -975,7 +1039,7 @@ HWY_EXPORT(GatherScaled);
 HWY_EXPORT(ScatterAdd4);
 HWY_EXPORT(SupportsF16Rows);
 HWY_EXPORT(DotRowsF16);
-HWY_EXPORT(AccumulateRowsF16);
+HWY_EXPORT(AccumulateRowsF16Queries);
 HWY_EXPORT(DecodeMetaSeed);
 HWY_EXPORT(DecodeMetaCompact);
 HWY_EXPORT(DecodeMetaTight);
@@ -1603,8 +1667,9 @@ void dot_rows_f16(const float* q, int64_t nq, const uint16_t* A16, int64_t k, in
   HWY_DYNAMIC_DISPATCH(DotRowsF16)(q, nq, A16, k, D, out);
 }
 
-void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t D, float* y) {
-  HWY_DYNAMIC_DISPATCH(AccumulateRowsF16)(w, k, A16, D, y);
+void accumulate_rows_f16_queries(const float* W, int64_t ldw, int64_t nq, int64_t k, const uint16_t* A16,
+                                 int64_t D, float* Y, int64_t ldy) {
+  HWY_DYNAMIC_DISPATCH(AccumulateRowsF16Queries)(W, ldw, nq, k, A16, D, Y, ldy);
 }
 
 

@@ -125,10 +125,12 @@ void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRo
 
 // fp16 rows read in place (when f16_rows_supported(D); otherwise convert):
 //   dot_rows_f16:        out[g, j] = q[g] . A[j]      q [nq, D] f32, A [k, D] fp16
-//   accumulate_rows_f16: y += sum_j w[j] * A[j]
+//   accumulate_rows_f16_queries: Y[g * ldy + :D] += sum_j W[g * ldw + j] * A[j], g < nq
+//     (each row read once for all queries)
 bool f16_rows_supported(int64_t D);
 void dot_rows_f16(const float* q, int64_t nq, const uint16_t* A16, int64_t k, int64_t D, float* out);
-void accumulate_rows_f16(const float* w, int64_t k, const uint16_t* A16, int64_t D, float* y);
+void accumulate_rows_f16_queries(const float* W, int64_t ldw, int64_t nq, int64_t k, const uint16_t* A16,
+                                 int64_t D, float* Y, int64_t ldy);
 
 // Merge partial `b` into `a` (same layout); k may be 0 and w/rot null. When a
 // is empty (m_a = -inf) its buffers are overwritten, so they need no zeroing.
