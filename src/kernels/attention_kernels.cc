@@ -802,6 +802,8 @@ void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RES
   for (; g0 + 4 <= nq; g0 += 4) {
     const float* qg = q + g0 * D;
     for (int64_t j = 0; j < j4; j += 4) {
+      if (j + 16 < k)  // the rows 16 on (from memory in a decode step)
+        for (int64_t b = 0; b < 4 * D * 2; b += 64) __builtin_prefetch(a16 + (j + 16) * D + b / 2);
       hn::Vec<DF> acc[16];
       for (auto& a : acc) a = hn::Zero(df);
       for (int64_t d = 0; d < D; d += N) {
@@ -845,6 +847,8 @@ HWY_INLINE void AccumulateRowsF16Quad(const float* const* HWY_RESTRICT w, int64_
     for (int b = 0; b < NB; ++b) acc[g][b] = hn::LoadU(df, y[g] + d0 + b * N);
   for (int64_t j = 0; j < k; ++j) {
     hn::Vec<DF> a[NB];
+    if (j + 16 < k)  // the strip 16 rows on (its lines come from memory in a decode step)
+      for (int64_t b = 0; b < NB * N * 2; b += 64) __builtin_prefetch(a16 + (j + 16) * D + d0 + b / 2);
     for (int b = 0; b < NB; ++b) a[b] = hn::PromoteTo(df, hn::LoadU(dh, a16 + j * D + d0 + b * N));
 #pragma GCC unroll 4
     for (int g = 0; g < 4; ++g) {
