@@ -192,7 +192,7 @@ class AttendCall {
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_and_finish(Tensor& out);
   void merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* acc, float* w, float* rot);
-  void add_anchor_values(int64_t r, int64_t k, const float* w, float* acc) const;
+  void add_anchor_values(int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const;
   void finish_query(int64_t r, int64_t g, float l, float* y, float* rot, Tensor& out) const;
   void report(AttentionStats* stats) const;
 
@@ -487,14 +487,19 @@ void AttendCall::report(AttentionStats* stats) const {
 void AttendCall::merge_and_finish(Tensor& out) {
   core::parallel_for(R_, opt_.threads, [&](int64_t r) {
     const int64_t k = has_c() ? seg_row(r).n_anchor : 0;
-    thread_local std::vector<float> l, acc, w, rot;
-    l.resize(static_cast<size_t>(nq_));
-    acc.resize(static_cast<size_t>(nq_ * D_));
-    w.resize(static_cast<size_t>(nq_ * k));
-    rot.resize(static_cast<size_t>(nq_ * D_));
-    for (int64_t g = 0; g < nq_; ++g) merge_chunks(r, g, k, l[g], &acc[g * D_], &w[g * k], &rot[g * D_]);
-    if (has_c()) add_anchor_values(r, k, w.data(), acc.data());
-    for (int64_t g = 0; g < nq_; ++g) finish_query(r, g, l[g], &acc[g * D_], &rot[g * D_], out);
+    // Quads of queries: a row's anchors are read once per quad, and the
+    // buffers stay in L1 however many queries a prefill chunk brings.
+    float l[4];
+    thread_local std::vector<float> acc, w, rot;
+    acc.resize(static_cast<size_t>(4 * D_));
+    w.resize(static_cast<size_t>(4 * k));
+    rot.resize(static_cast<size_t>(4 * D_));
+    for (int64_t g0 = 0; g0 < nq_; g0 += 4) {
+      const int64_t gn = std::min<int64_t>(4, nq_ - g0);
+      for (int64_t g = 0; g < gn; ++g) merge_chunks(r, g0 + g, k, l[g], &acc[g * D_], &w[g * k], &rot[g * D_]);
+      if (has_c()) add_anchor_values(r, k, gn, w.data(), acc.data());
+      for (int64_t g = 0; g < gn; ++g) finish_query(r, g0 + g, l[g], &acc[g * D_], &rot[g * D_], out);
+    }
   });
 }
 
@@ -512,18 +517,18 @@ void AttendCall::merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* 
   }
 }
 
-// acc[g] += sum_j w[g, j] a^V_j for every query of row r (w [nq, k], acc [nq, D]):
+// acc[g] += sum_j w[g, j] a^V_j for gn queries of row r (w [gn, k], acc [gn, D]):
 // the fp16 anchors are read once for all of them.
-void AttendCall::add_anchor_values(int64_t r, int64_t k, const float* w, float* acc) const {
+void AttendCall::add_anchor_values(int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const {
   const RowPrep& p = prep_[r];
   if (opt_.reference) {
-    for (int64_t g = 0; g < nq_; ++g)
+    for (int64_t g = 0; g < gn; ++g)
       for (int64_t j = 0; j < k; ++j)
         if (w[g * k + j] != 0.0f) core::axpy_ref(w[g * k + j], &p.av[j * D_], acc + g * D_, D_);
   } else if (anchors_in_place_) {
-    kernels::accumulate_rows_f16_queries(w, k, nq_, k, seg_row(r).anchor_v.data(), D_, acc, D_);
+    kernels::accumulate_rows_f16_queries(w, k, gn, k, seg_row(r).anchor_v.data(), D_, acc, D_);
   } else {
-    core::accumulate_rows(w, k, p.av.data(), k, nq_, D_, acc, D_);
+    core::accumulate_rows(w, k, p.av.data(), k, gn, D_, acc, D_);
   }
 }
 

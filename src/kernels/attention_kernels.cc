@@ -870,17 +870,17 @@ void AccumulateRowsF16Queries(const float* HWY_RESTRICT W, int64_t ldw, int64_t 
   const auto* a16 = reinterpret_cast<const hwy::float16_t*>(A16);
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   thread_local std::vector<float> zero_w, spare_y;  // the lanes of a partial quad
+  if (nq % 4 != 0) {
+    zero_w.assign(static_cast<size_t>(k), 0.0f);
+    spare_y.resize(static_cast<size_t>(D));
+  }
   for (int64_t g0 = 0; g0 < nq; g0 += 4) {
     const float* w[4];
     float* y[4];
     for (int64_t g = 0; g < 4; ++g) {
-      if (g0 + g < nq) {
-        w[g] = W + (g0 + g) * ldw, y[g] = Y + (g0 + g) * ldy;
-        continue;
-      }
-      zero_w.assign(static_cast<size_t>(k), 0.0f);
-      spare_y.resize(static_cast<size_t>(D));
-      w[g] = zero_w.data(), y[g] = spare_y.data();
+      const bool real = g0 + g < nq;
+      w[g] = real ? W + (g0 + g) * ldw : zero_w.data();
+      y[g] = real ? Y + (g0 + g) * ldy : spare_y.data();
     }
     for (int64_t d0 = 0; d0 < D; d0 += 4 * N) {
       switch ((D - d0) / N) {
