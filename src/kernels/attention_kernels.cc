@@ -802,7 +802,7 @@ void DotRowsF16(const float* HWY_RESTRICT q, int64_t nq, const uint16_t* HWY_RES
   for (; g0 + 4 <= nq; g0 += 4) {
     const float* qg = q + g0 * D;
     for (int64_t j = 0; j < j4; j += 4) {
-      if (j + 16 < k)  // the rows 16 on (from memory in a decode step)
+      if (j + 20 <= k)  // the four rows 16 on (from memory in a decode step)
         for (int64_t b = 0; b < 4 * D * 2; b += 64) __builtin_prefetch(a16 + (j + 16) * D + b / 2);
       hn::Vec<DF> acc[16];
       for (auto& a : acc) a = hn::Zero(df);
