@@ -47,19 +47,22 @@ struct MetaOut {
 struct LinesAhead {
   static constexpr int kMax = 6;
   const char* at[kMax];
-  const char* end[kMax];
+  int64_t left[kMax];  // bytes of the range from `at` on
   int n = 0, i = 0;
   void add(const void* p, int64_t bytes) {
     if (bytes <= 0 || n == kMax) return;
     at[n] = static_cast<const char*>(p);
-    end[n++] = static_cast<const char*>(p) + bytes;
+    left[n++] = bytes;
   }
   // One line of the current range (none once all are requested).
   void request_one() {
     if (i == n) return;
     __builtin_prefetch(at[i], 0, 2);
-    at[i] += 64;
-    if (at[i] >= end[i]) ++i;
+    if (left[i] > 64) {
+      at[i] += 64, left[i] -= 64;
+    } else {
+      ++i;
+    }
   }
 };
 }  // namespace anchorkv::kernels
