@@ -496,9 +496,10 @@ void AttendCall::merge_and_finish(Tensor& out) {
     rot.resize(static_cast<size_t>(4 * D_));
     for (int64_t g0 = 0; g0 < nq_; g0 += 4) {
       const int64_t gn = std::min<int64_t>(4, nq_ - g0);
-      for (int64_t g = 0; g < gn; ++g) merge_chunks(r, g0 + g, k, l[g], &acc[g * D_], &w[g * k], &rot[g * D_]);
+      for (int64_t g = 0; g < gn; ++g)  // w is empty without a segment (k = 0)
+        merge_chunks(r, g0 + g, k, l[g], acc.data() + g * D_, w.data() + g * k, rot.data() + g * D_);
       if (has_c()) add_anchor_values(r, k, gn, w.data(), acc.data());
-      for (int64_t g = 0; g < gn; ++g) finish_query(r, g0 + g, l[g], &acc[g * D_], &rot[g * D_], out);
+      for (int64_t g = 0; g < gn; ++g) finish_query(r, g0 + g, l[g], acc.data() + g * D_, rot.data() + g * D_, out);
     }
   });
 }
