@@ -1461,12 +1461,20 @@ constexpr int64_t kSubTile = 512;
 // query that is at most kHeadroom below the scores seen (exps up to e^16,
 // sums far from overflow), so later sub-tiles rarely move it. When one does,
 // to its maximum m_new[g], what the quad has summed for g so far (l4, the
-// interleaved anchor weights W0 / W1 [k, 4], rot [gn, D]) is scaled by
-// exp(old - new): raising at every new maximum cost more than the exps.
+// interleaved anchor weights W0 / W1, rot) is scaled by exp(old - new).
+// (Raising at every new maximum made the kernel ~1.5x slower.)
 constexpr float kHeadroom = 16.0f;
 
-void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, float* m4, float* l4, float* W0,
-                       float* W1, float* rot) {
+// What a quad has summed over a tile's sub-tiles so far.
+struct QuadRun {
+  float* m4;         // [4] shifts
+  float* l4;         // [4] sums of exp(score - shift)
+  float *W0, *W1;    // [k, 4] interleaved anchor weights (even / odd entries)
+  float* rot;        // [gn, D] rotated-domain residual values
+};
+
+void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, const QuadRun& q) {
+  float *m4 = q.m4, *l4 = q.l4, *W0 = q.W0, *W1 = q.W1, *rot = q.rot;
   float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   bool raised = false;
   for (int g = 0; g < 4; ++g) {
@@ -1488,7 +1496,7 @@ void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, flo
 // exps with their value weights into W0 / W1, and value residuals into rot.
 void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn, bool fused_v,
-                   float* m4, float* l4, float* W0, float* W1, float* rot, LinesAhead& ahead, EntryScratch& sc) {
+                   const QuadRun& run, LinesAhead& ahead, EntryScratch& sc) {
   const int64_t n = r.e1 - r.e0, D = codec.dim(), k = row.n_anchor;
   const int64_t nrv = static_cast<int64_t>(sc.res_v.size());
   float* s4 = sc.s.data();
@@ -1506,18 +1514,19 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
   for (const int32_t i : sc.res_k)  // the scores the residuals changed
     for (int g = 0; g < 4; ++g) m_sub[g] = std::max(m_sub[g], s4[i * 4 + g]);
-  raise_quad_shifts(m_sub, gn, k, D, m4, l4, W0, W1, rot);
+  raise_quad_shifts(m_sub, gn, k, D, run);
   float l_sub[4];
-  HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, m4, l_sub, sc.av.data(), sc.gv_at, W0, W1, &ahead);
-  for (int g = 0; g < 4; ++g) l4[g] += l_sub[g];
+  HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, run.m4, l_sub, sc.av.data(), sc.gv_at, run.W0, run.W1, &ahead);
+  for (int g = 0; g < 4; ++g) run.l4[g] += l_sub[g];
   if (nrv == 0) return;
   sc.zdot.resize(static_cast<size_t>(4 * nrv));  // rot[g] += sum_j p[g, i_j] * scale_j * z_j
   for (int64_t g = 0; g < gn; ++g)
     for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
   if (fused_v)
     HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
-  (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv, gn, D, rot);
-  else core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, rot, D);
+  (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv, gn, D,
+   run.rot);
+  else core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, run.rot, D);
 }
 
 // The streams of entries [e0, e1) (metadata, coefficients) and of their
@@ -1562,9 +1571,11 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
   sc.s.resize(static_cast<size_t>(4 * kSubTile));
   sc.wa.assign(static_cast<size_t>(quads * 4 * k), 0.0f);
   sc.wb.assign(sc.wa.size(), 0.0f);
-  sc.ml.resize(static_cast<size_t>(8 * quads));
-  std::fill_n(sc.ml.begin(), 4 * quads, kNegInf);  // maxima, then sums
-  std::fill_n(sc.ml.begin() + 4 * quads, 4 * quads, 0.0f);
+  sc.ml.resize(static_cast<size_t>(8 * quads));  // per quad: four shifts, then four sums
+  for (int64_t qi = 0; qi < quads; ++qi) {
+    std::fill_n(&sc.ml[8 * qi], 4, kNegInf);
+    std::fill_n(&sc.ml[8 * qi + 4], 4, 0.0f);
+  }
   std::fill_n(out.acc, nq * D, 0.0f);
   std::fill_n(out.rot, nq * D, 0.0f);
   EntryRange sub = r;
@@ -1582,8 +1593,8 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
                                         sub.slot_k0 + nrk, nrk + nrk / 2 + 4, sub.slot_v0 + nrv, nrv + nrv / 2 + 4);
     for (int64_t qi = 0; qi < quads; ++qi) {
       const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
-      quad_sub_tile(cq, row, codec, sub, q0, gn, fused_v, &sc.ml[4 * qi], &sc.ml[4 * (quads + qi)],
-                    &sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], out.rot + q0 * D, ahead, sc);
+      const QuadRun run{&sc.ml[8 * qi], &sc.ml[8 * qi + 4], &sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], out.rot + q0 * D};
+      quad_sub_tile(cq, row, codec, sub, q0, gn, fused_v, run, ahead, sc);
     }
     sub.slot_k0 += nrk;
     sub.slot_v0 += nrv;
@@ -1592,8 +1603,8 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
   sc.slots_v = sub.slot_v0 - r.slot_v0;
   for (int64_t g = 0; g < nq; ++g) {
     const int64_t qi = g / 4, lane = g % 4;
-    out.m[g] = sc.ml[4 * qi + lane];
-    out.l[g] = sc.ml[4 * (quads + qi) + lane];
+    out.m[g] = sc.ml[8 * qi + lane];
+    out.l[g] = sc.ml[8 * qi + 4 + lane];
     const float *wa = &sc.wa[qi * 4 * k], *wb = &sc.wb[qi * 4 * k];
     float* w = out.w + g * k;
     for (int64_t j = 0; j < k; ++j) w[j] = wa[j * 4 + lane] + wb[j * 4 + lane];

@@ -109,7 +109,7 @@ struct EntryScratch {
   std::vector<uint8_t> codes;           // [D] unpacked codes of one residual
   std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
-  std::vector<float> ml;                // running maxima and sums of the quads
+  std::vector<float> ml;                // per quad: four softmax shifts, then four sums
   std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales
 };
 
