@@ -88,4 +88,53 @@ BENCHMARK(BM_DecodeAttentionCold)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// Keys stored before RoPE, RoPE applied inside attention (args: S, mode):
+// 0 dense fp16, 1 compressed with key residuals coded as given, 2 compressed
+// with key residuals coded at their positions (AnchorKVConfig::key_rope).
+struct PreRopeLayer {
+  eval::Workload w;
+  AttentionOptions ao;
+  FullKVCache dense;
+  AnchorKVCache compressed, keyrope;
+  explicit PreRopeLayer(const AnchorKVConfig& at_positions) : keyrope(at_positions) {}
+};
+
+PreRopeLayer& pre_rope_layer(int64_t S) {
+  static std::map<int64_t, std::unique_ptr<PreRopeLayer>> cache;
+  auto& l = cache[S];
+  if (!l) {
+    eval::SyntheticSpec spec;
+    spec.S = S;
+    spec.n_queries = 4;
+    spec.rope = false;
+    spec.query_position = S - 1;  // attend() places the query at the last cached position
+    AttentionOptions ao;
+    ao.rope.enabled = true;
+    ao.rope.base = spec.rope_base;
+    AnchorKVConfig at_positions;
+    at_positions.key_rope = ao.rope;
+    l = std::make_unique<PreRopeLayer>(at_positions);
+    l->w = eval::make_synthetic(spec);
+    l->ao = ao;
+    for (KVCache* c : std::vector<KVCache*>{&l->dense, &l->compressed, &l->keyrope})
+      c->update(l->w.keys(), l->w.values());
+  }
+  return *l;
+}
+
+void BM_DecodeAttentionPreRope(benchmark::State& state) {
+  PreRopeLayer& l = pre_rope_layer(state.range(0));
+  const int64_t mode = state.range(1);
+  const KVCache& c = mode == 0   ? static_cast<const KVCache&>(l.dense)
+                     : mode == 1 ? static_cast<const KVCache&>(l.compressed)
+                                 : static_cast<const KVCache&>(l.keyrope);
+  const TensorView q = TensorView::f32(l.w.Q.data(), {1, 32, 1, 128});
+  for (auto _ : state) benchmark::DoNotOptimize(attend(q, c, l.ao).data());
+  state.SetLabel(mode == 0 ? "dense fp16, RoPE in attention" : mode == 1 ? "anchorkv, pre-RoPE" : "anchorkv, :keyrope");
+}
+BENCHMARK(BM_DecodeAttentionPreRope)
+    ->ArgsProduct({{32768, 131072}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 }  // namespace

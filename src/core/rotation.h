@@ -28,6 +28,9 @@ class Rotation {
 
   int64_t dim() const { return dim_; }
   bool is_hadamard() const { return hadamard_; }
+  // The Hadamard form's random signs [D] (empty for the dense form): inverse
+  // is signs * fwht(y) / sqrt(D).
+  const std::vector<float>& signs() const { return signs_; }
   // out = R x  (in and out may alias)
   void forward(const float* x, float* out) const;
   // out = R^T y (in and out may alias)

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/bitpack.h"
@@ -337,53 +338,92 @@ HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
 }
 #endif
 
-// Pre-RoPE keys: s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}), the
-// anchor rotated to the entry's position p_i. A: anchors [k, D] and Q: the
-// quad's queries [4, D] (zero rows past the last query), both split
-// (core::rope_split): a rotation is two multiplies and two multiply-adds per
-// 16 pairs, and each entry reads its anchor's D floats (the pair products of
-// the earlier form, four queries' worth, were 4x the bytes from L2). The
-// angles of p = p0 + j (p0 a multiple of kRopeStep) come from the table rows
-// of p0 and j by angle addition (RotatePairs), so only every kRopeStep-th row and the first
-// kRopeStep rows are read (cache-resident).
+// Pre-RoPE keys: the quad's split queries Q [4, D] rotated back to the start
+// p0 of each kRopeStep-block of positions, Qb [nb, 4, D] for blocks b0 ..
+// b0 + nb - 1 (rows p0 of the table): q . RoPE_{p0 + j}(k) = RoPE_{-p0}(q) .
+// RoPE_j(k), so a key at position p needs only the table row of j = p mod
+// kRopeStep (the first kRopeStep rows, cache-resident) and no angle of its own.
+void RopeQueryBlocks(const float* HWY_RESTRICT Q, int64_t D, int64_t b0, int64_t nb, const float* HWY_RESTRICT cos_t,
+                     const float* HWY_RESTRICT sin_t, float* HWY_RESTRICT Qb) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t p0 = (b0 + b) * kRopeStep;
+    const float *c = cos_t + p0 * half, *sn = sin_t + p0 * half;
+    for (int64_t g = 0; g < 4; ++g) {
+      const float* q = Q + g * D;
+      float* out = Qb + (b * 4 + g) * D;
+      for (int64_t t = 0; t + N <= half; t += N) {
+        hn::Vec<DF> rx, ry;  // by -p0: the sines negated
+        RotatePairs(hn::LoadU(df, q + t), hn::LoadU(df, q + half + t), hn::LoadU(df, c + t),
+                    hn::Neg(hn::LoadU(df, sn + t)), rx, ry);
+        hn::StoreU(rx, df, out + t);
+        hn::StoreU(ry, df, out + half + t);
+      }
+    }
+  }
+}
+
+// s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}) with p_i = pos[i] +
+// offset, entries of one block whose queries Q [4, D] are rotated back to its
+// start (RopeQueryBlocks): each entry's anchor (A [k, D], split rows,
+// core::rope_split) is rotated by the table row of j = p_i mod kRopeStep,
+// then dotted with the queries. A rotation is two multiplies and two
+// multiply-adds per 16 pairs; the anchor's D floats are read per entry (the
+// pair-product form, four queries' worth, was 4x the bytes from L2).
 #if HWY_TARGET != HWY_SCALAR
+// [q_g . RoPE_j(x)] for the four split rows of Q [4, D]: x split, rotated by
+// the angles cj / sj (D/2 each).
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const float* HWY_RESTRICT x, const float* HWY_RESTRICT Q,
+                                                      const float* HWY_RESTRICT cj, const float* HWY_RESTRICT sj,
+                                                      int64_t D) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  for (int64_t t = 0; t < half; t += N) {
+    hn::Vec<DF> rx, ry;
+    RotatePairs(hn::LoadU(df, x + t), hn::LoadU(df, x + half + t), hn::LoadU(df, cj + t), hn::LoadU(df, sj + t), rx,
+                ry);
+    a0 = hn::MulAdd(hn::LoadU(df, Q + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + t), rx, a0));
+    a1 = hn::MulAdd(hn::LoadU(df, Q + D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + D + t), rx, a1));
+    a2 = hn::MulAdd(hn::LoadU(df, Q + 2 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 2 * D + t), rx, a2));
+    a3 = hn::MulAdd(hn::LoadU(df, Q + 3 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 3 * D + t), rx, a3));
+  }
+  return SumsOf4(a0, a1, a2, a3);
+}
+
 template <int64_t kD>  // 0: D at run time
-HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
-                                const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
-                                const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
-                                const float* HWY_RESTRICT sin_t, int64_t n, float* HWY_RESTRICT s4) {
+HWY_INLINE void QuadRopeBlockScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
+                                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
+                                    const int64_t* HWY_RESTRICT pos, int64_t offset,
+                                    const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
+                                    float* HWY_RESTRICT s4) {
   if constexpr (kD != 0) D = kD;
   const DF df;
   const hn::CappedTag<float, 4> d4;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
   int64_t i = 0;
 #if ANCHORKV_AVX512_TARGET
-  // Four entries at once, their 16 sums in one pass (one at a time, the
-  // horizontal sums took about a quarter of the kernel's samples).
+  // Four entries at once: the queries loaded once for the four, their 16
+  // sums in one pass (one at a time, the horizontal sums took about a
+  // quarter of the kernel's samples).
   if constexpr (kD != 0) {
-    alignas(64) float cs_buf[4][2 * kD];  // cos | sin of the four positions
     for (; i + 4 <= n; i += 4) {
-      const float* a[4];
+      const float *a[4], *cj[4], *sj[4];
       for (int e = 0; e < 4; ++e) {
-        const int64_t j = pos[i + e] % kRopeStep, p0 = pos[i + e] - j;
-        const float *cb = cos_t + p0 * half, *sb = sin_t + p0 * half;
-        const float *cj = cos_t + j * half, *sj = sin_t + j * half;
-        for (int64_t t = 0; t < half; t += N) {
-          hn::Vec<DF> c, sn;  // the angles of p0 + j
-          RotatePairs(hn::LoadU(df, cj + t), hn::LoadU(df, sj + t), hn::LoadU(df, cb + t), hn::LoadU(df, sb + t), c, sn);
-          hn::Store(c, df, cs_buf[e] + t);
-          hn::Store(sn, df, cs_buf[e] + half + t);
-        }
+        const int64_t j = (pos[i + e] + offset) % kRopeStep;
         a[e] = A + ak[i + e] * kD;
+        cj[e] = cos_t + j * half;
+        sj[e] = sin_t + j * half;
       }
       hn::Vec<DF> acc[16];
       for (auto& x : acc) x = hn::Zero(df);
       for (int64_t t = 0; t < half; t += N) {
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
-          hn::Vec<DF> rx, ry;  // the anchor's pairs at the entry's position
-          RotatePairs(hn::LoadU(df, a[e] + t), hn::LoadU(df, a[e] + half + t), hn::Load(df, cs_buf[e] + t),
-                      hn::Load(df, cs_buf[e] + half + t), rx, ry);
+          hn::Vec<DF> rx, ry;  // the anchor's pairs at the entry's offset in the block
+          RotatePairs(hn::LoadU(df, a[e] + t), hn::LoadU(df, a[e] + half + t), hn::LoadU(df, cj[e] + t),
+                      hn::LoadU(df, sj[e] + t), rx, ry);
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g)
             acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, Q + g * kD + half + t), ry,
@@ -395,37 +435,59 @@ HWY_INLINE void QuadRopeScoresD(const float* HWY_RESTRICT A, const float* HWY_RE
   }
 #endif
   for (; i < n; ++i) {
-    const int64_t j = pos[i] % kRopeStep, p0 = pos[i] - j;
-    const float* cb = cos_t + p0 * half;
-    const float* sb = sin_t + p0 * half;
-    const float* cj = cos_t + j * half;
-    const float* sj = sin_t + j * half;
-    const float* a = A + ak[i] * D;
-    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-    for (int64_t t = 0; t < half; t += N) {
-      hn::Vec<DF> c, sn, rx, ry;
-      RotatePairs(hn::LoadU(df, cj + t), hn::LoadU(df, sj + t), hn::LoadU(df, cb + t), hn::LoadU(df, sb + t), c, sn);
-      RotatePairs(hn::LoadU(df, a + t), hn::LoadU(df, a + half + t), c, sn, rx, ry);
-      a0 = hn::MulAdd(hn::LoadU(df, Q + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + t), rx, a0));
-      a1 = hn::MulAdd(hn::LoadU(df, Q + D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + D + t), rx, a1));
-      a2 = hn::MulAdd(hn::LoadU(df, Q + 2 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 2 * D + t), rx, a2));
-      a3 = hn::MulAdd(hn::LoadU(df, Q + 3 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 3 * D + t), rx, a3));
-    }
-    hn::StoreU(hn::Mul(SumsOf4(a0, a1, a2, a3), hn::Set(d4, gk[i])), d4, s4 + i * 4);
+    const int64_t j = (pos[i] + offset) % kRopeStep;
+    const auto dots = RopeDots4(A + ak[i] * D, Q, cos_t + j * half, sin_t + j * half, D);
+    hn::StoreU(hn::Mul(dots, hn::Set(d4, gk[i])), d4, s4 + i * 4);
   }
 }
 #endif
 
-void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
-                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
-                    const int64_t* HWY_RESTRICT pos, const float* HWY_RESTRICT cos_t,
-                    const float* HWY_RESTRICT sin_t, int64_t n, float* HWY_RESTRICT s4) {
+// The same over entries of any blocks (Qb from RopeQueryBlocks, first block
+// b0): runs of entries in one block each.
+void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, int64_t b0, int64_t D,
+                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos,
+                    int64_t offset, const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
+                    float* HWY_RESTRICT s4) {
 #if HWY_TARGET == HWY_SCALAR
-  (void)A, (void)Q, (void)D, (void)ak, (void)gk, (void)pos, (void)cos_t, (void)sin_t, (void)n, (void)s4;
+  (void)A, (void)Qb, (void)b0, (void)D, (void)ak, (void)gk, (void)pos, (void)offset, (void)cos_t, (void)sin_t,
+      (void)n, (void)s4;
 #else
-  if (D == 128) return QuadRopeScoresD<128>(A, Q, D, ak, gk, pos, cos_t, sin_t, n, s4);
-  if (D == 64) return QuadRopeScoresD<64>(A, Q, D, ak, gk, pos, cos_t, sin_t, n, s4);
-  QuadRopeScoresD<0>(A, Q, D, ak, gk, pos, cos_t, sin_t, n, s4);
+  for (int64_t i = 0, e; i < n; i = e) {
+    const int64_t block = (pos[i] + offset) / kRopeStep;
+    for (e = i + 1; e < n && (pos[e] + offset) / kRopeStep == block;) ++e;
+    const float* Q = Qb + (block - b0) * 4 * D;
+    const auto run = [&](auto kD) {
+      QuadRopeBlockScores<decltype(kD)::value>(A, Q, D, ak + i, gk + i, pos + i, offset, cos_t, sin_t, e - i,
+                                               s4 + i * 4);
+    };
+    if (D == 128) run(std::integral_constant<int64_t, 128>());
+    else if (D == 64) run(std::integral_constant<int64_t, 64>());
+    else run(std::integral_constant<int64_t, 0>());
+  }
+#endif
+}
+
+// Pre-RoPE key residuals: s4[res[j] * 4 + g] += zscale[j] * q_g .
+// RoPE_{p}(z_j), p = pos[res[j]] + offset, z_j the split residual keys Z [nr, D]
+// (SplitKeys2Bit or the general decode), q_g the block's rotated queries (Qb).
+void QuadRopeKeyResiduals(const float* HWY_RESTRICT Z, const float* HWY_RESTRICT zscale,
+                          const int32_t* HWY_RESTRICT res, int64_t nr, const float* HWY_RESTRICT Qb, int64_t b0,
+                          int64_t D, const int64_t* HWY_RESTRICT pos, int64_t offset,
+                          const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
+                          float* HWY_RESTRICT s4) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)Z, (void)zscale, (void)res, (void)nr, (void)Qb, (void)b0, (void)D, (void)pos, (void)offset, (void)cos_t,
+      (void)sin_t, (void)s4;
+#else
+  const hn::CappedTag<float, 4> d4;
+  const int64_t half = D / 2;
+  for (int64_t j = 0; j < nr; ++j) {
+    const int64_t p = pos[res[j]] + offset, jj = p % kRopeStep;
+    const float* Q = Qb + (p / kRopeStep - b0) * 4 * D;
+    const auto dots = RopeDots4(Z + j * D, Q, cos_t + jj * half, sin_t + jj * half, D);
+    float* s = s4 + res[j] * 4;
+    hn::StoreU(hn::MulAdd(dots, hn::Set(d4, zscale[j]), hn::LoadU(d4, s)), d4, s);
+  }
 #endif
 }
 
@@ -608,6 +670,106 @@ struct Levels2Bit {
   hn::Vec<DF> lv;
   hn::Vec<hn::RebindToUnsigned<DF>> shifts;
 };
+
+#if ANCHORKV_AVX512_TARGET
+// One butterfly stage of the Walsh-Hadamard transform between vectors kDV
+// apart (a + b below, a - b above), on a row of kV vectors in registers.
+template <int kDV, int kV>
+HWY_INLINE void HadamardAcross(hn::Vec<DF>* v) {
+  for (int i = 0; i < kV; ++i)
+    if ((i & kDV) == 0) {
+      const auto a = v[i], b = v[i + kDV];
+      v[i] = hn::Add(a, b);
+      v[i + kDV] = hn::Sub(a, b);
+    }
+}
+
+// The butterfly stages within a vector, lanes 1, 2, 4, 8 apart: partner by a
+// lane permutation, then x * (+-1) + partner (exactly a + b or a - b, as in
+// core::fwht).
+struct HadamardWithin {
+  HadamardWithin() {
+    const hn::RebindToSigned<DF> di;
+    const auto lane = hn::Iota(di, 0);
+    for (int s = 0; s < 4; ++s) {
+      const auto h = hn::Set(di, 1 << s);
+      idx[s] = hn::IndicesFromVec(DF(), hn::Xor(lane, h));
+      sign[s] = hn::IfThenElse(hn::RebindMask(DF(), hn::Eq(hn::And(lane, h), hn::Zero(di))), hn::Set(DF(), 1.0f),
+                               hn::Set(DF(), -1.0f));
+    }
+  }
+  template <int kV>
+  HWY_INLINE void apply(hn::Vec<DF>* v) const {
+    for (int s = 0; s < 4; ++s)
+      for (int i = 0; i < kV; ++i) v[i] = hn::MulAdd(v[i], sign[s], hn::TableLookupLanes(v[i], idx[s]));
+  }
+  decltype(hn::SetTableIndices(DF(), static_cast<const int32_t*>(nullptr))) idx[4];
+  hn::Vec<DF> sign[4];
+};
+
+// Pre-RoPE key residuals coded as given, 2-bit codes and a Hadamard rotation
+// (codec rotation R^T y = signs * H y / sqrt(D)), decoded straight into the
+// split domain (core::rope_split) in registers: Z[j] = split(R^T levels(codes
+// of slot slot0 + j)). Splitting permutes index bits, and a Hadamard
+// transform commutes with a permutation of index bits applied to its input
+// and output, so the transform runs on split rows with its stages taken in
+// the order that matches core::fwht's: the bits are those of
+// rotation().inverse() followed by core::rope_split. signs: the rotation's
+// signs times 1 / sqrt(D), split. D = 16 kV.
+template <int kV>
+void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                    const float* HWY_RESTRICT levels, const float* HWY_RESTRICT signs, bool neox,
+                    float* HWY_RESTRICT Z) {
+  const DF df;
+  const Levels2Bit dec(levels);
+  const HadamardWithin within;
+  // Normal pairing: split lane l of vector u < kV/2 is element 2 (16u + l), of
+  // u >= kV/2 element 2 (16(u - kV/2) + l) + 1: bits 4l (+ 2) of the 8 bytes
+  // at 8 (u mod kV/2); lanes 0-7 read the low word, 8-15 the high one.
+  alignas(64) static constexpr int32_t kHalves[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+  alignas(64) static constexpr int32_t kShift[16] = {0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28};
+  const __m512i halves = _mm512_load_si512(kHalves), shift_x = _mm512_load_si512(kShift);
+  const __m512i shift_y = _mm512_add_epi32(shift_x, _mm512_set1_epi32(2));
+  for (int64_t j = 0; j < nr; ++j) {
+    const uint8_t* c = codes + (slot0 + j) * cb;
+    hn::Vec<DF> v[kV];
+    if (neox) {  // split is the identity: natural order, core::fwht's stages
+      for (int u = 0; u < kV; ++u) v[u] = dec.at(c, 16 * u);
+      within.apply<kV>(v);
+      HadamardAcross<1, kV>(v);
+      HadamardAcross<2, kV>(v);
+      if constexpr (kV == 8) HadamardAcross<4, kV>(v);
+    } else {
+      for (int u = 0; u < kV / 2; ++u) {
+        uint64_t w;
+        std::memcpy(&w, c + 8 * u, 8);
+        const __m512i words = _mm512_permutexvar_epi32(halves, _mm512_set1_epi64(static_cast<long long>(w)));
+        v[u] = hn::Vec<DF>{_mm512_permutexvar_ps(_mm512_srlv_epi32(words, shift_x), dec.lv.raw)};
+        v[u + kV / 2] = hn::Vec<DF>{_mm512_permutexvar_ps(_mm512_srlv_epi32(words, shift_y), dec.lv.raw)};
+      }
+      // core::fwht's stage h = 1 pairs elements 2i, 2i + 1: split rows kV/2 vectors apart
+      HadamardAcross<kV / 2, kV>(v);
+      within.apply<kV>(v);  // h = 2 .. 16
+      HadamardAcross<1, kV>(v);  // h = 32
+      if constexpr (kV == 8) HadamardAcross<2, kV>(v);  // h = 64
+    }
+    for (int u = 0; u < kV; ++u) hn::StoreU(hn::Mul(v[u], hn::LoadU(df, signs + 16 * u)), df, Z + j * kV * 16 + 16 * u);
+  }
+}
+#endif
+
+void SplitKeys2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                   const float* HWY_RESTRICT levels, const float* HWY_RESTRICT signs, bool neox, int64_t D,
+                   float* HWY_RESTRICT Z) {
+#if ANCHORKV_AVX512_TARGET
+  if (D == 128) return SplitKeys2BitD<8>(codes, cb, slot0, nr, levels, signs, neox, Z);
+  if (D == 64) return SplitKeys2BitD<4>(codes, cb, slot0, nr, levels, signs, neox, Z);
+#endif
+  (void)codes, (void)cb, (void)slot0, (void)nr, (void)levels, (void)signs, (void)neox, (void)D, (void)Z;
+  HWY_ASSERT(false);  // callers check SupportsSplitKeys2Bit
+}
+
+bool SupportsSplitKeys2Bit(int64_t D) { return ANCHORKV_AVX512_TARGET && (D == 128 || D == 64); }
 
 // Key residuals of a quad, decoded in registers: for each residual j (slot
 // slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)).
@@ -1053,6 +1215,10 @@ HWY_EXPORT(DecodeMetaTight);
 HWY_EXPORT(QuadAnchorScoresMax);
 HWY_EXPORT(QuadRopeScores);
 HWY_EXPORT(SupportsQuadRope);
+HWY_EXPORT(RopeQueryBlocks);
+HWY_EXPORT(QuadRopeKeyResiduals);
+HWY_EXPORT(SplitKeys2Bit);
+HWY_EXPORT(SupportsSplitKeys2Bit);
 HWY_EXPORT(QuadMax);
 HWY_EXPORT(QuadExpScatter);
 HWY_EXPORT(QuadKeyResiduals2Bit);
@@ -1409,6 +1575,18 @@ void decode_residual_rows(const compress::CompressedSide& side, const compress::
     codec.decode_levels(&side.codes[static_cast<size_t>((slot0 + j) * cb)], &z[j * D], sc.codes.data());
 }
 
+// The quad's queries rotated back to the start of each block of positions
+// the sub-tile's n entries touch (sc.qb, first block sc.qb0).
+void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64_t D, EntryScratch& sc) {
+  const int64_t offset = cq.rope->position_offset;
+  const auto [lo, hi] = std::minmax_element(sc.pos.begin(), sc.pos.begin() + n);
+  sc.qb0 = (*lo + offset) / kRopeStep;
+  const int64_t nb = (*hi + offset) / kRopeStep - sc.qb0 + 1;
+  sc.qb.resize(static_cast<size_t>(nb * 4 * D));
+  HWY_DYNAMIC_DISPATCH(RopeQueryBlocks)
+  (cq.rope_queries + q0 * D, D, sc.qb0, nb, cq.table->cos.data(), cq.table->sin.data(), sc.qb.data());
+}
+
 // Key residuals of the quad at q0 added to its scores s4.
 void add_quad_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                             const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn,
@@ -1416,29 +1594,15 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
-  // coded before RoPE: each residual key rotated back and to its position once, then scored by the quad
+  // coded before RoPE: split rows decoded once per sub-tile, shared by its
+  // quads, each rotated to its position within its block (the block's queries
+  // in sc.qb, quad_sub_tile)
   if (cq.rope && !row.key_rope.enabled) {
-    if (sc.zk.empty()) {  // once per chunk, shared by its quads
-      sc.zk.resize(static_cast<size_t>(nr * D));
-      sc.codes.resize(static_cast<size_t>(D));
-      sc.cs_row.resize(static_cast<size_t>(D));
-      for (int64_t j = 0; j < nr; ++j) {
-        const int64_t p = sc.pos[sc.res_k[j]] + cq.rope->position_offset;
-        float* z = &sc.zk[static_cast<size_t>(j * D)];
-        codec.decode_levels(&row.k.codes[static_cast<size_t>((r.slot_k0 + j) * codec.code_bytes())], z,
-                            sc.codes.data());
-        codec.rotation().inverse(z, z);
-        // the angles from cache-resident rows: a table row per residual would miss the cache
-        core::rope_angles(*cq.table, p, sc.cs_row.data(), sc.cs_row.data() + D / 2);
-        core::rope_rotate(z, D, cq.rope->style, sc.cs_row.data(), sc.cs_row.data() + D / 2);
-      }
-    }
-    // the quad's queries against every rotated residual key in 4 x 4 tiles
-    sc.zdot.resize(static_cast<size_t>(4 * nr));
-    core::dot_matrix(cq.q + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
-    for (int64_t j = 0; j < nr; ++j)
-      for (int64_t g = 0; g < gn; ++g) s4[sc.res_k[j] * 4 + g] += sc.zks[j] * sc.zdot[g * nr + j];
-    return;
+    if (sc.zk.empty()) split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
+    return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr,
+                                                      sc.qb.data(), sc.qb0, D, sc.pos.data(),
+                                                      cq.rope->position_offset, cq.table->cos.data(),
+                                                      cq.table->sin.data(), s4);
   }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
@@ -1502,11 +1666,11 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   float* s4 = sc.s.data();
   float m_sub[4];
   if (cq.rope) {
-    for (int64_t i = 0; i < n; ++i) sc.pos[i] += cq.rope->position_offset;  // table rows
+    const int64_t offset = cq.rope->position_offset;
+    rope_query_blocks(cq, q0, n, D, sc);
     HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-    (cq.rope_anchors, cq.rope_queries + q0 * D, D, sc.ak.data(), sc.gk_at, sc.pos.data(), cq.table->cos.data(),
+    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset, cq.table->cos.data(),
      cq.table->sin.data(), n, s4);
-    for (int64_t i = 0; i < n; ++i) sc.pos[i] -= cq.rope->position_offset;
     HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m_sub);
   } else {
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);
@@ -1612,6 +1776,30 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
 }
 
 }  // namespace
+
+void split_key_residuals(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
+                         RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
+                         EntryScratch& sc) {
+  const int64_t D = codec.dim(), cb = codec.code_bytes();
+  z.resize(static_cast<size_t>(nr * D));
+  const core::Rotation& rot = codec.rotation();
+  if (simd && codec.bits() == 2 && rot.is_hadamard() && HWY_DYNAMIC_DISPATCH(SupportsSplitKeys2Bit)(D)) {
+    sc.z.resize(static_cast<size_t>(D));  // as Rotation::inverse: norm * sign, then split
+    const float norm = 1.0f / std::sqrt(static_cast<float>(D));
+    for (int64_t d = 0; d < D; ++d) sc.z[d] = norm * rot.signs()[d];
+    sc.ksigns.resize(static_cast<size_t>(D));
+    core::rope_split(sc.z.data(), D, style, sc.ksigns.data());
+    return HWY_DYNAMIC_DISPATCH(SplitKeys2Bit)(side.codes.data(), cb, slot0, nr, codec.levels().data(),
+                                               sc.ksigns.data(), style == RopeStyle::kNeox, D, z.data());
+  }
+  sc.codes.resize(static_cast<size_t>(D));
+  sc.z.resize(static_cast<size_t>(D));
+  for (int64_t j = 0; j < nr; ++j) {
+    codec.decode_levels(&side.codes[static_cast<size_t>((slot0 + j) * cb)], sc.z.data(), sc.codes.data());
+    rot.inverse(sc.z.data(), sc.z.data());
+    core::rope_split(sc.z.data(), D, style, &z[static_cast<size_t>(j * D)]);
+  }
+}
 
 void dense_chunk(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16, const uint16_t* V16,
                  int64_t n, int64_t pos0, int64_t D, PartialView out, float* scratch) {

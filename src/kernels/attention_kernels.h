@@ -111,7 +111,20 @@ struct EntryScratch {
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
   std::vector<float> ml;                // per quad: four softmax shifts, then four sums
   std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales
+  std::vector<float> qb;                // pre-RoPE: the quad's queries per block of positions
+  int64_t qb0 = 0;                      //   (RopeQueryBlocks), the first block's index
+  std::vector<float> ksigns;            // pre-RoPE: the rotation's signs / sqrt(D), split
 };
+
+// Key residuals coded before RoPE, slots [slot0, slot0 + nr) of `side`, as
+// split rows (core::rope_split) of R^T levels(codes), unscaled: z [nr, D].
+// simd: decoded and transformed in registers where the codec allows (2-bit
+// codes, Hadamard rotation, D = 64 or 128 on AVX-512); otherwise, and for
+// simd = false, decode_levels, rotation().inverse() and rope_split one row
+// at a time. The two give identical bits.
+void split_key_residuals(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
+                         RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
+                         EntryScratch& scratch);
 
 // Partial over the entries: scores gamma * (q . a_K) + residual dots, value
 // weights per anchor (w) and rotated-domain residual values (rot). The SIMD

@@ -9,6 +9,7 @@
 #include "cache/anchorkv_state.h"
 #include "cache/store.h"
 #include "compress/segment.h"
+#include "kernels/attention_kernels.h"
 #include "kernels/causal_attention.h"
 
 #include <hwy/targets.h>
@@ -456,6 +457,51 @@ TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
       for (int64_t G : {3, 4, 6}) run_rope_case(RopeStyle::kNeox, 0, 900, 1, false, true, key_rope, D, G);
     for (MetadataLayout layout : {MetadataLayout::kCompact, MetadataLayout::kTight})
       run_rope_case(RopeStyle::kNormal, 0, 2000, 1, false, true, key_rope, 128, 4, layout);
+  }
+}
+
+// The generic forms of the pre-RoPE quad kernel (queries per block of
+// positions, split residual keys decoded one row at a time) on every target.
+TEST(Attention, PreRopeKeysOnEverySimdTarget) {
+  int tested = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    run_rope_case(RopeStyle::kNormal, 1000, 700, 1, false, true);
+    run_rope_case(RopeStyle::kNeox, 0, 900, 1, false, true, false, 128, 4);
+    ++tested;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_GE(tested, 1);
+}
+
+// Residual keys coded before RoPE, decoded into split rows: the register
+// form (2-bit, Hadamard, D = 64 / 128) gives the bits of decode_levels,
+// rotation().inverse() and rope_split, for both pairings.
+TEST(Attention, SplitKeyResidualsMatchTheirScalarTwin) {
+  for (int64_t D : {64, 128}) {
+    AnchorKVConfig cfg;
+    cfg.theta = 0.3;
+    AnchorKVCache cache(cfg);
+    const auto K = random_kv(1, 1, 600, D, 31), V = random_kv(1, 1, 600, D, 32);
+    cache.update_and_fetch(TensorView::f32(K.data(), {1, 1, 600, D}), TensorView::f32(V.data(), {1, 1, 600, D}));
+    const auto& st = internal::unlocked_state(cache);
+    ASSERT_TRUE(st.compressed());
+    const compress::CompressedSide& side = st.segment[0].k;
+    const int64_t nr = side.n_residual();
+    ASSERT_GT(nr, 16);
+    for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
+      std::vector<float> fast, twin;
+      kernels::EntryScratch sc;
+      kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, true, fast, sc);
+      kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, false, twin, sc);
+      EXPECT_EQ(fast, twin) << "D=" << D << " style=" << static_cast<int>(style);
+      std::vector<float> row(static_cast<size_t>(D)), split(row.size());  // one row by hand
+      st.codec->decode(&side.codes[static_cast<size_t>(5 * st.codec->code_bytes())], core::float_to_half(1.0f),
+                       row.data(), std::vector<uint8_t>(static_cast<size_t>(D)).data());
+      core::rope_split(row.data(), D, style, split.data());
+      for (int64_t d = 0; d < D; ++d) EXPECT_FLOAT_EQ(split[d], twin[2 * D + d]) << d;
+    }
   }
 }
 
