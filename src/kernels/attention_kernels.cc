@@ -469,25 +469,30 @@ void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, i
 
 // Pre-RoPE key residuals: s4[res[j] * 4 + g] += zscale[j] * q_g .
 // RoPE_{p}(z_j), p = pos[res[j]] + offset, z_j the split residual keys Z [nr, D]
-// (SplitKeys2Bit or the general decode), q_g the block's rotated queries (Qb).
+// (SplitKeys2Bit or the general decode), q_g the block's rotated queries (Qb);
+// m4[g] raised to the largest score so changed.
 void QuadRopeKeyResiduals(const float* HWY_RESTRICT Z, const float* HWY_RESTRICT zscale,
                           const int32_t* HWY_RESTRICT res, int64_t nr, const float* HWY_RESTRICT Qb, int64_t b0,
                           int64_t D, const int64_t* HWY_RESTRICT pos, int64_t offset,
                           const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
-                          float* HWY_RESTRICT s4) {
+                          float* HWY_RESTRICT s4, float* HWY_RESTRICT m4) {
 #if HWY_TARGET == HWY_SCALAR
   (void)Z, (void)zscale, (void)res, (void)nr, (void)Qb, (void)b0, (void)D, (void)pos, (void)offset, (void)cos_t,
-      (void)sin_t, (void)s4;
+      (void)sin_t, (void)s4, (void)m4;
 #else
   const hn::CappedTag<float, 4> d4;
   const int64_t half = D / 2;
+  auto mx = hn::LoadU(d4, m4);
   for (int64_t j = 0; j < nr; ++j) {
     const int64_t p = pos[res[j]] + offset, jj = p % kRopeStep;
     const float* Q = Qb + (p / kRopeStep - b0) * 4 * D;
     const auto dots = RopeDots4(Z + j * D, Q, cos_t + jj * half, sin_t + jj * half, D);
     float* s = s4 + res[j] * 4;
-    hn::StoreU(hn::MulAdd(dots, hn::Set(d4, zscale[j]), hn::LoadU(d4, s)), d4, s);
+    const auto v = hn::MulAdd(dots, hn::Set(d4, zscale[j]), hn::LoadU(d4, s));
+    hn::StoreU(v, d4, s);
+    mx = hn::Max(mx, v);
   }
+  hn::StoreU(mx, d4, m4);
 #endif
 }
 
@@ -772,20 +777,24 @@ void SplitKeys2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
 bool SupportsSplitKeys2Bit(int64_t D) { return ANCHORKV_AVX512_TARGET && (D == 128 || D == 64); }
 
 // Key residuals of a quad, decoded in registers: for each residual j (slot
-// slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)).
+// slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)),
+// and m4[g] raised to the largest score so changed.
 // rq4: [4, D] rotated queries (zero rows past the quad's last query).
 void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
                           const float* HWY_RESTRICT zscale, const int32_t* HWY_RESTRICT res, int64_t nr,
                           const float* HWY_RESTRICT levels, const float* HWY_RESTRICT rq4, int64_t D,
-                          float* HWY_RESTRICT s4) {
+                          float* HWY_RESTRICT s4, float* HWY_RESTRICT m4) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const Levels2Bit dec(levels);
   int64_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::CappedTag<float, 4> d4;
+  auto mx = hn::LoadU(d4, m4);  // the maxima over the scores changed
+#endif
 #if ANCHORKV_AVX512_TARGET
   // Four residuals at once: each query row is loaded once for all four, and
   // their 16 dots are summed in one pass (SumsOf16).
-  const hn::CappedTag<float, 4> d4;
   for (; j + 4 <= nr; j += 4) {
     const uint8_t* c = codes + (slot0 + j) * cb;
     hn::Vec<DF> acc[16];
@@ -806,7 +815,9 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
     hn::Store(hn::Mul(SumsOf16(acc), SpreadFour(zscale + j)), df, dots);
     for (int e = 0; e < 4; ++e) {
       float* s = s4 + res[j + e] * 4;
-      hn::StoreU(hn::Add(hn::LoadU(d4, s), hn::Load(d4, dots + 4 * e)), d4, s);
+      const auto v = hn::Add(hn::LoadU(d4, s), hn::Load(d4, dots + 4 * e));
+      hn::StoreU(v, d4, s);
+      mx = hn::Max(mx, v);
     }
   }
 #endif
@@ -824,11 +835,16 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
 #if HWY_TARGET == HWY_SCALAR
     s[0] += zscale[j] * hn::GetLane(a0), s[1] += zscale[j] * hn::GetLane(a1);
     s[2] += zscale[j] * hn::GetLane(a2), s[3] += zscale[j] * hn::GetLane(a3);
+    for (int g = 0; g < 4; ++g) m4[g] = std::max(m4[g], s[g]);
 #else
-    const hn::CappedTag<float, 4> d4;
-    hn::StoreU(hn::MulAdd(SumsOf4(a0, a1, a2, a3), hn::Set(d4, zscale[j]), hn::LoadU(d4, s)), d4, s);
+    const auto v = hn::MulAdd(SumsOf4(a0, a1, a2, a3), hn::Set(d4, zscale[j]), hn::LoadU(d4, s));
+    hn::StoreU(v, d4, s);
+    mx = hn::Max(mx, v);
 #endif
   }
+#if HWY_TARGET != HWY_SCALAR
+  hn::StoreU(mx, d4, m4);
+#endif
 }
 
 // z[j, :] = levels(codes of slot slot0 + j) for j < nr (2-bit codes).
@@ -846,15 +862,17 @@ void DecodeRows2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
 bool Supports2BitRows(int64_t D) { return Levels2Bit::supported(D); }
 
 // Value residuals of a quad, decoded in registers:
-//   rot[g, :] += wv[g * ldw + j] * levels(codes of slot slot0 + j)   for g < gn, j < nr.
+//   rot[g, :] += p4[res[j] * 4 + g] * zscale[j] * levels(codes of slot slot0 + j)
+// for g < gn, j < nr (p4: the quad's probabilities, token-major).
 // Passes of QP queries over PB vectors of D keep QP * PB accumulators in
 // registers; each code is decoded once per pass, so a whole quad (QP = 4)
 // decodes it once per block of PB vectors. Query rows past gn get zero
 // weights and are not stored.
 template <int QP, int PB>
 HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
-                                       const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv,
-                                       int64_t ldw, int64_t gn, int64_t NB, float* HWY_RESTRICT rot) {
+                                       const float* HWY_RESTRICT levels, const float* HWY_RESTRICT p4,
+                                       const int32_t* HWY_RESTRICT res, const float* HWY_RESTRICT zscale,
+                                       int64_t gn, int64_t NB, float* HWY_RESTRICT rot) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
   const Levels2Bit dec(levels);
@@ -866,8 +884,9 @@ HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_
         for (int b = 0; b < PB; ++b) a[q][b] = q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df);
       for (int64_t j = 0; j < nr; ++j) {
         const uint8_t* c = codes + (slot0 + j) * cb;
+        const float* p = p4 + res[j] * 4 + g0;
         hn::Vec<DF> x[QP];
-        for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, q < qn ? wv[(g0 + q) * ldw + j] : 0.0f);
+        for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, q < qn ? p[q] * zscale[j] : 0.0f);
         for (int b = 0; b < PB; ++b) {
           const auto z = dec.at(c, (b0 + b) * N);
           for (int q = 0; q < QP; ++q) a[q][b] = hn::MulAdd(x[q], z, a[q][b]);
@@ -886,29 +905,30 @@ bool SupportsQuadValueResiduals(int64_t D) {
 }
 
 void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
-                            const float* HWY_RESTRICT levels, const float* HWY_RESTRICT wv, int64_t ldw,
-                            int64_t gn, int64_t D, float* HWY_RESTRICT rot) {
+                            const float* HWY_RESTRICT levels, const float* HWY_RESTRICT p4,
+                            const int32_t* HWY_RESTRICT res, const float* HWY_RESTRICT zscale, int64_t gn,
+                            int64_t D, float* HWY_RESTRICT rot) {
   const int64_t NB = D / static_cast<int64_t>(hn::Lanes(DF()));
   // A whole quad in blocks of four vectors (16 accumulators); otherwise two
   // queries over all of D (NB <= 8).
-  if (gn == 4 && NB % 4 == 0) return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+  if (gn == 4 && NB % 4 == 0) return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
   switch (NB) {
     case 1:
-      return QuadValueResidualsPass<2, 1>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 1>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     case 2:
-      return QuadValueResidualsPass<2, 2>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 2>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     case 3:
-      return QuadValueResidualsPass<2, 3>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 3>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     case 4:
-      return QuadValueResidualsPass<2, 4>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     case 5:
-      return QuadValueResidualsPass<2, 5>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 5>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     case 6:
-      return QuadValueResidualsPass<2, 6>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 6>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     case 7:
-      return QuadValueResidualsPass<2, 7>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 7>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
     default:
-      return QuadValueResidualsPass<2, 8>(codes, cb, slot0, nr, levels, wv, ldw, gn, NB, rot);
+      return QuadValueResidualsPass<2, 8>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
   }
 }
 
@@ -1587,10 +1607,11 @@ void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64
   (cq.rope_queries + q0 * D, D, sc.qb0, nb, cq.table->cos.data(), cq.table->sin.data(), sc.qb.data());
 }
 
-// Key residuals of the quad at q0 added to its scores s4.
+// Key residuals of the quad at q0 added to its scores s4; m4 raised to the
+// largest score they change.
 void add_quad_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                             const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn,
-                            EntryScratch& sc) {
+                            EntryScratch& sc, float* m4) {
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
@@ -1602,17 +1623,20 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
     return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr,
                                                       sc.qb.data(), sc.qb0, D, sc.pos.data(),
                                                       cq.rope->position_offset, cq.table->cos.data(),
-                                                      cq.table->sin.data(), s4);
+                                                      cq.table->sin.data(), s4, m4);
   }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
                                                       sc.zks.data(), sc.res_k.data(), nr,
-                                                      codec.levels().data(), cq.rq + q0 * D, D, s4);
+                                                      codec.levels().data(), cq.rq + q0 * D, D, s4, m4);
   if (sc.zk.empty()) decode_residual_rows(row.k, codec, r.slot_k0, nr, sc.zk, sc);
   sc.zdot.resize(static_cast<size_t>(4 * nr));
   core::dot_matrix(cq.rq + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
-  for (int64_t j = 0; j < nr; ++j)
-    for (int64_t g = 0; g < gn; ++g) s4[sc.res_k[j] * 4 + g] += sc.zks[j] * sc.zdot[g * nr + j];
+  for (int64_t j = 0; j < nr; ++j) {
+    float* s = &s4[sc.res_k[j] * 4];
+    for (int64_t g = 0; g < gn; ++g) s[g] += sc.zks[j] * sc.zdot[g * nr + j];
+    for (int g = 0; g < 4; ++g) m4[g] = std::max(m4[g], s[g]);
+  }
 }
 
 // Entries per pass of the quad kernel: a sub-tile's scores, anchor ordinals
@@ -1643,9 +1667,13 @@ void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, con
   bool raised = false;
   for (int g = 0; g < 4; ++g) {
     if (!(m_new[g] > m4[g] + kHeadroom)) continue;  // -inf + 16 = -inf: the first sub-tile sets m4
-    f[g] = m4[g] == kNegInf ? 0.0f : std::exp(m4[g] - m_new[g]);
+    // a lane's first shift (m4 = -inf) finds its sums, weights and rot still
+    // zero: nothing to rescale (every tile's first sub-tile)
+    if (m4[g] != kNegInf) {
+      f[g] = std::exp(m4[g] - m_new[g]);
+      raised = true;
+    }
     m4[g] = m_new[g];
-    raised = true;
   }
   if (!raised) return;
   for (int g = 0; g < 4; ++g) l4[g] *= f[g];
@@ -1675,22 +1703,21 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   } else {
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);
   }
-  add_quad_key_residuals(cq, row, codec, r, q0, gn, sc);
-  for (const int32_t i : sc.res_k)  // the scores the residuals changed
-    for (int g = 0; g < 4; ++g) m_sub[g] = std::max(m_sub[g], s4[i * 4 + g]);
+  add_quad_key_residuals(cq, row, codec, r, q0, gn, sc, m_sub);
   raise_quad_shifts(m_sub, gn, k, D, run);
   float l_sub[4];
   HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, run.m4, l_sub, sc.av.data(), sc.gv_at, run.W0, run.W1, &ahead);
   for (int g = 0; g < 4; ++g) run.l4[g] += l_sub[g];
   if (nrv == 0) return;
-  sc.zdot.resize(static_cast<size_t>(4 * nrv));  // rot[g] += sum_j p[g, i_j] * scale_j * z_j
+  // rot[g] += sum_j p[g, i_j] * scale_j * z_j
+  if (fused_v)
+    return HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)(row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv,
+                                                        codec.levels().data(), s4, sc.res_v.data(),
+                                                        sc.zvs.data(), gn, D, run.rot);
+  sc.zdot.resize(static_cast<size_t>(4 * nrv));
   for (int64_t g = 0; g < gn; ++g)
     for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
-  if (fused_v)
-    HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)
-  (row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv, codec.levels().data(), sc.zdot.data(), nrv, gn, D,
-   run.rot);
-  else core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, run.rot, D);
+  core::accumulate_rows(sc.zdot.data(), nrv, sc.zv.data(), nrv, gn, D, run.rot, D);
 }
 
 // The streams of entries [e0, e1) (metadata, coefficients) and of their
