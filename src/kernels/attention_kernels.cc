@@ -642,6 +642,23 @@ void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT
 #endif
 }
 
+// A quad's anchor weights back to one row per query: w[g * k + j] =
+// W0[j * 4 + g] + W1[j * 4 + g] for g < gn.
+void SumQuadWeights(const float* HWY_RESTRICT W0, const float* HWY_RESTRICT W1, int64_t k, int64_t gn,
+                    float* HWY_RESTRICT w) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + N <= k; j += N) {
+    hn::Vec<DF> a[4], b[4];
+    hn::LoadInterleaved4(d, W0 + j * 4, a[0], a[1], a[2], a[3]);
+    hn::LoadInterleaved4(d, W1 + j * 4, b[0], b[1], b[2], b[3]);
+    for (int64_t g = 0; g < gn; ++g) hn::StoreU(hn::Add(a[g], b[g]), d, w + g * k + j);
+  }
+  for (; j < k; ++j)
+    for (int64_t g = 0; g < gn; ++g) w[g * k + j] = W0[j * 4 + g] + W1[j * 4 + g];
+}
+
 // 2-bit residual codes (4 per byte, code i in bits 2 (i % 4) of byte i / 4)
 // decoded N at a time: one broadcast, a per-lane shift and mask, then a lane
 // permutation of the 4 levels. Needs 4 <= N <= 16.
@@ -1241,6 +1258,7 @@ HWY_EXPORT(SplitKeys2Bit);
 HWY_EXPORT(SupportsSplitKeys2Bit);
 HWY_EXPORT(QuadMax);
 HWY_EXPORT(QuadExpScatter);
+HWY_EXPORT(SumQuadWeights);
 HWY_EXPORT(QuadKeyResiduals2Bit);
 HWY_EXPORT(DecodeRows2Bit);
 HWY_EXPORT(Supports2BitRows);
@@ -1792,13 +1810,11 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
   }
   sc.slots_k = sub.slot_k0 - r.slot_k0;
   sc.slots_v = sub.slot_v0 - r.slot_v0;
-  for (int64_t g = 0; g < nq; ++g) {
-    const int64_t qi = g / 4, lane = g % 4;
-    out.m[g] = sc.ml[8 * qi + lane];
-    out.l[g] = sc.ml[8 * qi + 4 + lane];
-    const float *wa = &sc.wa[qi * 4 * k], *wb = &sc.wb[qi * 4 * k];
-    float* w = out.w + g * k;
-    for (int64_t j = 0; j < k; ++j) w[j] = wa[j * 4 + lane] + wb[j * 4 + lane];
+  for (int64_t qi = 0; qi < quads; ++qi) {
+    const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
+    std::copy_n(&sc.ml[8 * qi], gn, out.m + q0);
+    std::copy_n(&sc.ml[8 * qi + 4], gn, out.l + q0);
+    HWY_DYNAMIC_DISPATCH(SumQuadWeights)(&sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], k, gn, out.w + q0 * k);
   }
 }
 
