@@ -45,6 +45,10 @@ struct MetaOut {
 // Byte ranges of the cache to request into L2 while a loop computes: the
 // next sub-tile's streams, whose lines would otherwise arrive only when its
 // passes read them (the hardware prefetchers did not run that far ahead).
+// The requests are spread over the sub-tile's passes (exps, key and value
+// residuals): all in the exp loop, they stalled it once the line fill
+// buffers were full (perf: ~11% of its samples on the prefetches, from
+// memory) while the residual passes left the memory idle.
 struct LinesAhead {
   static constexpr int kMax = 6;
   const char* at[kMax];
@@ -585,7 +589,7 @@ void QuadScatter(const float* HWY_RESTRICT p4, const int32_t* HWY_RESTRICT av, c
 // (scores finite, at most kHeadroom above m4), l4[g] = sum of query g's, and
 // QuadScatter's W0 / W1. AVX-512: four entries per vector; the exps keep the
 // vector units busy while the scatter's read-modify-writes wait on memory,
-// and two lines of `ahead` are requested per four entries.
+// and one line of `ahead` is requested per four entries.
 void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT m4, float* HWY_RESTRICT l4,
                     const int32_t* HWY_RESTRICT av, const float* HWY_RESTRICT gv, float* HWY_RESTRICT W0,
                     float* HWY_RESTRICT W1, LinesAhead* HWY_RESTRICT ahead) {
@@ -597,7 +601,6 @@ void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT
   const auto vm = hn::Vec<DF>{_mm512_broadcast_f32x4(_mm_loadu_ps(m4))};
   auto vsum = hn::Zero(d);
   for (; i + 4 <= n; i += 4) {
-    ahead->request_one();  // two lines per four entries: ~1.6 are the next sub-tile's
     ahead->request_one();
     const auto e = ExpNonPositive(d, hn::Sub(hn::LoadU(d, s4 + i * 4), vm));
     hn::StoreU(e, d, s4 + i * 4);
@@ -797,10 +800,12 @@ bool SupportsSplitKeys2Bit(int64_t D) { return ANCHORKV_AVX512_TARGET && (D == 1
 // slot0 + j, entry res[j]) s4[res[j] * 4 + g] += zscale[j] * (rq4[g] . levels(codes)),
 // and m4[g] raised to the largest score so changed.
 // rq4: [4, D] rotated queries (zero rows past the quad's last query).
+// ahead: lines requested while the residuals compute (LinesAhead).
 void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
                           const float* HWY_RESTRICT zscale, const int32_t* HWY_RESTRICT res, int64_t nr,
                           const float* HWY_RESTRICT levels, const float* HWY_RESTRICT rq4, int64_t D,
-                          float* HWY_RESTRICT s4, float* HWY_RESTRICT m4) {
+                          float* HWY_RESTRICT s4, float* HWY_RESTRICT m4, LinesAhead* HWY_RESTRICT ahead) {
+  (void)ahead;  // the four-at-a-time loop requests lines (AVX-512)
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const Levels2Bit dec(levels);
@@ -813,6 +818,8 @@ void QuadKeyResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t
   // Four residuals at once: each query row is loaded once for all four, and
   // their 16 dots are summed in one pass (SumsOf16).
   for (; j + 4 <= nr; j += 4) {
+    ahead->request_one();  // two lines per four residuals (see QuadExpScatter)
+    ahead->request_one();
     const uint8_t* c = codes + (slot0 + j) * cb;
     hn::Vec<DF> acc[16];
     for (auto& a : acc) a = hn::Zero(df);
@@ -884,12 +891,13 @@ bool Supports2BitRows(int64_t D) { return Levels2Bit::supported(D); }
 // Passes of QP queries over PB vectors of D keep QP * PB accumulators in
 // registers; each code is decoded once per pass, so a whole quad (QP = 4)
 // decodes it once per block of PB vectors. Query rows past gn get zero
-// weights and are not stored.
+// weights and are not stored. ahead: lines requested meanwhile (LinesAhead).
 template <int QP, int PB>
 HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
                                        const float* HWY_RESTRICT levels, const float* HWY_RESTRICT p4,
                                        const int32_t* HWY_RESTRICT res, const float* HWY_RESTRICT zscale,
-                                       int64_t gn, int64_t NB, float* HWY_RESTRICT rot) {
+                                       int64_t gn, int64_t NB, float* HWY_RESTRICT rot,
+                                       LinesAhead* HWY_RESTRICT ahead) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
   const Levels2Bit dec(levels);
@@ -901,6 +909,7 @@ HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_
         for (int b = 0; b < PB; ++b) a[q][b] = q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df);
       for (int64_t j = 0; j < nr; ++j) {
         const uint8_t* c = codes + (slot0 + j) * cb;
+        if ((j & 1) == 0) ahead->request_one();  // one line per two residuals and block
         const float* p = p4 + res[j] * 4 + g0;
         hn::Vec<DF> x[QP];
         for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, q < qn ? p[q] * zscale[j] : 0.0f);
@@ -924,28 +933,28 @@ bool SupportsQuadValueResiduals(int64_t D) {
 void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
                             const float* HWY_RESTRICT levels, const float* HWY_RESTRICT p4,
                             const int32_t* HWY_RESTRICT res, const float* HWY_RESTRICT zscale, int64_t gn,
-                            int64_t D, float* HWY_RESTRICT rot) {
+                            int64_t D, float* HWY_RESTRICT rot, LinesAhead* HWY_RESTRICT ahead) {
   const int64_t NB = D / static_cast<int64_t>(hn::Lanes(DF()));
   // A whole quad in blocks of four vectors (16 accumulators); otherwise two
   // queries over all of D (NB <= 8).
-  if (gn == 4 && NB % 4 == 0) return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+  if (gn == 4 && NB % 4 == 0) return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
   switch (NB) {
     case 1:
-      return QuadValueResidualsPass<2, 1>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 1>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     case 2:
-      return QuadValueResidualsPass<2, 2>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 2>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     case 3:
-      return QuadValueResidualsPass<2, 3>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 3>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     case 4:
-      return QuadValueResidualsPass<2, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     case 5:
-      return QuadValueResidualsPass<2, 5>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 5>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     case 6:
-      return QuadValueResidualsPass<2, 6>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 6>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     case 7:
-      return QuadValueResidualsPass<2, 7>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 7>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
     default:
-      return QuadValueResidualsPass<2, 8>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot);
+      return QuadValueResidualsPass<2, 8>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
   }
 }
 
@@ -1629,7 +1638,7 @@ void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64
 // largest score they change.
 void add_quad_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                             const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn,
-                            EntryScratch& sc, float* m4) {
+                            EntryScratch& sc, float* m4, LinesAhead& ahead) {
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
@@ -1646,7 +1655,7 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
                                                       sc.zks.data(), sc.res_k.data(), nr,
-                                                      codec.levels().data(), cq.rq + q0 * D, D, s4, m4);
+                                                      codec.levels().data(), cq.rq + q0 * D, D, s4, m4, &ahead);
   if (sc.zk.empty()) decode_residual_rows(row.k, codec, r.slot_k0, nr, sc.zk, sc);
   sc.zdot.resize(static_cast<size_t>(4 * nr));
   core::dot_matrix(cq.rq + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
@@ -1721,7 +1730,7 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   } else {
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);
   }
-  add_quad_key_residuals(cq, row, codec, r, q0, gn, sc, m_sub);
+  add_quad_key_residuals(cq, row, codec, r, q0, gn, sc, m_sub, ahead);
   raise_quad_shifts(m_sub, gn, k, D, run);
   float l_sub[4];
   HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, run.m4, l_sub, sc.av.data(), sc.gv_at, run.W0, run.W1, &ahead);
@@ -1731,7 +1740,7 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   if (fused_v)
     return HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)(row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv,
                                                         codec.levels().data(), s4, sc.res_v.data(),
-                                                        sc.zvs.data(), gn, D, run.rot);
+                                                        sc.zvs.data(), gn, D, run.rot, &ahead);
   sc.zdot.resize(static_cast<size_t>(4 * nrv));
   for (int64_t g = 0; g < gn; ++g)
     for (int64_t j = 0; j < nrv; ++j) sc.zdot[g * nrv + j] = s4[sc.res_v[j] * 4 + g] * sc.zvs[j];
