@@ -48,24 +48,6 @@ int64_t RopeRotatePairs(float* HWY_RESTRICT x, int64_t D, int neox, const float*
   return i;
 }
 
-// cos(a + b) and sin(a + b) for the D/2 angles of two table rows.
-void AddAngles(const float* HWY_RESTRICT ca, const float* HWY_RESTRICT sa, const float* HWY_RESTRICT cb,
-               const float* HWY_RESTRICT sb, int64_t half, float* HWY_RESTRICT c, float* HWY_RESTRICT s) {
-  const hn::ScalableTag<float> d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  int64_t i = 0;
-  for (; i + N <= half; i += N) {
-    hn::Vec<decltype(d)> vc, vs;
-    RotatePairs(hn::LoadU(d, cb + i), hn::LoadU(d, sb + i), hn::LoadU(d, ca + i), hn::LoadU(d, sa + i), vc, vs);
-    hn::StoreU(vc, d, c + i);
-    hn::StoreU(vs, d, s + i);
-  }
-  for (; i < half; ++i) {
-    c[i] = ca[i] * cb[i] - sa[i] * sb[i];
-    s[i] = sa[i] * cb[i] + ca[i] * sb[i];
-  }
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace anchorkv::core
 HWY_AFTER_NAMESPACE();
@@ -73,12 +55,6 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace anchorkv::core {
 HWY_EXPORT(RopeRotatePairs);
-HWY_EXPORT(AddAngles);
-
-void rope_angles(const RopeTable& table, int64_t p, float* c, float* s) {
-  const int64_t j = p % kRopeStep, p0 = p - j;
-  HWY_DYNAMIC_DISPATCH(AddAngles)(table.c(p0), table.s(p0), table.c(j), table.s(j), table.D / 2, c, s);
-}
 
 void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out) {
   const int64_t half = D / 2;

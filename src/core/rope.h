@@ -39,10 +39,10 @@ struct RopeTable {
   const float* s(int64_t p) const { return &sin[static_cast<size_t>(p * (D / 2))]; }
 };
 inline constexpr int64_t kRopeBlock = 1024;
-// Angles of p = p0 + j (p0 a multiple of kRopeStep) by angle addition from the
-// rows of p0 and j: kernels that need many positions read every kRopeStep-th
-// row and the first kRopeStep rows (cache-resident) instead of streaming one
-// row per position.
+// Blocks of positions p = p0 + j (p0 a multiple of kRopeStep): a kernel
+// that needs many positions rotates its queries back by p0 once per block
+// (row p0) and its keys by j (the first kRopeStep rows, cache-resident)
+// instead of streaming one row per position.
 inline constexpr int64_t kRopeStep = 64;
 // A table covering at least [0, n). Thread-safe.
 std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n);
@@ -64,10 +64,6 @@ void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, i
 // (x, y) -> (x c - y s, x s + y c) on the two halves, and dot products are
 // unchanged when both sides are split alike.
 void rope_split(const float* x, int64_t D, RopeStyle style, float* out);
-
-// cos/sin of p * theta_i (D/2 each) from `table` by angle addition (kRopeStep):
-// equal to the row of p up to float rounding.
-void rope_angles(const RopeTable& table, int64_t p, float* c, float* s);
 
 // Rotate x [D] in place by position p (exact sincos; for a handful of vectors).
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);
