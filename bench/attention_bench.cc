@@ -130,7 +130,9 @@ void BM_DecodeAttentionPreRope(benchmark::State& state) {
                                  : static_cast<const KVCache&>(l.keyrope);
   const TensorView q = TensorView::f32(l.w.Q.data(), {1, 32, 1, 128});
   for (auto _ : state) benchmark::DoNotOptimize(attend(q, c, l.ao).data());
-  state.SetLabel(mode == 0 ? "dense fp16, RoPE in attention" : mode == 1 ? "anchorkv, pre-RoPE" : "anchorkv, :keyrope");
+  state.SetLabel(mode == 0   ? "dense fp16, RoPE in attention"
+                 : mode == 1 ? "anchorkv, pre-RoPE"
+                             : "anchorkv, :keyrope");
 }
 BENCHMARK(BM_DecodeAttentionPreRope)
     ->ArgsProduct({{32768, 131072}, {0, 1, 2}})

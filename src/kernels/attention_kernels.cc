@@ -347,8 +347,9 @@ HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
 // b0 + nb - 1 (rows p0 of the table): q . RoPE_{p0 + j}(k) = RoPE_{-p0}(q) .
 // RoPE_j(k), so a key at position p needs only the table row of j = p mod
 // kRopeStep (the first kRopeStep rows, cache-resident) and no angle of its own.
-void RopeQueryBlocks(const float* HWY_RESTRICT Q, int64_t D, int64_t b0, int64_t nb, const float* HWY_RESTRICT cos_t,
-                     const float* HWY_RESTRICT sin_t, float* HWY_RESTRICT Qb) {
+void RopeQueryBlocks(const float* HWY_RESTRICT Q, int64_t D, int64_t b0, int64_t nb,
+                     const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
+                     float* HWY_RESTRICT Qb) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
   for (int64_t b = 0; b < nb; ++b) {
@@ -378,20 +379,23 @@ void RopeQueryBlocks(const float* HWY_RESTRICT Q, int64_t D, int64_t b0, int64_t
 #if HWY_TARGET != HWY_SCALAR
 // [q_g . RoPE_j(x)] for the four split rows of Q [4, D]: x split, rotated by
 // the angles cj / sj (D/2 each).
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const float* HWY_RESTRICT x, const float* HWY_RESTRICT Q,
-                                                      const float* HWY_RESTRICT cj, const float* HWY_RESTRICT sj,
-                                                      int64_t D) {
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const float* HWY_RESTRICT x,
+                                                      const float* HWY_RESTRICT Q,
+                                                      const float* HWY_RESTRICT cj,
+                                                      const float* HWY_RESTRICT sj, int64_t D) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
   auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
   for (int64_t t = 0; t < half; t += N) {
     hn::Vec<DF> rx, ry;
-    RotatePairs(hn::LoadU(df, x + t), hn::LoadU(df, x + half + t), hn::LoadU(df, cj + t), hn::LoadU(df, sj + t), rx,
-                ry);
+    RotatePairs(hn::LoadU(df, x + t), hn::LoadU(df, x + half + t), hn::LoadU(df, cj + t),
+                hn::LoadU(df, sj + t), rx, ry);
     a0 = hn::MulAdd(hn::LoadU(df, Q + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + t), rx, a0));
     a1 = hn::MulAdd(hn::LoadU(df, Q + D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + D + t), rx, a1));
-    a2 = hn::MulAdd(hn::LoadU(df, Q + 2 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 2 * D + t), rx, a2));
-    a3 = hn::MulAdd(hn::LoadU(df, Q + 3 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 3 * D + t), rx, a3));
+    a2 =
+        hn::MulAdd(hn::LoadU(df, Q + 2 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 2 * D + t), rx, a2));
+    a3 =
+        hn::MulAdd(hn::LoadU(df, Q + 3 * D + half + t), ry, hn::MulAdd(hn::LoadU(df, Q + 3 * D + t), rx, a3));
   }
   return SumsOf4(a0, a1, a2, a3);
 }
@@ -400,8 +404,8 @@ template <int64_t kD>  // 0: D at run time
 HWY_INLINE void QuadRopeBlockScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
                                     const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
                                     const int64_t* HWY_RESTRICT pos, int64_t offset,
-                                    const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
-                                    float* HWY_RESTRICT s4) {
+                                    const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
+                                    int64_t n, float* HWY_RESTRICT s4) {
   if constexpr (kD != 0) D = kD;
   const DF df;
   const hn::CappedTag<float, 4> d4;
@@ -449,9 +453,9 @@ HWY_INLINE void QuadRopeBlockScores(const float* HWY_RESTRICT A, const float* HW
 // The same over entries of any blocks (Qb from RopeQueryBlocks, first block
 // b0): runs of entries in one block each.
 void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, int64_t b0, int64_t D,
-                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk, const int64_t* HWY_RESTRICT pos,
-                    int64_t offset, const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t, int64_t n,
-                    float* HWY_RESTRICT s4) {
+                    const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
+                    const int64_t* HWY_RESTRICT pos, int64_t offset, const float* HWY_RESTRICT cos_t,
+                    const float* HWY_RESTRICT sin_t, int64_t n, float* HWY_RESTRICT s4) {
 #if HWY_TARGET == HWY_SCALAR
   (void)A, (void)Qb, (void)b0, (void)D, (void)ak, (void)gk, (void)pos, (void)offset, (void)cos_t, (void)sin_t,
       (void)n, (void)s4;
@@ -464,9 +468,12 @@ void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, i
       QuadRopeBlockScores<decltype(kD)::value>(A, Q, D, ak + i, gk + i, pos + i, offset, cos_t, sin_t, e - i,
                                                s4 + i * 4);
     };
-    if (D == 128) run(std::integral_constant<int64_t, 128>());
-    else if (D == 64) run(std::integral_constant<int64_t, 64>());
-    else run(std::integral_constant<int64_t, 0>());
+    if (D == 128)
+      run(std::integral_constant<int64_t, 128>());
+    else if (D == 64)
+      run(std::integral_constant<int64_t, 64>());
+    else
+      run(std::integral_constant<int64_t, 0>());
   }
 #endif
 }
@@ -476,13 +483,13 @@ void QuadRopeScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, i
 // (SplitKeys2Bit or the general decode), q_g the block's rotated queries (Qb);
 // m4[g] raised to the largest score so changed.
 void QuadRopeKeyResiduals(const float* HWY_RESTRICT Z, const float* HWY_RESTRICT zscale,
-                          const int32_t* HWY_RESTRICT res, int64_t nr, const float* HWY_RESTRICT Qb, int64_t b0,
-                          int64_t D, const int64_t* HWY_RESTRICT pos, int64_t offset,
+                          const int32_t* HWY_RESTRICT res, int64_t nr, const float* HWY_RESTRICT Qb,
+                          int64_t b0, int64_t D, const int64_t* HWY_RESTRICT pos, int64_t offset,
                           const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
                           float* HWY_RESTRICT s4, float* HWY_RESTRICT m4) {
 #if HWY_TARGET == HWY_SCALAR
-  (void)Z, (void)zscale, (void)res, (void)nr, (void)Qb, (void)b0, (void)D, (void)pos, (void)offset, (void)cos_t,
-      (void)sin_t, (void)s4, (void)m4;
+  (void)Z, (void)zscale, (void)res, (void)nr, (void)Qb, (void)b0, (void)D, (void)pos, (void)offset,
+      (void)cos_t, (void)sin_t, (void)s4, (void)m4;
 #else
   const hn::CappedTag<float, 4> d4;
   const int64_t half = D / 2;
@@ -719,8 +726,8 @@ struct HadamardWithin {
     for (int s = 0; s < 4; ++s) {
       const auto h = hn::Set(di, 1 << s);
       idx[s] = hn::IndicesFromVec(DF(), hn::Xor(lane, h));
-      sign[s] = hn::IfThenElse(hn::RebindMask(DF(), hn::Eq(hn::And(lane, h), hn::Zero(di))), hn::Set(DF(), 1.0f),
-                               hn::Set(DF(), -1.0f));
+      sign[s] = hn::IfThenElse(hn::RebindMask(DF(), hn::Eq(hn::And(lane, h), hn::Zero(di))),
+                               hn::Set(DF(), 1.0f), hn::Set(DF(), -1.0f));
     }
   }
   template <int kV>
@@ -752,7 +759,8 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
   // u >= kV/2 element 2 (16(u - kV/2) + l) + 1: bits 4l (+ 2) of the 8 bytes
   // at 8 (u mod kV/2); lanes 0-7 read the low word, 8-15 the high one.
   alignas(64) static constexpr int32_t kHalves[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
-  alignas(64) static constexpr int32_t kShift[16] = {0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28};
+  alignas(64) static constexpr int32_t kShift[16] = {0, 4, 8, 12, 16, 20, 24, 28,
+                                                     0, 4, 8, 12, 16, 20, 24, 28};
   const __m512i halves = _mm512_load_si512(kHalves), shift_x = _mm512_load_si512(kShift);
   const __m512i shift_y = _mm512_add_epi32(shift_x, _mm512_set1_epi32(2));
   for (int64_t j = 0; j < nr; ++j) {
@@ -774,11 +782,12 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
       }
       // core::fwht's stage h = 1 pairs elements 2i, 2i + 1: split rows kV/2 vectors apart
       HadamardAcross<kV / 2, kV>(v);
-      within.apply<kV>(v);  // h = 2 .. 16
-      HadamardAcross<1, kV>(v);  // h = 32
+      within.apply<kV>(v);                              // h = 2 .. 16
+      HadamardAcross<1, kV>(v);                         // h = 32
       if constexpr (kV == 8) HadamardAcross<2, kV>(v);  // h = 64
     }
-    for (int u = 0; u < kV; ++u) hn::StoreU(hn::Mul(v[u], hn::LoadU(df, signs + 16 * u)), df, Z + j * kV * 16 + 16 * u);
+    for (int u = 0; u < kV; ++u)
+      hn::StoreU(hn::Mul(v[u], hn::LoadU(df, signs + 16 * u)), df, Z + j * kV * 16 + 16 * u);
   }
 }
 #endif
@@ -893,11 +902,11 @@ bool Supports2BitRows(int64_t D) { return Levels2Bit::supported(D); }
 // decodes it once per block of PB vectors. Query rows past gn get zero
 // weights and are not stored. ahead: lines requested meanwhile (LinesAhead).
 template <int QP, int PB>
-HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
-                                       const float* HWY_RESTRICT levels, const float* HWY_RESTRICT p4,
-                                       const int32_t* HWY_RESTRICT res, const float* HWY_RESTRICT zscale,
-                                       int64_t gn, int64_t NB, float* HWY_RESTRICT rot,
-                                       LinesAhead* HWY_RESTRICT ahead) {
+HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
+                                       int64_t nr, const float* HWY_RESTRICT levels,
+                                       const float* HWY_RESTRICT p4, const int32_t* HWY_RESTRICT res,
+                                       const float* HWY_RESTRICT zscale, int64_t gn, int64_t NB,
+                                       float* HWY_RESTRICT rot, LinesAhead* HWY_RESTRICT ahead) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
   const Levels2Bit dec(levels);
@@ -937,7 +946,8 @@ void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64
   const int64_t NB = D / static_cast<int64_t>(hn::Lanes(DF()));
   // A whole quad in blocks of four vectors (16 accumulators); otherwise two
   // queries over all of D (NB <= 8).
-  if (gn == 4 && NB % 4 == 0) return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
+  if (gn == 4 && NB % 4 == 0)
+    return QuadValueResidualsPass<4, 4>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
   switch (NB) {
     case 1:
       return QuadValueResidualsPass<2, 1>(codes, cb, slot0, nr, levels, p4, res, zscale, gn, NB, rot, ahead);
@@ -1647,15 +1657,14 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   // in sc.qb, quad_sub_tile)
   if (cq.rope && !row.key_rope.enabled) {
     if (sc.zk.empty()) split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
-    return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr,
-                                                      sc.qb.data(), sc.qb0, D, sc.pos.data(),
-                                                      cq.rope->position_offset, cq.table->cos.data(),
-                                                      cq.table->sin.data(), s4, m4);
+    return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(
+        sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr, sc.qb.data(), sc.qb0, D, sc.pos.data(),
+        cq.rope->position_offset, cq.table->cos.data(), cq.table->sin.data(), s4, m4);
   }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
-    return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
-                                                      sc.zks.data(), sc.res_k.data(), nr,
-                                                      codec.levels().data(), cq.rq + q0 * D, D, s4, m4, &ahead);
+    return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(
+        row.k.codes.data(), codec.code_bytes(), r.slot_k0, sc.zks.data(), sc.res_k.data(), nr,
+        codec.levels().data(), cq.rq + q0 * D, D, s4, m4, &ahead);
   if (sc.zk.empty()) decode_residual_rows(row.k, codec, r.slot_k0, nr, sc.zk, sc);
   sc.zdot.resize(static_cast<size_t>(4 * nr));
   core::dot_matrix(cq.rq + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
@@ -1724,8 +1733,8 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
     const int64_t offset = cq.rope->position_offset;
     rope_query_blocks(cq, q0, n, D, sc);
     HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset, cq.table->cos.data(),
-     cq.table->sin.data(), n, s4);
+    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
+     cq.table->cos.data(), cq.table->sin.data(), n, s4);
     HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m_sub);
   } else {
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);
@@ -1738,8 +1747,8 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   if (nrv == 0) return;
   // rot[g] += sum_j p[g, i_j] * scale_j * z_j
   if (fused_v)
-    return HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)(row.v.codes.data(), codec.code_bytes(), r.slot_v0, nrv,
-                                                        codec.levels().data(), s4, sc.res_v.data(),
+    return HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)(row.v.codes.data(), codec.code_bytes(), r.slot_v0,
+                                                        nrv, codec.levels().data(), s4, sc.res_v.data(),
                                                         sc.zvs.data(), gn, D, run.rot, &ahead);
   sc.zdot.resize(static_cast<size_t>(4 * nrv));
   for (int64_t g = 0; g < gn; ++g)

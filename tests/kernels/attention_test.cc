@@ -1,6 +1,7 @@
 #include "anchorkv/attention.h"
 
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <cmath>
 
@@ -11,8 +12,6 @@
 #include "compress/segment.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/causal_attention.h"
-
-#include <hwy/targets.h>
 
 namespace anchorkv {
 namespace {
@@ -484,7 +483,8 @@ TEST(Attention, SplitKeyResidualsMatchTheirScalarTwin) {
     cfg.theta = 0.3;
     AnchorKVCache cache(cfg);
     const auto K = random_kv(1, 1, 600, D, 31), V = random_kv(1, 1, 600, D, 32);
-    cache.update_and_fetch(TensorView::f32(K.data(), {1, 1, 600, D}), TensorView::f32(V.data(), {1, 1, 600, D}));
+    cache.update_and_fetch(TensorView::f32(K.data(), {1, 1, 600, D}),
+                           TensorView::f32(V.data(), {1, 1, 600, D}));
     const auto& st = internal::unlocked_state(cache);
     ASSERT_TRUE(st.compressed());
     const compress::CompressedSide& side = st.segment[0].k;
@@ -497,8 +497,9 @@ TEST(Attention, SplitKeyResidualsMatchTheirScalarTwin) {
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, false, twin, sc);
       EXPECT_EQ(fast, twin) << "D=" << D << " style=" << static_cast<int>(style);
       std::vector<float> row(static_cast<size_t>(D)), split(row.size());  // one row by hand
-      st.codec->decode(&side.codes[static_cast<size_t>(5 * st.codec->code_bytes())], core::float_to_half(1.0f),
-                       row.data(), std::vector<uint8_t>(static_cast<size_t>(D)).data());
+      st.codec->decode(&side.codes[static_cast<size_t>(5 * st.codec->code_bytes())],
+                       core::float_to_half(1.0f), row.data(),
+                       std::vector<uint8_t>(static_cast<size_t>(D)).data());
       core::rope_split(row.data(), D, style, split.data());
       for (int64_t d = 0; d < D; ++d) EXPECT_FLOAT_EQ(split[d], twin[2 * D + d]) << d;
     }
