@@ -59,7 +59,8 @@ struct CompressedQueries {
   //     S_i = q_y a_x - q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin;
   //   or, for the fast kernel (quad_rope_supported), split rows (core::rope_split):
   //     rope_anchors [k, D] and rope_queries [ceil(nq / 4) * 4, D] (zero rows past nq),
-  //     each anchor rotated to the entry's position, then dotted with the quad.
+  //     each anchor rotated by the entry's offset in its block of kRopeStep
+  //     positions, then dotted with the quad rotated back to the block's start.
   const RopeOptions* rope = nullptr;
   const float* cs = nullptr;
   const float* rope_anchors = nullptr;
