@@ -207,25 +207,15 @@ void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D
 float DotVec(const float* x, const float* y, int64_t D) { return Dot1(DF(), x, y, D); }
 
 // Unnormalized fast Walsh-Hadamard transform, n a power of two with n % N == 0:
-// butterflies across vectors for h >= N, inside a vector (partner lane i ^ h
-// by a lane permutation, then x * (+-1) + partner) for h < N. Every output is
-// the same a + b or a - b as the scalar transform, so the result is identical.
+// butterflies inside each vector for h < N (HadamardWithin, one pass: a
+// vector's stages touch no other vector), then across vectors for h >= N.
+// Every output is the same a + b or a - b as the scalar transform, so the
+// result is identical.
 void Fwht(float* HWY_RESTRICT x, int64_t n) {
   const DF d;
-  const hn::RebindToSigned<DF> di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  for (int64_t h = 1; h < N; h <<= 1) {
-    const auto lane = hn::Iota(di, 0);
-    const auto idx = hn::IndicesFromVec(d, hn::Xor(lane, hn::Set(di, static_cast<int32_t>(h))));
-    // +1 where bit h of the lane is clear (a + b), -1 where it is set (a - b = -x + partner)
-    const auto sign = hn::IfThenElse(hn::RebindMask(d, hn::Eq(hn::And(lane, hn::Set(di, static_cast<int32_t>(h))),
-                                                             hn::Zero(di))),
-                                     hn::Set(d, 1.0f), hn::Set(d, -1.0f));
-    for (int64_t i = 0; i < n; i += N) {
-      const auto v = hn::LoadU(d, x + i);
-      hn::StoreU(hn::MulAdd(v, sign, hn::TableLookupLanes(v, idx)), d, x + i);
-    }
-  }
+  const HadamardWithin<DF> within(d);
+  for (int64_t i = 0; i < n; i += N) hn::StoreU(within.apply(hn::LoadU(d, x + i)), d, x + i);
   for (int64_t h = N; h < n; h <<= 1)
     for (int64_t i = 0; i < n; i += h << 1)
       for (int64_t j = i; j < i + h; j += N) {

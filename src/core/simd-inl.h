@@ -42,6 +42,33 @@ HWY_INLINE hn::Vec<D> LoadTail(D d, const hn::TFromD<D>* HWY_RESTRICT p, int64_t
   return hn::Load(d, buf);
 }
 
+// The butterfly stages of a Walsh-Hadamard transform within one vector
+// (lanes 1, 2, 4, ... apart, up to Lanes(d) / 2), in that order: partner by a
+// lane permutation, then x * (+-1) + partner, exactly the a + b or a - b of
+// the scalar transform (core::fwht_ref), so the bits are the same.
+template <class D>
+struct HadamardWithin {
+  static constexpr int kMaxStages = 5;  // up to 32 lanes
+  explicit HadamardWithin(D d) {
+    const hn::RebindToSigned<D> di;
+    const auto lane = hn::Iota(di, 0);
+    for (int64_t h = 1; h < static_cast<int64_t>(hn::Lanes(d)) && stages < kMaxStages; h <<= 1, ++stages) {
+      const auto bit = hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(h));
+      idx[stages] = hn::IndicesFromVec(d, hn::Xor(lane, bit));
+      // +1 where the bit is clear (a + b), -1 where it is set (a - b = -x + partner)
+      sign[stages] = hn::IfThenElse(hn::RebindMask(d, hn::Eq(hn::And(lane, bit), hn::Zero(di))),
+                                    hn::Set(d, 1.0f), hn::Set(d, -1.0f));
+    }
+  }
+  HWY_INLINE hn::Vec<D> apply(hn::Vec<D> v) const {
+    for (int s = 0; s < stages; ++s) v = hn::MulAdd(v, sign[s], hn::TableLookupLanes(v, idx[s]));
+    return v;
+  }
+  int stages = 0;
+  decltype(hn::IndicesFromVec(D(), hn::Zero(hn::RebindToSigned<D>()))) idx[kMaxStages];
+  hn::Vec<D> sign[kMaxStages];
+};
+
 // Pairs (x, y) rotated by angles with cosines c and sines s:
 // (x c - y s, x s + y c). With (x, y) = (cos b, sin b) and (c, s) the cosines
 // and sines of a, this is the angle sum: (cos(a + b), sin(a + b)).

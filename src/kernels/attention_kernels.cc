@@ -93,6 +93,7 @@ HWY_INLINE float Dot(const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, i
   return core::HWY_NAMESPACE::Dot1(DF(), x, y, D);
 }
 using core::HWY_NAMESPACE::ExpNonPositive;
+using core::HWY_NAMESPACE::HadamardWithin;
 using core::HWY_NAMESPACE::RotatePairs;
 
 float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
@@ -369,13 +370,6 @@ void RopeQueryBlocks(const float* HWY_RESTRICT Q, int64_t D, int64_t b0, int64_t
   }
 }
 
-// s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}) with p_i = pos[i] +
-// offset, entries of one block whose queries Q [4, D] are rotated back to its
-// start (RopeQueryBlocks): each entry's anchor (A [k, D], split rows,
-// core::rope_split) is rotated by the table row of j = p_i mod kRopeStep,
-// then dotted with the queries. A rotation is two multiplies and two
-// multiply-adds per 16 pairs; the anchor's D floats are read per entry (the
-// pair-product form, four queries' worth, was 4x the bytes from L2).
 #if HWY_TARGET != HWY_SCALAR
 // [q_g . RoPE_j(x)] for the four split rows of Q [4, D]: x split, rotated by
 // the angles cj / sj (D/2 each).
@@ -400,6 +394,13 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const float* HWY_RESTRICT 
   return SumsOf4(a0, a1, a2, a3);
 }
 
+// s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}) with p_i = pos[i] +
+// offset, entries of one block whose queries Q [4, D] are rotated back to its
+// start (RopeQueryBlocks): each entry's anchor (A [k, D], split rows,
+// core::rope_split) is rotated by the table row of j = p_i mod kRopeStep,
+// then dotted with the queries. A rotation is two multiplies and two
+// multiply-adds per 16 pairs; the anchor's D floats are read per entry (the
+// pair-product form, four queries' worth, was 4x the bytes from L2).
 template <int64_t kD>  // 0: D at run time
 HWY_INLINE void QuadRopeBlockScores(const float* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
                                     const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
@@ -716,29 +717,6 @@ HWY_INLINE void HadamardAcross(hn::Vec<DF>* v) {
     }
 }
 
-// The butterfly stages within a vector, lanes 1, 2, 4, 8 apart: partner by a
-// lane permutation, then x * (+-1) + partner (exactly a + b or a - b, as in
-// core::fwht).
-struct HadamardWithin {
-  HadamardWithin() {
-    const hn::RebindToSigned<DF> di;
-    const auto lane = hn::Iota(di, 0);
-    for (int s = 0; s < 4; ++s) {
-      const auto h = hn::Set(di, 1 << s);
-      idx[s] = hn::IndicesFromVec(DF(), hn::Xor(lane, h));
-      sign[s] = hn::IfThenElse(hn::RebindMask(DF(), hn::Eq(hn::And(lane, h), hn::Zero(di))),
-                               hn::Set(DF(), 1.0f), hn::Set(DF(), -1.0f));
-    }
-  }
-  template <int kV>
-  HWY_INLINE void apply(hn::Vec<DF>* v) const {
-    for (int s = 0; s < 4; ++s)
-      for (int i = 0; i < kV; ++i) v[i] = hn::MulAdd(v[i], sign[s], hn::TableLookupLanes(v[i], idx[s]));
-  }
-  decltype(hn::SetTableIndices(DF(), static_cast<const int32_t*>(nullptr))) idx[4];
-  hn::Vec<DF> sign[4];
-};
-
 // Pre-RoPE key residuals coded as given, 2-bit codes and a Hadamard rotation
 // (codec rotation R^T y = signs * H y / sqrt(D)), decoded straight into the
 // split domain (core::rope_split) in registers: Z[j] = split(R^T levels(codes
@@ -754,7 +732,7 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
                     float* HWY_RESTRICT Z) {
   const DF df;
   const Levels2Bit dec(levels);
-  const HadamardWithin within;
+  const HadamardWithin<DF> within(df);  // lanes 1 .. 8 apart
   // Normal pairing: split lane l of vector u < kV/2 is element 2 (16u + l), of
   // u >= kV/2 element 2 (16(u - kV/2) + l) + 1: bits 4l (+ 2) of the 8 bytes
   // at 8 (u mod kV/2); lanes 0-7 read the low word, 8-15 the high one.
@@ -768,7 +746,7 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
     hn::Vec<DF> v[kV];
     if (neox) {  // split is the identity: natural order, core::fwht's stages
       for (int u = 0; u < kV; ++u) v[u] = dec.at(c, 16 * u);
-      within.apply<kV>(v);
+      for (auto& x : v) x = within.apply(x);
       HadamardAcross<1, kV>(v);
       HadamardAcross<2, kV>(v);
       if constexpr (kV == 8) HadamardAcross<4, kV>(v);
@@ -782,7 +760,7 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
       }
       // core::fwht's stage h = 1 pairs elements 2i, 2i + 1: split rows kV/2 vectors apart
       HadamardAcross<kV / 2, kV>(v);
-      within.apply<kV>(v);                              // h = 2 .. 16
+      for (auto& x : v) x = within.apply(x);            // h = 2 .. 16
       HadamardAcross<1, kV>(v);                         // h = 32
       if constexpr (kV == 8) HadamardAcross<2, kV>(v);  // h = 64
     }
