@@ -204,6 +204,21 @@ void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D
   for (; i < D; ++i) y[i] += a * x[i];
 }
 
+void ScaleAdd(float a, float* HWY_RESTRICT y, float b, const float* HWY_RESTRICT x, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, a), vb = hn::Set(d, b);
+  int64_t i = 0;
+  if (x == nullptr) {
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(va, hn::LoadU(d, y + i)), d, y + i);
+    for (; i < n; ++i) y[i] *= a;
+    return;
+  }
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::MulAdd(vb, hn::LoadU(d, x + i), hn::Mul(va, hn::LoadU(d, y + i))), d, y + i);
+  for (; i < n; ++i) y[i] = a * y[i] + b * x[i];
+}
+
 float DotVec(const float* x, const float* y, int64_t D) { return Dot1(DF(), x, y, D); }
 
 // Unnormalized fast Walsh-Hadamard transform, n a power of two with n % N == 0:
@@ -303,6 +318,7 @@ namespace anchorkv::core {
 
 HWY_EXPORT(DotMatrix);
 HWY_EXPORT(Axpy);
+HWY_EXPORT(ScaleAdd);
 HWY_EXPORT(AbsCosineArgmax);
 HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
@@ -405,6 +421,14 @@ void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n,
                          int64_t ldo) {
   for (int64_t g = 0; g < nq; ++g)
     for (int64_t r = 0; r < n; ++r) axpy_ref(W[g * ldw + r], Z + r * D, out + g * ldo, D);
+}
+
+void scale_add(float a, float* y, float b, const float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ScaleAdd)(a, y, b, x, n);
+}
+
+void scale_add_ref(float a, float* y, float b, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a * y[i] + (x ? b * x[i] : 0.0f);
 }
 
 void axpy_ref(float a, const float* x, float* y, int64_t D) {

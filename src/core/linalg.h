@@ -32,6 +32,11 @@ int64_t abs_cosine_argmax_ref(const float* dots, int64_t k, float token_norm, co
 void axpy(float a, const float* x, float* y, int64_t D);
 void axpy_ref(float a, const float* x, float* y, int64_t D);
 
+// y[d] = a * y[d] + b * x[d] (x null: y[d] = a * y[d]): two running sums
+// rescaled to a common shift, as online softmax merges do.
+void scale_add(float a, float* y, float b, const float* x, int64_t n);
+void scale_add_ref(float a, float* y, float b, const float* x, int64_t n);
+
 // sum_d x[d] * y[d]
 float dot(const float* x, const float* y, int64_t D);
 

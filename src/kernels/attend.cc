@@ -399,8 +399,8 @@ void AttendCall::run_anchors(int64_t r, kernels::PartialView out) {
   }
   std::fill_n(out.acc, nq_ * D_, 0.0f);  // anchors contribute through w only
   std::fill_n(out.rot, nq_ * D_, 0.0f);
-  kernels::anchors_chunk(compressed_queries(r), k, abs_pos.data(), masked_segment_,
-                         {out.m, out.l, out.acc, tw.data(), out.rot});
+  (opt_.reference ? kernels::anchors_chunk_ref : kernels::anchors_chunk)(
+      compressed_queries(r), k, abs_pos.data(), masked_segment_, {out.m, out.l, out.acc, tw.data(), out.rot});
   for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * k_max_);  // stride k -> k_max
 }
 

@@ -1879,16 +1879,29 @@ void dense_chunk_rope_ref(const float* q, const int64_t* qpos, int64_t nq, const
   dense_chunk_rope_impl<RefOps>(q, qpos, nq, K16, V16, n, pos0, D, rope, table, out, scratch);
 }
 
-void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
-                   PartialView out) {
+namespace {
+template <class Ops>
+void anchors_chunk_impl(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
+                        PartialView out) {
   // Scores are the exact q . a_j; each anchor's value is its own (gamma = 1).
   for (int64_t g = 0; g < cq.nq; ++g) {
     float* w = out.w + g * k;
     for (int64_t j = 0; j < k; ++j)
       w[j] = (!masked || anchor_pos[j] <= cq.qpos[g]) ? cq.anchor_dot[g * k + j] : kNegInf;
   }
-  softmax_stats<RefOps>(out.w, cq.nq, k, out.m, out.l);
+  softmax_stats<Ops>(out.w, cq.nq, k, out.m, out.l);
   // Anchors contribute through w only; acc and rot stay as the caller zeroed them.
+}
+}  // namespace
+
+void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
+                   PartialView out) {
+  anchors_chunk_impl<FastOps>(cq, k, anchor_pos, masked, out);
+}
+
+void anchors_chunk_ref(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
+                       PartialView out) {
+  anchors_chunk_impl<RefOps>(cq, k, anchor_pos, masked, out);
 }
 
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
@@ -1935,13 +1948,9 @@ void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_
   const float fa = std::exp(m_a - m), fb = std::exp(m_b - m);
   m_a = m;
   l_a = l_a * fa + l_b * fb;
-  for (int64_t d = 0; d < D; ++d) acc_a[d] = acc_a[d] * fa + acc_b[d] * fb;
-  if (w_a) {
-    for (int64_t j = 0; j < k; ++j) w_a[j] = w_a[j] * fa + (w_b ? w_b[j] * fb : 0.0f);
-  }
-  if (rot_a) {
-    for (int64_t d = 0; d < D; ++d) rot_a[d] = rot_a[d] * fa + (rot_b ? rot_b[d] * fb : 0.0f);
-  }
+  core::scale_add(fa, acc_a, fb, acc_b, D);
+  if (w_a) core::scale_add(fa, w_a, fb, w_b, k);
+  if (rot_a) core::scale_add(fa, rot_a, fb, rot_b, D);
 }
 
 }  // namespace anchorkv::kernels

@@ -14,6 +14,7 @@
 #include "anchorkv/attention.h"
 #include "compress/codec.h"
 #include "compress/segment.h"
+#include "core/buffer.h"
 #include "core/rope.h"
 
 namespace anchorkv::kernels {
@@ -82,9 +83,11 @@ void dense_chunk_rope_ref(const float* q, const int64_t* qpos, int64_t nq, const
 
 // The anchors of a compressed row as tokens (gamma = 1, own value): scores
 // anchor_dot, values accumulate into w[j]. anchor_pos: positions (only read
-// when `masked`).
+// when `masked`). The _ref twin's softmax is scalar.
 void anchors_chunk(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
                    PartialView out);
+void anchors_chunk_ref(const CompressedQueries& cq, int64_t k, const int32_t* anchor_pos, bool masked,
+                       PartialView out);
 
 // Entries [e0, e1) of a compressed row. slot_k0/slot_v0: residual slots owned
 // by entries before e0. seg_pos0: absolute position of the segment's first
@@ -99,12 +102,14 @@ struct EntryRange {
 // Buffers of one entries_chunk call, reused across calls (one per thread).
 struct EntryScratch {
   std::vector<float> s;                 // [nq, n] scores, then probabilities
-  std::vector<float> gk, gv;            // [n] coefficients decoded (compact and tight layouts)
+  core::UninitVector<float> gk, gv;     // [n] coefficients decoded (compact and tight layouts)
   const float* gk_at = nullptr;         // [n] the range's coefficients: gk / gv, or the seed
   const float* gv_at = nullptr;         //     layout's fp32 ones where they are stored
-  std::vector<int32_t> ak, av;          // [n] anchor ordinals
-  std::vector<int64_t> pos;             // [n] absolute positions (masking / RoPE)
-  std::vector<int32_t> res_k, res_v;    // chunk-local indices of entries with a residual
+  // Per-range arrays are sized to each range and written before they are read:
+  // uninitialised, so a resize is not a memset per sub-tile.
+  core::UninitVector<int32_t> ak, av;        // [n] anchor ordinals
+  core::UninitVector<int64_t> pos;           // [n] absolute positions (masking / RoPE)
+  core::UninitVector<int32_t> res_k, res_v;  // chunk-local indices of entries with a residual
   int64_t slots_k = 0, slots_v = 0;     // after a call: the residual slots the range holds
   std::vector<float> z, zscale, zdot;   // decoded residual levels, scales, dots
   std::vector<uint8_t> codes;           // [D] unpacked codes of one residual

@@ -71,7 +71,7 @@ TEST(Linalg, DotMatrixElementDoesNotDependOnTilePosition) {
     }
 }
 
-TEST(Linalg, AxpyAndDotMatchReference) {
+TEST(Linalg, AxpyScaleAddAndDotMatchReference) {
   Rng rng(2);
   for (int64_t D : {1, 7, 16, 33, 128}) {
     auto x = random_vec(rng, static_cast<size_t>(D));
@@ -80,6 +80,14 @@ TEST(Linalg, AxpyAndDotMatchReference) {
     axpy(0.37f, x.data(), y.data(), D);
     axpy_ref(0.37f, x.data(), y2.data(), D);
     for (int64_t d = 0; d < D; ++d) EXPECT_NEAR(y[d], y2[d], 1e-6);
+    for (const float* xs : std::initializer_list<const float*>{x.data(), nullptr}) {
+      auto z = y, z2 = y;
+      scale_add(0.61f, z.data(), 1.7f, xs, D);
+      scale_add_ref(0.61f, z2.data(), 1.7f, xs, D);
+      for (int64_t d = 0; d < D; ++d)
+        EXPECT_NEAR(z[d], z2[d], 1e-6 * (1 + std::abs(z2[d]))) << D << " " << d << (xs ? "" : " (no x)");
+      EXPECT_NE(z[D - 1], y[D - 1]);
+    }
     EXPECT_NEAR(dot(x.data(), y.data(), D), dot_ref(x.data(), y.data(), D), 1e-5 * D);
   }
   EXPECT_NE(std::string(simd_target_name()), "");
