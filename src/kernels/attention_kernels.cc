@@ -543,10 +543,10 @@ void QuadAnchorScoresMax(const float* HWY_RESTRICT T, const int32_t* HWY_RESTRIC
                          const float* HWY_RESTRICT gk, int64_t n, float* HWY_RESTRICT s4, float* HWY_RESTRICT m4) {
 #if ANCHORKV_AVX512_TARGET
   auto four = [&](int64_t e) {
-    __m512 t = _mm512_castps128_ps512(_mm_loadu_ps(T + ak[e] * 4));
-    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + ak[e + 1] * 4), 1);
-    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + ak[e + 2] * 4), 2);
-    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + ak[e + 3] * 4), 3);
+    __m512 t = _mm512_castps128_ps512(_mm_loadu_ps(T + int64_t{ak[e]} * 4));  // 64-bit: see QuadExpScatter
+    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + int64_t{ak[e + 1]} * 4), 1);
+    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + int64_t{ak[e + 2]} * 4), 2);
+    t = _mm512_insertf32x4(t, _mm_loadu_ps(T + int64_t{ak[e + 3]} * 4), 3);
     const __m512 v = _mm512_mul_ps(t, SpreadFour(gk + e).raw);
     _mm512_storeu_ps(s4 + e * 4, v);
     return v;
@@ -614,10 +614,11 @@ void QuadExpScatter(float* HWY_RESTRICT s4, int64_t n, const float* HWY_RESTRICT
     hn::StoreU(e, d, s4 + i * 4);
     vsum = hn::Add(vsum, e);
     const __m512 pv = _mm512_mul_ps(e.raw, SpreadFour(gv + i).raw);
-    float *w0 = W0 + av[i] * 4, *w1 = W1 + av[i + 1] * 4;
+    // 64-bit offsets: an int32 ordinal scaled in 32 bits cost a sign extension per entry
+    float *w0 = W0 + int64_t{av[i]} * 4, *w1 = W1 + int64_t{av[i + 1]} * 4;
     _mm_storeu_ps(w0, _mm_add_ps(_mm_loadu_ps(w0), _mm512_castps512_ps128(pv)));
     _mm_storeu_ps(w1, _mm_add_ps(_mm_loadu_ps(w1), _mm512_extractf32x4_ps(pv, 1)));
-    float *w2 = W0 + av[i + 2] * 4, *w3 = W1 + av[i + 3] * 4;
+    float *w2 = W0 + int64_t{av[i + 2]} * 4, *w3 = W1 + int64_t{av[i + 3]} * 4;
     _mm_storeu_ps(w2, _mm_add_ps(_mm_loadu_ps(w2), _mm512_extractf32x4_ps(pv, 2)));
     _mm_storeu_ps(w3, _mm_add_ps(_mm_loadu_ps(w3), _mm512_extractf32x4_ps(pv, 3)));
   }
