@@ -889,25 +889,35 @@ HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), D = NB * N;
   const Levels2Bit dec(levels);
-  for (int64_t g0 = 0; g0 < gn; g0 += QP) {
-    const int64_t qn = std::min<int64_t>(QP, gn - g0);
-    for (int64_t b0 = 0; b0 < NB; b0 += PB) {
-      hn::Vec<DF> a[QP][PB];
-      for (int q = 0; q < QP; ++q)
-        for (int b = 0; b < PB; ++b) a[q][b] = q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df);
-      for (int64_t j = 0; j < nr; ++j) {
-        const uint8_t* c = codes + (slot0 + j) * cb;
-        if ((j & 1) == 0) ahead->request_one();  // one line per two residuals and block
-        const float* p = p4 + res[j] * 4 + g0;
-        hn::Vec<DF> x[QP];
-        for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, q < qn ? p[q] * zscale[j] : 0.0f);
-        for (int b = 0; b < PB; ++b) {
-          const auto z = dec.at(c, (b0 + b) * N);
-          for (int q = 0; q < QP; ++q) a[q][b] = hn::MulAdd(x[q], z, a[q][b]);
+  // The residuals' weights p * scale per query, formed once for every pass
+  // and read back as broadcasts from memory (a load each, where a broadcast
+  // from a register took the shuffle port the level decode needs).
+  constexpr int64_t kBatch = 64;
+  HWY_ALIGN float xs[kBatch * 4];
+  for (int64_t j0 = 0; j0 < nr; j0 += kBatch) {
+    const int64_t jn = std::min(kBatch, nr - j0);
+    for (int64_t j = 0; j < jn; ++j)
+      for (int64_t q = 0; q < 4; ++q) xs[j * 4 + q] = q < gn ? p4[res[j0 + j] * 4 + q] * zscale[j0 + j] : 0.0f;
+    for (int64_t g0 = 0; g0 < gn; g0 += QP) {
+      const int64_t qn = std::min<int64_t>(QP, gn - g0);
+      for (int64_t b0 = 0; b0 < NB; b0 += PB) {
+        hn::Vec<DF> a[QP][PB];
+        for (int q = 0; q < QP; ++q)
+          for (int b = 0; b < PB; ++b)
+            a[q][b] = q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df);
+        for (int64_t j = 0; j < jn; ++j) {
+          const uint8_t* c = codes + (slot0 + j0 + j) * cb;
+          if ((j & 1) == 0) ahead->request_one();  // one line per two residuals and block
+          hn::Vec<DF> x[QP];
+          for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, xs[j * 4 + (g0 + q) % 4]);  // zero past gn
+          for (int b = 0; b < PB; ++b) {
+            const auto z = dec.at(c, (b0 + b) * N);
+            for (int q = 0; q < QP; ++q) a[q][b] = hn::MulAdd(x[q], z, a[q][b]);
+          }
         }
+        for (int q = 0; q < qn; ++q)
+          for (int b = 0; b < PB; ++b) hn::StoreU(a[q][b], df, rot + (g0 + q) * D + (b0 + b) * N);
       }
-      for (int q = 0; q < qn; ++q)
-        for (int b = 0; b < PB; ++b) hn::StoreU(a[q][b], df, rot + (g0 + q) * D + (b0 + b) * N);
     }
   }
 }
