@@ -1804,8 +1804,10 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
     residual_scales(row.v, sub.slot_v0, nrv, sc.zvs);
     sc.zk.clear();
     if (!fused_v) decode_residual_rows(row.v, codec, sub.slot_v0, nrv, sc.zv, sc);
-    // the next sub-tile's lines, with half again this one's residual count
-    LinesAhead ahead = lines_of_entries(row, codec.code_bytes(), sub.e1, std::min(r.e1, sub.e1 + kSubTile),
+    // the next sub-tile's lines (the next tile's first, up to r.ahead_end),
+    // with half again this one's residual count
+    const int64_t ahead_end = std::max(r.e1, r.ahead_end);
+    LinesAhead ahead = lines_of_entries(row, codec.code_bytes(), sub.e1, std::min(ahead_end, sub.e1 + kSubTile),
                                         sub.slot_k0 + nrk, nrk + nrk / 2 + 4, sub.slot_v0 + nrv, nrv + nrv / 2 + 4);
     for (int64_t qi = 0; qi < quads; ++qi) {
       const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);

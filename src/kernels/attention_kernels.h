@@ -97,6 +97,7 @@ struct EntryRange {
   int64_t slot_k0 = 0, slot_v0 = 0;
   int64_t seg_pos0 = 0;
   bool masked = false;
+  int64_t ahead_end = 0;  // the caller reads entries up to here next: lines are requested up to it (0: e1)
 };
 
 // Buffers of one entries_chunk call, reused across calls (one per thread).
