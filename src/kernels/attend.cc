@@ -62,14 +62,16 @@ struct Chunk {
 };
 
 // Per-row state of the compressed segment, computed once per call.
+// Buffers written whole before they are read are uninitialised: clear() and
+// resize() would otherwise zero ~1 MB per row and call (pre-RoPE anchors).
 struct RowPrep {
-  std::vector<float> ak, av;            // [k, D] anchors f32
-  std::vector<float> anchor_dot;        // [nq, k]
+  core::UninitVector<float> ak, av;     // [k, D] anchors f32
+  core::UninitVector<float> anchor_dot;  // [nq, k]
   std::vector<float> anchor_dot4;       // [ceil(nq / 4), k, 4] (see CompressedQueries)
   std::vector<float> rq;                // [nq, D]
   std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
-  std::vector<float> cs;                // with RoPE: pair products, or for the fast kernel
-  std::vector<float> rope_anchors;      // split anchors and queries (see CompressedQueries)
+  core::UninitVector<float> cs;         // with RoPE: pair products, or for the fast kernel
+  core::UninitVector<float> rope_anchors;  // split anchors and queries (see CompressedQueries)
   std::vector<float> rope_queries;
   std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
 };
@@ -305,7 +307,7 @@ void AttendCall::prepare_row(int64_t r) {
     core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
   }
   if (masked_segment_ || rope_) p.anchor_pos = row.anchor_positions();
-  thread_local std::vector<float> ak_rot;
+  thread_local core::UninitVector<float> ak_rot;
   const float* ak_scores = p.ak.data();
   if (rope_) {  // anchors rotated to their positions score like any key
     ak_rot = p.ak;

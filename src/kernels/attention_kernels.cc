@@ -1456,7 +1456,9 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
   sc.res_k.resize(static_cast<size_t>(n));
   sc.res_v.resize(static_cast<size_t>(n));
   int64_t nk = 0, nv = 0;
-  if (!r.masked && cq.rope == nullptr) {  // positions not needed: the bit fields alone
+  // Unmasked: the bit fields decoded in SIMD; positions (RoPE) from the seed
+  // layout's anchors_before field (the other layouts derive it: the reader).
+  if (!r.masked && (cq.rope == nullptr || !row.lists_positions())) {
     MetaOut mo{sc.ak.data(), sc.av.data(), sc.res_k.data(), sc.res_v.data()};
     if (row.tight())
       HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[static_cast<size_t>(r.e0)], &row.k.coef8[static_cast<size_t>(r.e0)],
@@ -1466,6 +1468,11 @@ void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& 
     else
       HWY_DYNAMIC_DISPATCH(DecodeMetaSeed)(&row.meta[static_cast<size_t>(r.e0)], n, &mo);
     nk = mo.nk, nv = mo.nv;
+    if (cq.rope) {
+      const uint64_t* w = &row.meta[static_cast<size_t>(r.e0)];
+      const int64_t p0 = r.seg_pos0 + r.e0;
+      for (int64_t i = 0; i < n; ++i) sc.pos[i] = p0 + i + compress::unpack_meta(w[i]).anchors_before;
+    }
   } else {
     compress::EntryMetaReader meta(row, r.e0, true);
     for (int64_t i = 0; i < n; ++i) {
