@@ -304,6 +304,26 @@ TEST(Attention, GenericCacheAndNonContiguousQueries) {
   EXPECT_EQ(attend(qv, f).to_f32(), b);
 }
 
+// Chunks longer than a tile: with 8 rows a row's entries are cut into 4
+// chunks (attend.cc, entry_chunk_size), here of ~8400 entries, each folded
+// from two tiles, the first tile's lookahead running on into the second; 1
+// and 2 threads give the same bits.
+TEST(Attention, LongRowsFoldTilesWithinAChunk) {
+  const int64_t B = 4, H = 2, G = 4, S = 36000, D = 64;
+  AnchorKVConfig cfg;
+  cfg.theta = 0.15;
+  cfg.anchor_frac = 1.0 / 16;
+  AnchorKVCache cache(cfg);
+  const auto K = random_kv(B, H, S, D, 21), V = random_kv(B, H, S, D, 22);
+  cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
+  for (const auto& row : internal::unlocked_state(cache).segment) ASSERT_GT(row.n_other(), 4 * 8192);
+  AttentionStats stats;
+  const auto q = random_kv(B, H * G, 1, D, 23);
+  attend(TensorView::f32(q.data(), {B, H * G, 1, D}), cache, {}, &stats);
+  EXPECT_EQ(stats.chunks_per_row, 5);  // the anchors and four chunks of entries
+  check_against_dense_and_twin(cache, q, B, H, H * G, 1, D);
+}
+
 TEST(Attention, WorkspaceStaysFarBelowTheDenseCache) {
   const int64_t B = 1, H = 2, S = 32768, D = 128, Hq = 8;
   AnchorKVCache cache;
