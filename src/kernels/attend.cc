@@ -67,12 +67,12 @@ struct Chunk {
 // Buffers written whole before they are read are uninitialised: clear() and
 // resize() would otherwise zero ~1 MB per row and call (pre-RoPE anchors).
 struct RowPrep {
-  core::UninitVector<float> ak, av;     // [k, D] anchors f32
-  core::UninitVector<float> anchor_dot;  // [nq, k]
-  std::vector<float> anchor_dot4;       // [ceil(nq / 4), k, 4] (see CompressedQueries)
-  std::vector<float> rq;                // [nq, D]
-  std::vector<int32_t> anchor_pos;      // [k] when masked or with RoPE
-  core::UninitVector<float> cs;         // with RoPE: pair products, or for the fast kernel
+  core::UninitVector<float> ak, av;        // [k, D] anchors f32
+  core::UninitVector<float> anchor_dot;    // [nq, k]
+  std::vector<float> anchor_dot4;          // [ceil(nq / 4), k, 4] (see CompressedQueries)
+  std::vector<float> rq;                   // [nq, D]
+  std::vector<int32_t> anchor_pos;         // [k] when masked or with RoPE
+  core::UninitVector<float> cs;            // with RoPE: pair products, or for the fast kernel
   core::UninitVector<float> rope_anchors;  // split anchors and queries (see CompressedQueries)
   std::vector<float> rope_queries;
   std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk

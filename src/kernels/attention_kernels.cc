@@ -897,7 +897,8 @@ HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_
   for (int64_t j0 = 0; j0 < nr; j0 += kBatch) {
     const int64_t jn = std::min(kBatch, nr - j0);
     for (int64_t j = 0; j < jn; ++j)
-      for (int64_t q = 0; q < 4; ++q) xs[j * 4 + q] = q < gn ? p4[res[j0 + j] * 4 + q] * zscale[j0 + j] : 0.0f;
+      for (int64_t q = 0; q < 4; ++q)
+        xs[j * 4 + q] = q < gn ? p4[res[j0 + j] * 4 + q] * zscale[j0 + j] : 0.0f;
     for (int64_t g0 = 0; g0 < gn; g0 += QP) {
       const int64_t qn = std::min<int64_t>(QP, gn - g0);
       for (int64_t b0 = 0; b0 < NB; b0 += PB) {
@@ -1814,8 +1815,9 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
     // the next sub-tile's lines (the next tile's first, up to r.ahead_end),
     // with half again this one's residual count
     const int64_t ahead_end = std::max(r.e1, r.ahead_end);
-    LinesAhead ahead = lines_of_entries(row, codec.code_bytes(), sub.e1, std::min(ahead_end, sub.e1 + kSubTile),
-                                        sub.slot_k0 + nrk, nrk + nrk / 2 + 4, sub.slot_v0 + nrv, nrv + nrv / 2 + 4);
+    LinesAhead ahead =
+        lines_of_entries(row, codec.code_bytes(), sub.e1, std::min(ahead_end, sub.e1 + kSubTile),
+                         sub.slot_k0 + nrk, nrk + nrk / 2 + 4, sub.slot_v0 + nrv, nrv + nrv / 2 + 4);
     for (int64_t qi = 0; qi < quads; ++qi) {
       const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
       const QuadRun run{&sc.ml[8 * qi], &sc.ml[8 * qi + 4], &sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], out.rot + q0 * D};
