@@ -117,7 +117,7 @@ std::vector<int32_t> CompressedRow::anchor_positions() const {
   int64_t e = 0;
   for (int64_t j = 0; j < n_anchor; ++j) {
     const auto pred = before_at_most(j);
-    int64_t step = 1, hi = e;  // the first entry past E_j lies in (e + step / 2, e + step]
+    int64_t step = 1, hi = e;  // hi: the first probe at or past E_j (or n); probes double their distance
     while (hi < n && pred(meta[static_cast<size_t>(hi)])) hi = std::min(n, e + (step *= 2));
     e = std::partition_point(meta.begin() + e, meta.begin() + hi, pred) - meta.begin();
     pos[static_cast<size_t>(j)] = static_cast<int32_t>(e + j);
