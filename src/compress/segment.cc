@@ -110,13 +110,10 @@ std::vector<int32_t> CompressedRow::anchor_positions() const {
   // decode calls this per row and step (a scan of every entry was ~5% of a
   // pre-RoPE decode at 131072).
   std::vector<int32_t> pos(static_cast<size_t>(n_anchor));
-  auto before_at_most = [](int64_t j) {
-    return [j](uint64_t w) { return unpack_meta(w).anchors_before <= j; };
-  };
   const int64_t n = static_cast<int64_t>(meta.size());
   int64_t e = 0;
   for (int64_t j = 0; j < n_anchor; ++j) {
-    const auto pred = before_at_most(j);
+    const auto pred = [j](uint64_t w) { return unpack_meta(w).anchors_before <= j; };
     int64_t step = 1, hi = e;  // hi: the first probe at or past E_j (or n); probes double their distance
     while (hi < n && pred(meta[static_cast<size_t>(hi)])) hi = std::min(n, e + (step *= 2));
     e = std::partition_point(meta.begin() + e, meta.begin() + hi, pred) - meta.begin();
