@@ -35,22 +35,27 @@ using internal::AnchorKVState;
 struct NewSegment {
   std::vector<compress::CompressedRow> rows;
   std::vector<std::vector<int64_t>> slots;  // residual_slot_index per row
+  // anchor_positions per row: pre-RoPE and masked attention need them every
+  // call, and the seed layout finds them by searching the metadata
+  std::vector<std::vector<int32_t>> anchor_pos;
   std::shared_ptr<const compress::ResidualCodec> codec;
   int64_t tokens = 0, bytes = 0, n_anchor = 0, n_residual = 0;
   CompressionStats stats;
 };
 
-// The seed accounting of the segment's rows (docs/spec.md §5), and their
-// residual slot indexes.
+// The seed accounting of the segment's rows (docs/spec.md §5), their
+// residual slot indexes and anchor positions.
 void count_segment(NewSegment& seg, int64_t D, int bits) {
   const int64_t b_res = compress::residual_bytes(D, bits);
   seg.bytes = seg.n_anchor = seg.n_residual = 0;
   seg.slots.clear();
+  seg.anchor_pos.clear();
   for (const auto& row : seg.rows) {
     seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.layout) + row.n_residual() * b_res;
     seg.n_anchor += row.n_anchor;
     seg.n_residual += row.n_residual();
     seg.slots.push_back(compress::residual_slot_index(row));
+    seg.anchor_pos.push_back(row.anchor_positions());
   }
 }
 
@@ -87,6 +92,7 @@ NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape&
 void commit_segment(AnchorKVState& st, NewSegment&& seg) noexcept {
   st.segment = std::move(seg.rows);
   st.segment_slots = std::move(seg.slots);
+  st.segment_anchor_pos = std::move(seg.anchor_pos);
   st.codec = std::move(seg.codec);
   st.segment_tokens = seg.tokens;
   st.segment_bytes = seg.bytes;
@@ -162,7 +168,7 @@ class AnchorKVStore final : public internal::CacheStore {
     if (st_.head.tokens > 0) src.dense_before.push_back(cache::dense_region(st_.head, 0));
     if (st_.compressed())
       src.segment = cache::CompressedRegion{&st_.segment, st_.codec.get(), st_.segment_tokens, st_.head.tokens,
-                                            &st_.segment_slots};
+                                            &st_.segment_slots, &st_.segment_anchor_pos};
     if (st_.tail.tokens > 0)
       src.dense_after.push_back(cache::dense_region(st_.tail, st_.head.tokens + st_.segment_tokens));
     return src;

@@ -95,6 +95,12 @@ std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64
   for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock)
     rope_table(p0, kRopeBlock, D, base, &t->cos[static_cast<size_t>(p0 * half)],
                &t->sin[static_cast<size_t>(p0 * half)]);
+  t->step_cos.resize(static_cast<size_t>(t->n / kRopeStep * half));
+  t->step_sin.resize(t->step_cos.size());
+  for (int64_t b = 0; b < t->n / kRopeStep; ++b) {
+    std::copy_n(t->c(b * kRopeStep), half, &t->step_cos[static_cast<size_t>(b * half)]);
+    std::copy_n(t->s(b * kRopeStep), half, &t->step_sin[static_cast<size_t>(b * half)]);
+  }
   if (slot) {
     *slot = t;
   } else {
@@ -149,12 +155,18 @@ void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, i
     }
 }
 
-void rope_split(const float* x, int64_t D, RopeStyle style, float* out) {
+namespace {
+template <class T>
+void split_pairs(const T* x, int64_t D, RopeStyle style, T* out) {
   for (int64_t i = 0; i < D / 2; ++i) {
     out[i] = x[rope_x(style, i, D)];
     out[D / 2 + i] = x[rope_y(style, i, D)];
   }
 }
+}  // namespace
+
+void rope_split(const float* x, int64_t D, RopeStyle style, float* out) { split_pairs(x, D, style, out); }
+void rope_split(const uint16_t* x, int64_t D, RopeStyle style, uint16_t* out) { split_pairs(x, D, style, out); }
 
 }  // namespace anchorkv::core
 #endif  // HWY_ONCE

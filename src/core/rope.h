@@ -26,24 +26,29 @@ inline int64_t rope_y(RopeStyle style, int64_t i, int64_t D) {
 // Exact sincos at pos0, then the angle-addition recurrence in double.
 void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out);
 
-// cos/sin of p * theta_i for positions p in [0, n), rows of D/2, shared by
-// every attend() call with the same (base, D): built once, extended in blocks
-// of kRopeBlock positions (each block starts from exact sincos, so an entry
-// never depends on how the table grew), and immutable once published. Costs
-// 4 * D bytes per position (a 32k context at D = 128: 16 MiB in all).
-struct RopeTable {
-  double base = 0;
-  int64_t D = 0, n = 0;
-  std::vector<float> cos, sin;  // [n, D/2]
-  const float* c(int64_t p) const { return &cos[static_cast<size_t>(p * (D / 2))]; }
-  const float* s(int64_t p) const { return &sin[static_cast<size_t>(p * (D / 2))]; }
-};
 inline constexpr int64_t kRopeBlock = 1024;
 // Blocks of positions p = p0 + j (p0 a multiple of kRopeStep): a kernel
 // that needs many positions rotates its queries back by p0 once per block
 // (row p0) and its keys by j (the first kRopeStep rows, cache-resident)
 // instead of streaming one row per position.
 inline constexpr int64_t kRopeStep = 64;
+
+// cos/sin of p * theta_i for positions p in [0, n), rows of D/2, shared by
+// every attend() call with the same (base, D): built once, extended in blocks
+// of kRopeBlock positions (each block starts from exact sincos, so an entry
+// never depends on how the table grew), and immutable once published. Costs
+// 4 * D bytes per position (a 32k context at D = 128: 16 MiB in all), and
+// 1/kRopeStep of that again for the rows of the block starts, side by side
+// (a kernel walking blocks reads them in order, not one row per 16 KB).
+struct RopeTable {
+  double base = 0;
+  int64_t D = 0, n = 0;
+  std::vector<float> cos, sin;            // [n, D/2]
+  std::vector<float> step_cos, step_sin;  // [n / kRopeStep, D/2]: row b = row b * kRopeStep above
+  const float* c(int64_t p) const { return &cos[static_cast<size_t>(p * (D / 2))]; }
+  const float* s(int64_t p) const { return &sin[static_cast<size_t>(p * (D / 2))]; }
+};
+static_assert(kRopeBlock % kRopeStep == 0, "a table's length is a whole number of steps");
 // A table covering at least [0, n). Thread-safe.
 std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n);
 
@@ -64,6 +69,7 @@ void rope_pair_products(const float* q, int64_t nq, const float* a, int64_t k, i
 // (x, y) -> (x c - y s, x s + y c) on the two halves, and dot products are
 // unchanged when both sides are split alike.
 void rope_split(const float* x, int64_t D, RopeStyle style, float* out);
+void rope_split(const uint16_t* x, int64_t D, RopeStyle style, uint16_t* out);  // fp16 bits, permuted alike
 
 // Rotate x [D] in place by position p (exact sincos; for a handful of vectors).
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);

@@ -73,7 +73,7 @@ struct RowPrep {
   std::vector<float> rq;                   // [nq, D]
   std::vector<int32_t> anchor_pos;         // [k] when masked or with RoPE
   core::UninitVector<float> cs;            // with RoPE: pair products, or for the fast kernel
-  core::UninitVector<float> rope_anchors;  // split anchors and queries (see CompressedQueries)
+  core::UninitVector<uint16_t> rope_anchors;  // split fp16 anchors and f32 queries (see CompressedQueries)
   std::vector<float> rope_queries;
   std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
 };
@@ -308,21 +308,33 @@ void AttendCall::prepare_row(int64_t r) {
     core::f16_to_f32_n(row.anchor_k.data(), p.ak.data(), k * D);
     core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
   }
-  if (masked_segment_ || rope_) p.anchor_pos = row.anchor_positions();
+  if (masked_segment_ || rope_) {
+    const auto* known = seg_->anchor_pos;
+    const bool cached = known && known->size() == seg_->rows->size() &&
+                        static_cast<int64_t>((*known)[static_cast<size_t>(r)].size()) == k;
+    p.anchor_pos = cached ? (*known)[static_cast<size_t>(r)] : row.anchor_positions();
+  }
   thread_local core::UninitVector<float> ak_rot;
   const float* ak_scores = p.ak.data();
   if (rope_) {  // anchors rotated to their positions score like any key
     ak_rot = p.ak;
+    const auto pos_of = [&](int64_t j) { return seg_->pos0 + p.anchor_pos[j] + rope_->position_offset; };
+    constexpr int64_t kAhead = 4;  // anchors lie ~n / k rows of the table apart: no prefetcher follows
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t pos = seg_->pos0 + p.anchor_pos[j] + rope_->position_offset;
-      core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos), rtab_->s(pos));
+      if (j + kAhead < k)
+        for (int64_t b = 0; b < D * 2; b += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(rtab_->c(pos_of(j + kAhead))) + b);
+          __builtin_prefetch(reinterpret_cast<const char*>(rtab_->s(pos_of(j + kAhead))) + b);
+        }
+      core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos_of(j)), rtab_->s(pos_of(j)));
     }
     ak_scores = ak_rot.data();
     if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
       p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
       if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
         p.rope_anchors.resize(static_cast<size_t>(k * D));
-        for (int64_t j = 0; j < k; ++j) core::rope_split(&p.ak[j * D], D, rope_->style, &p.rope_anchors[j * D]);
+        for (int64_t j = 0; j < k; ++j)
+          core::rope_split(&row.anchor_k[static_cast<size_t>(j * D)], D, rope_->style, &p.rope_anchors[j * D]);
       }
       for (int64_t g = 0; g < nq_; ++g) core::rope_split(q + g * D, D, rope_->style, &p.rope_queries[g * D]);
     } else {
@@ -373,7 +385,7 @@ kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
           rope_,
           p.cs.empty() ? nullptr : p.cs.data(),
           p.rope_queries.empty()   ? nullptr  // split rows only for the fast kernel
-          : p.rope_anchors.empty() ? p.ak.data()
+          : p.rope_anchors.empty() ? seg_row(r).anchor_k.data()
                                    : p.rope_anchors.data(),
           p.rope_queries.empty() ? nullptr : p.rope_queries.data(),
           rtab_.get()};
@@ -485,8 +497,9 @@ void AttendCall::report(AttentionStats* stats) const {
   for (const RowPrep& p : prep_)
     bytes += static_cast<int64_t>(
         (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() + p.rq.size() + p.cs.size() +
-         p.rope_anchors.size() + p.rope_queries.size()) *
+         p.rope_queries.size()) *
             4 +
+        p.rope_anchors.size() * 2 +
         p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
   // Per-thread scratch (largest use: a dense tile, or an entry tile's scores

@@ -59,12 +59,14 @@ struct CompressedQueries {
   //   cs [nq, k, D]: per pair i, C_i = q_x a_x + q_y a_y (first D/2) and
   //     S_i = q_y a_x - q_x a_y (last D/2), so q . RoPE_t(a) = sum_i C_i cos + S_i sin;
   //   or, for the fast kernel (quad_rope_supported), split rows (core::rope_split):
-  //     rope_anchors [k, D] and rope_queries [ceil(nq / 4) * 4, D] (zero rows past nq),
-  //     each anchor rotated by the entry's offset in its block of kRopeStep
-  //     positions, then dotted with the quad rotated back to the block's start.
+  //     rope_anchors [k, D] (the fp16 anchors as stored, permuted: half the
+  //     bytes per entry of f32 rows, the same values) and rope_queries
+  //     [ceil(nq / 4) * 4, D] f32 (zero rows past nq), each anchor rotated by
+  //     the entry's offset in its block of kRopeStep positions, then dotted
+  //     with the quad rotated back to the block's start.
   const RopeOptions* rope = nullptr;
   const float* cs = nullptr;
-  const float* rope_anchors = nullptr;
+  const uint16_t* rope_anchors = nullptr;
   const float* rope_queries = nullptr;
   const RopeTable* table = nullptr;  // covers every key position + rope->position_offset
 };

@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/half.h"
+
 namespace anchorkv::core {
 namespace {
 
@@ -66,6 +68,26 @@ TEST(RopeRotate, SimdMatchesScalarTwinForEveryLayout) {
         rope_rotate(fast.data(), D, style, c.data(), s.data(), !inverse);
         for (int64_t i = 0; i < D; ++i) ASSERT_NEAR(fast[i], x[i], 1e-5f) << "round trip, D " << D;
       }
+}
+
+// Split rows of fp16 bits (the pre-RoPE kernel's anchors, as stored) are
+// the f32 split of the same values, for both pairings.
+TEST(RopeSplit, HalfBitsSplitLikeTheirValues) {
+  const int64_t D = 128;
+  std::vector<uint16_t> h(D), hs(D);
+  std::vector<float> x(D), xs(D);
+  for (int64_t i = 0; i < D; ++i) {
+    h[i] = float_to_half(static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 5.0));
+    x[i] = half_to_float(h[i]);
+  }
+  for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
+    rope_split(h.data(), D, style, hs.data());
+    rope_split(x.data(), D, style, xs.data());
+    for (int64_t i = 0; i < D; ++i) ASSERT_EQ(half_to_float(hs[i]), xs[i]) << "style " << static_cast<int>(style);
+  }
+  rope_split(h.data(), D, RopeStyle::kNormal, hs.data());
+  EXPECT_EQ(hs[1], h[2]);  // the normal pairing's second x is element 2
+  EXPECT_EQ(hs[D / 2], h[1]);
 }
 
 // Near positions come from the shared table, far ones (p0 > n) from exact
