@@ -1710,8 +1710,10 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
 // Entries per pass of the quad kernel: a sub-tile's scores, anchor ordinals
 // and residual lists stay in L1, and each stream of the cache (metadata,
 // coefficients, codes) is read at the pace of the arithmetic. Whole tiles per
-// pass read each stream in a burst that the prefetchers did not hide.
-constexpr int64_t kSubTile = 512;
+// pass read each stream in a burst that the prefetchers did not hide. (512
+// on an Intel Sapphire Rapids machine; 1024 is ~10% faster on AMD Zen 5 and
+// requests the next sub-tile's lines twice as far ahead.)
+constexpr int64_t kSubTile = 1024;
 
 // A quad's softmax runs over the sub-tiles of a tile with a shift m4 per
 // query that is at most kHeadroom below the scores seen (exps up to e^16,
