@@ -225,7 +225,8 @@ class AttendCall {
   std::vector<Chunk> chunks_;
   int64_t C_ = 0, k_max_ = 0;
   bool masked_segment_ = false;
-  bool anchors_in_place_ = false;  // fp16 anchors read in place (fast path, no RoPE)
+  bool anchors_in_place_ = false;  // fp16 key anchors read in place (fast path, no RoPE)
+  bool values_in_place_ = false;   // fp16 value anchors read in place (fast path)
   std::vector<RowPrep>& prep_;     // the workspace's (buffers reused across calls)
 };
 
@@ -280,7 +281,8 @@ void AttendCall::plan_chunks() {
 }
 
 void AttendCall::prepare_segment() {
-  anchors_in_place_ = !rope_ && !opt_.reference && kernels::f16_rows_supported(D_);
+  values_in_place_ = !opt_.reference && kernels::f16_rows_supported(D_);
+  anchors_in_place_ = values_in_place_ && !rope_;
   prep_.resize(static_cast<size_t>(R_));
   core::parallel_for(R_, opt_.threads, [&](int64_t r) { prepare_row(r); });
 }
@@ -304,8 +306,10 @@ void AttendCall::prepare_row(int64_t r) {
     kernels::dot_rows_f16(q, nq_, row.anchor_k.data(), k, D, p.anchor_dot.data());
   } else {
     p.ak.resize(static_cast<size_t>(k * D));
-    p.av.resize(static_cast<size_t>(k * D));
     core::f16_to_f32_n(row.anchor_k.data(), p.ak.data(), k * D);
+  }
+  if (!values_in_place_) {  // (pre-RoPE keys need f32 anchors to rotate; values never do)
+    p.av.resize(static_cast<size_t>(k * D));
     core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
   }
   if (masked_segment_ || rope_) {
@@ -555,7 +559,7 @@ void AttendCall::add_anchor_values(int64_t r, int64_t k, int64_t gn, const float
     for (int64_t g = 0; g < gn; ++g)
       for (int64_t j = 0; j < k; ++j)
         if (w[g * k + j] != 0.0f) core::axpy_ref(w[g * k + j], &p.av[j * D_], acc + g * D_, D_);
-  } else if (anchors_in_place_) {
+  } else if (values_in_place_) {
     kernels::accumulate_rows_f16_queries(w, k, gn, k, seg_row(r).anchor_v.data(), D_, acc, D_);
   } else {
     core::accumulate_rows(w, k, p.av.data(), k, gn, D_, acc, D_);
