@@ -166,7 +166,9 @@ void split_pairs(const T* x, int64_t D, RopeStyle style, T* out) {
 }  // namespace
 
 void rope_split(const float* x, int64_t D, RopeStyle style, float* out) { split_pairs(x, D, style, out); }
-void rope_split(const uint16_t* x, int64_t D, RopeStyle style, uint16_t* out) { split_pairs(x, D, style, out); }
+void rope_split(const uint16_t* x, int64_t D, RopeStyle style, uint16_t* out) {
+  split_pairs(x, D, style, out);
+}
 
 }  // namespace anchorkv::core
 #endif  // HWY_ONCE

@@ -338,7 +338,8 @@ void AttendCall::prepare_row(int64_t r) {
       if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
         p.rope_anchors.resize(static_cast<size_t>(k * D));
         for (int64_t j = 0; j < k; ++j)
-          core::rope_split(&row.anchor_k[static_cast<size_t>(j * D)], D, rope_->style, &p.rope_anchors[j * D]);
+          core::rope_split(&row.anchor_k[static_cast<size_t>(j * D)], D, rope_->style,
+                           &p.rope_anchors[j * D]);
       }
       for (int64_t g = 0; g < nq_; ++g) core::rope_split(q + g * D, D, rope_->style, &p.rope_queries[g * D]);
     } else {
@@ -499,12 +500,11 @@ void AttendCall::report(AttentionStats* stats) const {
                                        (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
                                        (ws_.pw.size() + ws_.prot.size()) * 4);
   for (const RowPrep& p : prep_)
-    bytes += static_cast<int64_t>(
-        (p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() + p.rq.size() + p.cs.size() +
-         p.rope_queries.size()) *
-            4 +
-        p.rope_anchors.size() * 2 +
-        p.anchor_pos.size() * 4 + (p.slot_k.size() + p.slot_v.size()) * 8);
+    bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() +
+                                   p.rq.size() + p.cs.size() + p.rope_queries.size()) *
+                                      4 +
+                                  p.rope_anchors.size() * 2 + p.anchor_pos.size() * 4 +
+                                  (p.slot_k.size() + p.slot_v.size()) * 8);
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
   // Per-thread scratch (largest use: a dense tile, or an entry tile's scores
   // and decoded metadata) + tile partials + finish buffers.

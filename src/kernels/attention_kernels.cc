@@ -32,11 +32,11 @@
 #ifndef ANCHORKV_KERNELS_META_OUT_
 #define ANCHORKV_KERNELS_META_OUT_
 namespace anchorkv::kernels {
-// Decoded entry metadata without positions: anchor ordinals per entry and the
-// (chunk-local) indices of entries that carry a K / V residual.
 // Room past a residual list's last entry: DecodeMeta* store whole vectors.
 constexpr int64_t kListSlack = 64;
 
+// Decoded entry metadata without positions: anchor ordinals per entry and the
+// (chunk-local) indices of entries that carry a K / V residual.
 struct MetaOut {
   int32_t* ak;
   int32_t* av;
@@ -175,10 +175,6 @@ struct CompactMeta {  // anchor K in bits 0..14, K residual 15, anchor V 16..30,
   static compress::Meta unpack(Word w) { return compress::unpack_meta32(w); }
 };
 
-// Per step, the entries of one 32-bit vector: their ordinals widened or cut
-// to 32 bits, and the indices of the flagged ones compressed into the
-// residual lists (vpcompressd on AVX-512; a loop over the set bits had cost
-// a mispredicted branch every few entries).
 // Appends the lanes of idx where `flagged` is set to list[count..]: the
 // compressed vector is stored whole (kListSlack past the list's end). A
 // compress straight to memory is microcoded on AMD Zen 4/5, ~30% of this
@@ -189,6 +185,10 @@ HWY_INLINE void AppendFlagged(D d, hn::Vec<D> idx, M flagged, int32_t* HWY_RESTR
   count += static_cast<int64_t>(hn::CountTrue(d, flagged));
 }
 
+// Per step, the entries of one 32-bit vector: their ordinals widened or cut
+// to 32 bits, and the indices of the flagged ones compressed into the
+// residual lists (vpcompressd on AVX-512; a loop over the set bits had cost
+// a mispredicted branch every few entries).
 template <class Layout>
 HWY_INLINE void DecodeMetaWords(const typename Layout::Word* HWY_RESTRICT w, int64_t n, MetaOut* out) {
   using Word = typename Layout::Word;
@@ -400,8 +400,7 @@ HWY_INLINE hn::Vec<DF> LoadAsF32(const uint16_t* HWY_RESTRICT p) {
 // [q_g . RoPE_j(x)] for the four split rows of Q [4, D]: x split (f32 or
 // fp16 bits), rotated by the angles cj / sj (D/2 each).
 template <class T>
-HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const T* HWY_RESTRICT x,
-                                                      const float* HWY_RESTRICT Q,
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const T* HWY_RESTRICT x, const float* HWY_RESTRICT Q,
                                                       const float* HWY_RESTRICT cj,
                                                       const float* HWY_RESTRICT sj, int64_t D) {
   const DF df;
@@ -458,7 +457,8 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
       // two groups ahead (~5% of the pre-RoPE decode)
       if (i + 12 <= n)
         for (int e = 8; e < 12; ++e)
-          for (int64_t b = 0; b < kD * 2; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
+          for (int64_t b = 0; b < kD * 2; b += 64)
+            hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
       hn::Vec<DF> acc[16];
       for (auto& x : acc) x = hn::Zero(df);
       for (int64_t t = 0; t < half; t += N) {
@@ -1673,7 +1673,8 @@ void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64
   const int64_t nb = (*hi + offset) / kRopeStep - sc.qb0 + 1;
   sc.qb.resize(static_cast<size_t>(nb * 4 * D));
   HWY_DYNAMIC_DISPATCH(RopeQueryBlocks)
-  (cq.rope_queries + q0 * D, D, sc.qb0, nb, cq.table->step_cos.data(), cq.table->step_sin.data(), sc.qb.data());
+  (cq.rope_queries + q0 * D, D, sc.qb0, nb, cq.table->step_cos.data(), cq.table->step_sin.data(),
+   sc.qb.data());
 }
 
 // Key residuals of the quad at q0 added to its scores s4; m4 raised to the

@@ -83,7 +83,8 @@ TEST(RopeSplit, HalfBitsSplitLikeTheirValues) {
   for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
     rope_split(h.data(), D, style, hs.data());
     rope_split(x.data(), D, style, xs.data());
-    for (int64_t i = 0; i < D; ++i) ASSERT_EQ(half_to_float(hs[i]), xs[i]) << "style " << static_cast<int>(style);
+    for (int64_t i = 0; i < D; ++i)
+      ASSERT_EQ(half_to_float(hs[i]), xs[i]) << "style " << static_cast<int>(style);
   }
   rope_split(h.data(), D, RopeStyle::kNormal, hs.data());
   EXPECT_EQ(hs[1], h[2]);  // the normal pairing's second x is element 2
