@@ -33,14 +33,18 @@ constexpr int64_t kEntryTile = 8192;  // compressed entries per kernel call: eac
                                       // merge over every anchor, so tiles are long
 constexpr int64_t kMaxChunks = 16;    // chunks per region: bounds the partials
 constexpr int64_t kMinChunk = 8192;   // tokens (or entries) per chunk at least
+// Entries with pre-RoPE keys cost ~4 x 128 multiply-adds each (as much as a
+// dense token), so short rows are split finer: at 4096 entries and one KV
+// head a decode step would otherwise attend on one thread.
+constexpr int64_t kMinRopeEntryChunk = 2048;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Chunks of n tokens (or entries) in `parts` parts at most; they start on
 // the blocks of the rows' residual slot indexes.
-int64_t chunk_size(int64_t n, int64_t parts = kMaxChunks) {
+int64_t chunk_size(int64_t n, int64_t parts = kMaxChunks, int64_t min_chunk = kMinChunk) {
   constexpr int64_t kB = compress::kSlotIndexBlock;
-  static_assert(kMinChunk % kB == 0);
-  return std::max<int64_t>(kMinChunk, ((n + parts - 1) / parts + kB - 1) / kB * kB);
+  static_assert(kMinChunk % kB == 0 && kMinRopeEntryChunk % kB == 0);
+  return std::max<int64_t>(min_chunk, ((n + parts - 1) / parts + kB - 1) / kB * kB);
 }
 
 // A compressed row's entries in as few chunks as keep kEntryTasks tasks over
@@ -52,8 +56,9 @@ int64_t chunk_size(int64_t n, int64_t parts = kMaxChunks) {
 // two threads). The count depends on the rows only, never on the thread
 // count (a chunking is a summation order: bits stay the same for any).
 constexpr int64_t kEntryTasks = 32;
-int64_t entry_chunk_size(int64_t n, int64_t rows) {
-  return chunk_size(n, std::clamp<int64_t>((kEntryTasks + rows - 1) / rows, 1, kMaxChunks));
+int64_t entry_chunk_size(int64_t n, int64_t rows, bool rope) {
+  return chunk_size(n, std::clamp<int64_t>((kEntryTasks + rows - 1) / rows, 1, kMaxChunks),
+                    rope ? kMinRopeEntryChunk : kMinChunk);
 }
 
 struct Chunk {
@@ -270,7 +275,7 @@ void AttendCall::plan_chunks() {
       n_other_max = std::max(n_other_max, row.n_other());
     }
     chunks_.push_back({Chunk::kAnchors});
-    const int64_t c = entry_chunk_size(n_other_max, R_);
+    const int64_t c = entry_chunk_size(n_other_max, R_, rope_ != nullptr);
     int entry_chunk = 0;
     for (int64_t a = 0; a < n_other_max; a += c)
       chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), entry_chunk++});

@@ -470,6 +470,8 @@ TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
         run_rope_case(style, offset, 700, 7, false, false, key_rope);  // queries inside the compressed segment
       }
     run_rope_case(RopeStyle::kNormal, 0, 3000, 3, true, true, key_rope);  // the segment after a 1-token head
+    // rows in several entry chunks (kMinRopeEntryChunk), queries inside the segment
+    run_rope_case(RopeStyle::kNeox, 0, 4500, 5, false, false, key_rope);
     // Head dims with their own fast-kernel instances (128), a run-time one (96)
     // and none (80: the general kernel); partial quads (G = 3, 6).
     for (int64_t D : {128, 96, 80})
