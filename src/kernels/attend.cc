@@ -207,6 +207,7 @@ class AttendCall {
   void plan_chunks();
   void prepare_segment();
   void prepare_row(int64_t r);
+  const float* prepare_rope_row(const compress::CompressedRow& row, const float* q, RowPrep& p) const;
   void run_chunks();
   void run_anchors(int64_t r, kernels::PartialView out);
   void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
@@ -292,6 +293,39 @@ void AttendCall::prepare_segment() {
   core::parallel_for(R_, opt_.threads, [&](int64_t r) { prepare_row(r); });
 }
 
+// Pre-RoPE keys: the row's anchors rotated to their own positions (returned:
+// they score like any key), and what the entries' kernel reads: split rows
+// (fast path) or the pair products.
+const float* AttendCall::prepare_rope_row(const compress::CompressedRow& row, const float* q,
+                                          RowPrep& p) const {
+  const int64_t k = row.n_anchor, D = D_;
+  thread_local core::UninitVector<float> ak_rot;
+  ak_rot = p.ak;
+  const auto pos_of = [&](int64_t j) { return seg_->pos0 + p.anchor_pos[j] + rope_->position_offset; };
+  constexpr int64_t kAhead = 4;  // anchors lie ~n / k rows of the table apart: no prefetcher follows
+  for (int64_t j = 0; j < k; ++j) {
+    if (j + kAhead < k)
+      for (int64_t b = 0; b < D * 2; b += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(rtab_->c(pos_of(j + kAhead))) + b);
+        __builtin_prefetch(reinterpret_cast<const char*>(rtab_->s(pos_of(j + kAhead))) + b);
+      }
+    core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos_of(j)), rtab_->s(pos_of(j)));
+  }
+  if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
+    p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
+    if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
+      p.rope_anchors.resize(static_cast<size_t>(k * D));
+      for (int64_t j = 0; j < k; ++j)
+        core::rope_split(&row.anchor_k[static_cast<size_t>(j * D)], D, rope_->style, &p.rope_anchors[j * D]);
+    }
+    for (int64_t g = 0; g < nq_; ++g) core::rope_split(q + g * D, D, rope_->style, &p.rope_queries[g * D]);
+  } else {
+    p.cs.resize(static_cast<size_t>(nq_ * k * D));
+    core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
+  }
+  return ak_rot.data();
+}
+
 void AttendCall::prepare_row(int64_t r) {
   const compress::CompressedRow& row = seg_row(r);
   RowPrep& p = prep_[r];
@@ -323,35 +357,7 @@ void AttendCall::prepare_row(int64_t r) {
                         static_cast<int64_t>((*known)[static_cast<size_t>(r)].size()) == k;
     p.anchor_pos = cached ? (*known)[static_cast<size_t>(r)] : row.anchor_positions();
   }
-  thread_local core::UninitVector<float> ak_rot;
-  const float* ak_scores = p.ak.data();
-  if (rope_) {  // anchors rotated to their positions score like any key
-    ak_rot = p.ak;
-    const auto pos_of = [&](int64_t j) { return seg_->pos0 + p.anchor_pos[j] + rope_->position_offset; };
-    constexpr int64_t kAhead = 4;  // anchors lie ~n / k rows of the table apart: no prefetcher follows
-    for (int64_t j = 0; j < k; ++j) {
-      if (j + kAhead < k)
-        for (int64_t b = 0; b < D * 2; b += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(rtab_->c(pos_of(j + kAhead))) + b);
-          __builtin_prefetch(reinterpret_cast<const char*>(rtab_->s(pos_of(j + kAhead))) + b);
-        }
-      core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos_of(j)), rtab_->s(pos_of(j)));
-    }
-    ak_scores = ak_rot.data();
-    if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
-      p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
-      if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
-        p.rope_anchors.resize(static_cast<size_t>(k * D));
-        for (int64_t j = 0; j < k; ++j)
-          core::rope_split(&row.anchor_k[static_cast<size_t>(j * D)], D, rope_->style,
-                           &p.rope_anchors[j * D]);
-      }
-      for (int64_t g = 0; g < nq_; ++g) core::rope_split(q + g * D, D, rope_->style, &p.rope_queries[g * D]);
-    } else {
-      p.cs.resize(static_cast<size_t>(nq_ * k * D));
-      core::rope_pair_products(q, nq_, p.ak.data(), k, D, rope_->style, p.cs.data());
-    }
-  }
+  const float* ak_scores = rope_ ? prepare_rope_row(row, q, p) : p.ak.data();
   if (!anchors_in_place_)
     (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
                                                                k);
