@@ -58,16 +58,27 @@ HWY_EXPORT(RopeRotatePairs);
 
 void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out) {
   const int64_t half = D / 2;
+  std::vector<double> c(static_cast<size_t>(half)), s(c.size()), dc(c.size()), ds(c.size());
   for (int64_t i = 0; i < half; ++i) {
     const double theta = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
-    double c = std::cos(static_cast<double>(pos0) * theta), s = std::sin(static_cast<double>(pos0) * theta);
-    const double dc = std::cos(theta), ds = std::sin(theta);
-    for (int64_t t = 0; t < n; ++t) {
-      cos_out[t * half + i] = static_cast<float>(c);
-      sin_out[t * half + i] = static_cast<float>(s);
-      const double nc = c * dc - s * ds;
-      s = s * dc + c * ds;
-      c = nc;
+    c[i] = std::cos(static_cast<double>(pos0) * theta);
+    s[i] = std::sin(static_cast<double>(pos0) * theta);
+    dc[i] = std::cos(theta);
+    ds[i] = std::sin(theta);
+  }
+  // Row by row, the pairs side by side: the recurrence of one pair is a
+  // chain of dependent multiplies, and the pairs of a row fill the vector
+  // units (a 32k-position table had taken ~10 ms pair by pair, inside the
+  // decode step that first needed it).
+  for (int64_t t = 0; t < n; ++t) {
+    float* co = cos_out + t * half;
+    float* so = sin_out + t * half;
+    for (int64_t i = 0; i < half; ++i) {
+      co[i] = static_cast<float>(c[i]);
+      so[i] = static_cast<float>(s[i]);
+      const double nc = c[i] * dc[i] - s[i] * ds[i];
+      s[i] = s[i] * dc[i] + c[i] * ds[i];
+      c[i] = nc;
     }
   }
 }
@@ -83,23 +94,26 @@ std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64
   auto t = std::make_shared<RopeTable>();
   t->base = base;
   t->D = D;
-  const int64_t have = slot ? (*slot)->n : 0;
-  t->n = std::max<int64_t>((n + kRopeBlock - 1) / kRopeBlock, 2 * have / kRopeBlock) * kRopeBlock;
-  const int64_t half = D / 2;
-  t->cos.resize(static_cast<size_t>(t->n * half));
-  t->sin.resize(t->cos.size());
+  const int64_t half = D / 2, have = slot ? (*slot)->n : 0;
+  t->n = (n + kRopeBlock - 1) / kRopeBlock * kRopeBlock;
   if (slot) {
-    std::copy((*slot)->cos.begin(), (*slot)->cos.end(), t->cos.begin());
-    std::copy((*slot)->sin.begin(), (*slot)->sin.end(), t->sin.begin());
+    t->blocks = (*slot)->blocks;
+    t->step_cos = (*slot)->step_cos;
+    t->step_sin = (*slot)->step_sin;
   }
-  for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock)
-    rope_table(p0, kRopeBlock, D, base, &t->cos[static_cast<size_t>(p0 * half)],
-               &t->sin[static_cast<size_t>(p0 * half)]);
   t->step_cos.resize(static_cast<size_t>(t->n / kRopeStep * half));
   t->step_sin.resize(t->step_cos.size());
-  for (int64_t b = 0; b < t->n / kRopeStep; ++b) {
-    std::copy_n(t->c(b * kRopeStep), half, &t->step_cos[static_cast<size_t>(b * half)]);
-    std::copy_n(t->s(b * kRopeStep), half, &t->step_sin[static_cast<size_t>(b * half)]);
+  for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock) {
+    auto b = std::make_shared<RopeTable::Block>();
+    b->cos.resize(static_cast<size_t>(kRopeBlock * half));
+    b->sin.resize(b->cos.size());
+    rope_table(p0, kRopeBlock, D, base, b->cos.data(), b->sin.data());
+    for (int64_t j = 0; j < kRopeBlock; j += kRopeStep) {
+      const size_t row = static_cast<size_t>((p0 + j) / kRopeStep * half);
+      std::copy_n(&b->cos[static_cast<size_t>(j * half)], half, &t->step_cos[row]);
+      std::copy_n(&b->sin[static_cast<size_t>(j * half)], half, &t->step_sin[row]);
+    }
+    t->blocks.push_back(std::move(b));
   }
   if (slot) {
     *slot = t;

@@ -40,13 +40,25 @@ inline constexpr int64_t kRopeStep = 64;
 // 4 * D bytes per position (a 32k context at D = 128: 16 MiB in all), and
 // 1/kRopeStep of that again for the rows of the block starts, side by side
 // (a kernel walking blocks reads them in order, not one row per 16 KB).
+// A longer table shares the shorter one's blocks: growing computes only the
+// new blocks and copies no rows (a decode step that crossed the end of a
+// 32k table had rebuilt and copied all of it). Rows are contiguous within a
+// block, so the first kRopeStep rows are one table from c(0) / s(0).
 struct RopeTable {
+  struct Block {
+    std::vector<float> cos, sin;  // [kRopeBlock, D/2]
+  };
   double base = 0;
   int64_t D = 0, n = 0;
-  std::vector<float> cos, sin;            // [n, D/2]
-  std::vector<float> step_cos, step_sin;  // [n / kRopeStep, D/2]: row b = row b * kRopeStep above
-  const float* c(int64_t p) const { return &cos[static_cast<size_t>(p * (D / 2))]; }
-  const float* s(int64_t p) const { return &sin[static_cast<size_t>(p * (D / 2))]; }
+  std::vector<std::shared_ptr<const Block>> blocks;  // n / kRopeBlock
+  std::vector<float> step_cos, step_sin;             // [n / kRopeStep, D/2]: row b = row b * kRopeStep
+  const float* c(int64_t p) const { return row(blocks[static_cast<size_t>(p / kRopeBlock)]->cos, p); }
+  const float* s(int64_t p) const { return row(blocks[static_cast<size_t>(p / kRopeBlock)]->sin, p); }
+
+ private:
+  const float* row(const std::vector<float>& block, int64_t p) const {
+    return &block[static_cast<size_t>(p % kRopeBlock * (D / 2))];
+  }
 };
 static_assert(kRopeBlock % kRopeStep == 0, "a table's length is a whole number of steps");
 // A table covering at least [0, n). Thread-safe.

@@ -1692,7 +1692,7 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
     if (sc.zk.empty()) split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
     return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(
         sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr, sc.qb.data(), sc.qb0, D, sc.pos.data(),
-        cq.rope->position_offset, cq.table->cos.data(), cq.table->sin.data(), s4, m4);
+        cq.rope->position_offset, cq.table->c(0), cq.table->s(0), s4, m4);
   }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(
@@ -1768,8 +1768,8 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
     const int64_t offset = cq.rope->position_offset;
     rope_query_blocks(cq, q0, n, D, sc);
     HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
-     cq.table->cos.data(), cq.table->sin.data(), n, s4);
+    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset, cq.table->c(0),
+     cq.table->s(0), n, s4);
     HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m_sub);
   } else {
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);

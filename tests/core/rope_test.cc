@@ -21,6 +21,12 @@ TEST(RopeTable, MatchesExactAnglesAndDoesNotDependOnHowItGrew) {
   ASSERT_GE(big->n, 3 * kRopeBlock + 5);
   EXPECT_GE(small->n, 10);                                    // the old snapshot stays valid for its holders
   EXPECT_EQ(shared_rope_table(base, D, 7).get(), big.get());  // covered: no rebuild
+  EXPECT_EQ(big->c(5), small->c(5));                          // growing shares the rows it had (none copied)
+  for (int64_t b = 0; b < big->n / kRopeStep; ++b)
+    for (int64_t i = 0; i < half; ++i) {
+      ASSERT_EQ(big->step_cos[static_cast<size_t>(b * half + i)], big->c(b * kRopeStep)[i]) << b;
+      ASSERT_EQ(big->step_sin[static_cast<size_t>(b * half + i)], big->s(b * kRopeStep)[i]) << b;
+    }
   // Every entry is a function of (base, D, p) alone: the same as a table built in one go
   // (rope_table from each block's exact start), and within 1e-6 of exact sincos.
   for (int64_t p :
