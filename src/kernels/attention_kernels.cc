@@ -5,6 +5,7 @@
 #include "kernels/attention_kernels.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1665,12 +1666,15 @@ void decode_residual_rows(const compress::CompressedSide& side, const compress::
 }
 
 // The quad's queries rotated back to the start of each block of positions
-// the sub-tile's n entries touch (sc.qb, first block sc.qb0).
+// the sub-tile's n entries touch (sc.qb, first block sc.qb0). Positions
+// increase with the entry (anchors_before never decreases, checked on
+// load), so the first and last entries bound them (a scan for the extremes
+// took ~4% of a pre-RoPE decode's samples).
 void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64_t D, EntryScratch& sc) {
   const int64_t offset = cq.rope->position_offset;
-  const auto [lo, hi] = std::minmax_element(sc.pos.begin(), sc.pos.begin() + n);
-  sc.qb0 = (*lo + offset) / kRopeStep;
-  const int64_t nb = (*hi + offset) / kRopeStep - sc.qb0 + 1;
+  assert(std::is_sorted(sc.pos.begin(), sc.pos.begin() + n));
+  sc.qb0 = (sc.pos[0] + offset) / kRopeStep;
+  const int64_t nb = (sc.pos[n - 1] + offset) / kRopeStep - sc.qb0 + 1;
   sc.qb.resize(static_cast<size_t>(nb * 4 * D));
   HWY_DYNAMIC_DISPATCH(RopeQueryBlocks)
   (cq.rope_queries + q0 * D, D, sc.qb0, nb, cq.table->step_cos.data(), cq.table->step_sin.data(),
