@@ -173,7 +173,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   prompt.resize(static_cast<size_t>(o.ctx));
   for (const auto& c : o.caches) cache::parse_cache_spec(c);
   struct Sample {
-    std::vector<double> prefill, decode;
+    std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
     double ratio = 1;
     int64_t bytes = 0;
   };
@@ -188,13 +188,16 @@ void bench_runtime(const RuntimeBenchOptions& o) {
       const double pre_s = since(t0);
       const eval::CacheTotals t = eval::cache_totals(m);
       t0 = Clock::now();
+      double first_s = 0;
       for (int64_t i = 0; i < o.n; ++i) {
         const auto next =
             static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
         logits = m.forward({next});
+        if (i == 0) first_s = since(t0);
       }
       const double dec_s = since(t0);
       Sample& s = samples[c];
+      s.first_ms.push_back(1e3 * first_s);
       s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
       s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
       s.bytes = t.bytes;
@@ -209,22 +212,23 @@ void bench_runtime(const RuntimeBenchOptions& o) {
       "{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
       o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
       o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
-  fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9}\n", "cache", "ratio", "prefill t/s", "vs full",
-             "decode t/s", "vs full");
+  fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", "ratio", "prefill t/s", "vs full",
+             "decode t/s", "vs full", "1st step ms");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& c : o.caches) {
     const Sample& s = samples[c];
-    const double p = median(s.prefill), d = median(s.decode);
-    fmt::print("  {:<21} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9}\n", c, s.ratio, p,
+    const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
+    fmt::print("  {:<21} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c, s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
-               full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-");
+               full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first);
     rows.push_back({{"cache", c},
                     {"compression_ratio_after_prefill", s.ratio},
                     {"bytes_after_prefill", s.bytes},
                     {"prefill_tok_s", p},
                     {"decode_tok_s", d},
+                    {"first_decode_step_ms", first},
                     {"prefill_samples", s.prefill},
                     {"decode_samples", s.decode}});
   }
