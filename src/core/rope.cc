@@ -68,7 +68,7 @@ void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out,
   }
   // Row by row, the pairs side by side: the recurrence of one pair is a
   // chain of dependent multiplies, and the pairs of a row fill the vector
-  // units (a 32k-position table had taken ~10 ms pair by pair, inside the
+  // units (pair by pair, building a 32k-position table added ~6 ms to the
   // decode step that first needed it).
   for (int64_t t = 0; t < n; ++t) {
     float* co = cos_out + t * half;

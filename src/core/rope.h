@@ -41,9 +41,9 @@ inline constexpr int64_t kRopeStep = 64;
 // 1/kRopeStep of that again for the rows of the block starts, side by side
 // (a kernel walking blocks reads them in order, not one row per 16 KB).
 // A longer table shares the shorter one's blocks: growing computes only the
-// new blocks and copies no rows (a decode step that crossed the end of a
-// 32k table had rebuilt and copied all of it). Rows are contiguous within a
-// block, so the first kRopeStep rows are one table from c(0) / s(0).
+// new blocks and copies no rows (a table that doubled had copied all of
+// them, in the call that needed it). Rows are contiguous within a block, so
+// the first kRopeStep rows are one table from c(0) / s(0).
 struct RopeTable {
   struct Block {
     std::vector<float> cos, sin;  // [kRopeBlock, D/2]
