@@ -1,6 +1,7 @@
 #include "core/rope.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <mutex>
 #include <vector>
@@ -56,20 +57,21 @@ HWY_AFTER_NAMESPACE();
 namespace anchorkv::core {
 HWY_EXPORT(RopeRotatePairs);
 
-void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out) {
+void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out,
+                int64_t stride) {
   const int64_t half = D / 2;
   std::vector<double> c(static_cast<size_t>(half)), s(c.size()), dc(c.size()), ds(c.size());
   for (int64_t i = 0; i < half; ++i) {
     const double theta = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
     c[i] = std::cos(static_cast<double>(pos0) * theta);
     s[i] = std::sin(static_cast<double>(pos0) * theta);
-    dc[i] = std::cos(theta);
-    ds[i] = std::sin(theta);
+    dc[i] = std::cos(static_cast<double>(stride) * theta);
+    ds[i] = std::sin(static_cast<double>(stride) * theta);
   }
   // Row by row, the pairs side by side: the recurrence of one pair is a
   // chain of dependent multiplies, and the pairs of a row fill the vector
-  // units (pair by pair, building a 32k-position table added ~6 ms to the
-  // decode step that first needed it).
+  // units (pair by pair, building a 32k-position table of every row added
+  // ~6 ms to the decode step that first needed it).
   for (int64_t t = 0; t < n; ++t) {
     float* co = cos_out + t * half;
     float* so = sin_out + t * half;
@@ -83,6 +85,27 @@ void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out,
   }
 }
 
+void RopeTable::angles(int64_t p, float* c, float* s) const {
+  assert(p >= 0 && p < n);
+  const size_t half = static_cast<size_t>(D / 2);
+  const float* bc = &step_cos[static_cast<size_t>(p / kRopeStep) * half];
+  const float* bs = &step_sin[static_cast<size_t>(p / kRopeStep) * half];
+  const float* jc = &near_cos[static_cast<size_t>(p % kRopeStep) * half];
+  const float* js = &near_sin[static_cast<size_t>(p % kRopeStep) * half];
+  for (size_t i = 0; i < half; ++i) {
+    c[i] = bc[i] * jc[i] - bs[i] * js[i];
+    s[i] = bs[i] * jc[i] + bc[i] * js[i];
+  }
+}
+
+void RopeTable::rotate(float* x, RopeStyle style, int64_t p, bool inverse) const {
+  assert(p >= 0 && p < n);
+  const size_t half = static_cast<size_t>(D / 2);
+  const size_t b = static_cast<size_t>(p / kRopeStep) * half, j = static_cast<size_t>(p % kRopeStep) * half;
+  rope_rotate(x, D, style, &near_cos[j], &near_sin[j], inverse);
+  rope_rotate(x, D, style, &step_cos[b], &step_sin[b], inverse);
+}
+
 std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n) {
   static std::mutex mu;
   static std::vector<std::shared_ptr<const RopeTable>> tables;  // one per (base, D)
@@ -91,29 +114,21 @@ std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64
   for (auto& t : tables)
     if (t->base == base && t->D == D) slot = &t;
   if (slot && (*slot)->n >= n) return *slot;
-  auto t = std::make_shared<RopeTable>();
+  auto t = slot ? std::make_shared<RopeTable>(**slot) : std::make_shared<RopeTable>();
+  const int64_t half = D / 2, have = slot ? (*slot)->n : 0;
   t->base = base;
   t->D = D;
-  const int64_t half = D / 2, have = slot ? (*slot)->n : 0;
-  t->n = (n + kRopeBlock - 1) / kRopeBlock * kRopeBlock;
-  if (slot) {
-    t->blocks = (*slot)->blocks;
-    t->step_cos = (*slot)->step_cos;
-    t->step_sin = (*slot)->step_sin;
+  t->n = (std::max<int64_t>(n, 1) + kRopeBlock - 1) / kRopeBlock * kRopeBlock;
+  if (!slot) {
+    t->near_cos.resize(static_cast<size_t>(kRopeStep * half));
+    t->near_sin.resize(t->near_cos.size());
+    rope_table(0, kRopeStep, D, base, t->near_cos.data(), t->near_sin.data());
   }
   t->step_cos.resize(static_cast<size_t>(t->n / kRopeStep * half));
   t->step_sin.resize(t->step_cos.size());
   for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock) {
-    auto b = std::make_shared<RopeTable::Block>();
-    b->cos.resize(static_cast<size_t>(kRopeBlock * half));
-    b->sin.resize(b->cos.size());
-    rope_table(p0, kRopeBlock, D, base, b->cos.data(), b->sin.data());
-    for (int64_t j = 0; j < kRopeBlock; j += kRopeStep) {
-      const size_t row = static_cast<size_t>((p0 + j) / kRopeStep * half);
-      std::copy_n(&b->cos[static_cast<size_t>(j * half)], half, &t->step_cos[row]);
-      std::copy_n(&b->sin[static_cast<size_t>(j * half)], half, &t->step_sin[row]);
-    }
-    t->blocks.push_back(std::move(b));
+    const size_t row = static_cast<size_t>(p0 / kRopeStep * half);
+    rope_table(p0, kRopeBlock / kRopeStep, D, base, &t->step_cos[row], &t->step_sin[row], kRopeStep);
   }
   if (slot) {
     *slot = t;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "anchorkv/config.h"
+#include "core/buffer.h"
 
 namespace anchorkv::core {
 
@@ -22,43 +23,43 @@ inline int64_t rope_y(RopeStyle style, int64_t i, int64_t D) {
   return style == RopeStyle::kNormal ? 2 * i + 1 : i + D / 2;
 }
 
-// cos/sin of p * theta_i for p = pos0 .. pos0 + n - 1, i < D/2: [n, D/2] each.
-// Exact sincos at pos0, then the angle-addition recurrence in double.
-void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out);
+// cos/sin of p * theta_i for p = pos0, pos0 + stride, ... (n rows), i < D/2:
+// [n, D/2] each. Exact sincos at pos0, then the angle-addition recurrence in
+// double.
+void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out,
+                int64_t stride = 1);
 
-inline constexpr int64_t kRopeBlock = 1024;
-// Blocks of positions p = p0 + j (p0 a multiple of kRopeStep): a kernel
-// that needs many positions rotates its queries back by p0 once per block
-// (row p0) and its keys by j (the first kRopeStep rows, cache-resident)
-// instead of streaming one row per position.
+// A position p = p0 + j with p0 a multiple of kRopeStep and j < kRopeStep:
+// a kernel that needs many positions rotates its queries back by p0 once per
+// block (a step row) and its keys by j (a near row, cache-resident) instead
+// of reading one row per position. Step rows restart from exact sincos every
+// kRopeBlock positions.
 inline constexpr int64_t kRopeStep = 64;
+inline constexpr int64_t kRopeBlock = 1024;
 
-// cos/sin of p * theta_i for positions p in [0, n), rows of D/2, shared by
-// every attend() call with the same (base, D): built once, extended in blocks
-// of kRopeBlock positions (each block starts from exact sincos, so an entry
-// never depends on how the table grew), and immutable once published. Costs
-// 4 * D bytes per position (a 32k context at D = 128: 16 MiB in all), and
-// 1/kRopeStep of that again for the rows of the block starts, side by side
-// (a kernel walking blocks reads them in order, not one row per 16 KB).
-// A longer table shares the shorter one's blocks: growing computes only the
-// new blocks and copies no rows (a table that doubled had copied all of
-// them, in the call that needed it). Rows are contiguous within a block, so
-// the first kRopeStep rows are one table from c(0) / s(0).
+// cos/sin of p * theta_i for positions p in [0, n), shared by every attend()
+// call with the same (base, D): built once, extended in blocks of kRopeBlock
+// positions, immutable once published. It holds only the rows of the first
+// kRopeStep positions and of every kRopeStep-th position, 4 * D bytes per
+// kRopeStep positions (a 128k context at D = 128: 1 MiB); any other row is
+// their angle sum. A table of every row cost 64 MiB there, more than a
+// compressed layer, and building it was most of the first decode step after
+// a long prompt. Each step row is a function of (base, D, p) alone, never of
+// how the table grew.
 struct RopeTable {
-  struct Block {
-    std::vector<float> cos, sin;  // [kRopeBlock, D/2]
-  };
   double base = 0;
   int64_t D = 0, n = 0;
-  std::vector<std::shared_ptr<const Block>> blocks;  // n / kRopeBlock
-  std::vector<float> step_cos, step_sin;             // [n / kRopeStep, D/2]: row b = row b * kRopeStep
-  const float* c(int64_t p) const { return row(blocks[static_cast<size_t>(p / kRopeBlock)]->cos, p); }
-  const float* s(int64_t p) const { return row(blocks[static_cast<size_t>(p / kRopeBlock)]->sin, p); }
-
- private:
-  const float* row(const std::vector<float>& block, int64_t p) const {
-    return &block[static_cast<size_t>(p % kRopeBlock * (D / 2))];
-  }
+  // 64-byte aligned: the kernels load the rows as whole vectors (with the
+  // near rows unaligned, pre-RoPE decode at 131072 took 13.4 ms, not 10.4).
+  AlignedVector<float> near_cos, near_sin;  // [kRopeStep, D/2]: row j = position j
+  AlignedVector<float> step_cos, step_sin;  // [n / kRopeStep, D/2]: row b = position b * kRopeStep
+  // cos/sin of position p < n into c, s [D/2]: step row p / kRopeStep and
+  // near row p mod kRopeStep by angle addition (within 2 ulp of the float
+  // rows).
+  void angles(int64_t p, float* c, float* s) const;
+  // Rotate x [D] in place to position p < n (inverse: back from it): by the
+  // near row, then by the step row.
+  void rotate(float* x, RopeStyle style, int64_t p, bool inverse = false) const;
 };
 static_assert(kRopeBlock % kRopeStep == 0, "a table's length is a whole number of steps");
 // A table covering at least [0, n). Thread-safe.
@@ -87,14 +88,14 @@ void rope_split(const uint16_t* x, int64_t D, RopeStyle style, uint16_t* out);  
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse = false);
 
 // Rotations of many vectors to positions in [p0, p0 + n): angles from the
-// shared table while it stays within 2n rows, else exact sincos per call (a
-// far p0 would otherwise build a table of 4 * D * p0 bytes).
+// shared table while it stays within 2n positions, else exact sincos per call
+// (a far p0 would otherwise build a table of 4 * D * p0 / kRopeStep bytes).
 class PositionRotator {
  public:
   PositionRotator(const RopeOptions& rope, int64_t D, int64_t p0, int64_t n)
       : rope_(rope), D_(D), table_(p0 <= n ? shared_rope_table(rope.base, D, p0 + n) : nullptr) {}
   void rotate(float* x, int64_t p, bool inverse = false) const {
-    if (table_) return rope_rotate(x, D_, rope_.style, table_->c(p), table_->s(p), inverse);
+    if (table_) return table_->rotate(x, rope_.style, p, inverse);
     rope_rotate_at(x, D_, rope_, p, inverse);
   }
 

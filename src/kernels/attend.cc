@@ -224,7 +224,7 @@ class AttendCall {
   const RopeOptions* rope_;
   const cache::CompressedRegion* seg_;
   Workspace& ws_;
-  std::shared_ptr<const core::RopeTable> rtab_;  // cos/sin rows for every key position
+  std::shared_ptr<const core::RopeTable> rtab_;  // the angles of every key position
   int64_t B_, H_, D_, R_, Hq_, Sq_, G_, nq_;
   float scale_ = 1;
   std::vector<int64_t> qpos_;  // [nq] absolute position of each query of a row
@@ -301,16 +301,8 @@ const float* AttendCall::prepare_rope_row(const compress::CompressedRow& row, co
   const int64_t k = row.n_anchor, D = D_;
   thread_local core::UninitVector<float> ak_rot;
   ak_rot = p.ak;
-  const auto pos_of = [&](int64_t j) { return seg_->pos0 + p.anchor_pos[j] + rope_->position_offset; };
-  constexpr int64_t kAhead = 4;  // anchors lie ~n / k rows of the table apart: no prefetcher follows
-  for (int64_t j = 0; j < k; ++j) {
-    if (j + kAhead < k)
-      for (int64_t b = 0; b < D * 2; b += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(rtab_->c(pos_of(j + kAhead))) + b);
-        __builtin_prefetch(reinterpret_cast<const char*>(rtab_->s(pos_of(j + kAhead))) + b);
-      }
-    core::rope_rotate(&ak_rot[j * D], D, rope_->style, rtab_->c(pos_of(j)), rtab_->s(pos_of(j)));
-  }
+  for (int64_t j = 0; j < k; ++j)
+    rtab_->rotate(&ak_rot[j * D], rope_->style, seg_->pos0 + p.anchor_pos[j] + rope_->position_offset);
   if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
     p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
     if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
@@ -455,7 +447,8 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
   tm.resize(static_cast<size_t>(nq_));
   tl.resize(static_cast<size_t>(nq_));
   tacc.resize(static_cast<size_t>(nq_ * D_));
-  scratch.resize(static_cast<size_t>(kTile * nq_ + kTile * D_ + 2 * D_));
+  scratch.resize(static_cast<size_t>(
+      std::max(kTile * nq_ + kTile * D_ + 2 * D_, kernels::dense_rope_scratch(kTile, nq_, D_))));
   for (int64_t a = c.a; a < c.b; a += kTile) {
     const int64_t n = std::min(c.b, a + kTile) - a;
     const uint16_t* K = reg.k[r] + a * D_;

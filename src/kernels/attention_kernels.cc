@@ -361,8 +361,8 @@ HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
 // p0 of each kRopeStep-block of positions, Qb [nb, 4, D] for blocks b0 ..
 // b0 + nb - 1 (rows b of the block starts' table, RopeTable::step_cos /
 // step_sin): q . RoPE_{p0 + j}(k) = RoPE_{-p0}(q) . RoPE_j(k), so a key at
-// position p needs only the table row of j = p mod kRopeStep (the first
-// kRopeStep rows, cache-resident) and no angle of its own.
+// position p needs only the near row of j = p mod kRopeStep (RopeTable::
+// near_cos / near_sin, cache-resident) and no angle of its own.
 void RopeQueryBlocks(const float* HWY_RESTRICT Q, int64_t D, int64_t b0, int64_t nb,
                      const float* HWY_RESTRICT step_cos, const float* HWY_RESTRICT step_sin,
                      float* HWY_RESTRICT Qb) {
@@ -424,7 +424,7 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const T* HWY_RESTRICT x, c
 // s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}) with p_i = pos[i] +
 // offset, entries of one block whose queries Q [4, D] are rotated back to its
 // start (RopeQueryBlocks): each entry's anchor (A [k, D], split rows,
-// core::rope_split) is rotated by the table row of j = p_i mod kRopeStep,
+// core::rope_split) is rotated by the near row of j = p_i mod kRopeStep,
 // then dotted with the queries. A rotation is two multiplies and two
 // multiply-adds per 16 pairs; the anchor's D fp16 values are read per entry
 // (the pair-product form, four queries' worth, was 8x the bytes from L2; f32
@@ -1437,15 +1437,29 @@ template <class Ops>
 void dense_chunk_rope_impl(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
                            const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
                            const RopeTable& table, PartialView out, float* scratch) {
-  float* s = scratch;              // [nq, n]
-  float* keys = scratch + nq * n;  // [n, D] keys rotated to their positions, then one value row
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = keys + i * D;
-    core::f16_to_f32_n(K16 + i * D, row, D);
-    const int64_t p = pos0 + i + rope.position_offset;
-    core::rope_rotate(row, D, rope.style, table.c(p), table.s(p));
+  float* s = scratch;        // [nq, n]
+  float* keys = s + nq * n;  // [n, D] keys rotated by their offset in a kRopeStep-block, then one value row
+  float* qb = keys + n * D;  // [nq, D] the queries rotated back to the block's start
+  float* sb = qb + nq * D;   // [nq, kRopeStep] the block's scores
+  const int64_t half = D / 2;
+  // q . RoPE_{p0 + j}(k) = RoPE_{-p0}(q) . RoPE_j(k): the keys read only the
+  // near rows (cache-resident), the queries one step row per block.
+  for (int64_t i0 = 0, nb = 0; i0 < n; i0 += nb) {
+    const int64_t p0 = pos0 + i0 + rope.position_offset, b = p0 / kRopeStep, j0 = p0 % kRopeStep;
+    nb = std::min(n - i0, kRopeStep - j0);
+    std::copy_n(q, nq * D, qb);
+    for (int64_t g = 0; g < nq; ++g)
+      core::rope_rotate(qb + g * D, D, rope.style, &table.step_cos[static_cast<size_t>(b * half)],
+                        &table.step_sin[static_cast<size_t>(b * half)], /*inverse=*/true);
+    for (int64_t i = 0; i < nb; ++i) {
+      float* row = keys + (i0 + i) * D;
+      core::f16_to_f32_n(K16 + (i0 + i) * D, row, D);
+      const size_t j = static_cast<size_t>((j0 + i) * half);
+      core::rope_rotate(row, D, rope.style, &table.near_cos[j], &table.near_sin[j]);
+    }
+    Ops::dot_matrix(qb, nq, keys + i0 * D, nb, D, sb);
+    for (int64_t g = 0; g < nq; ++g) std::copy_n(sb + g * nb, nb, s + g * n + i0);
   }
-  Ops::dot_matrix(q, nq, keys, n, D, s);
   for (int64_t g = 0; g < nq; ++g)
     for (int64_t i = 0; i < n; ++i)
       if (pos0 + i > qpos[g]) s[g * n + i] = kNegInf;
@@ -1532,11 +1546,11 @@ void score_anchor_approx(const CompressedQueries& cq, int64_t k, int64_t D, cons
   const int64_t n = r.e1 - r.e0, nq = cq.nq, half = D / 2;
   float* s = sc.s.data();
   if (cq.rope) {
-    sc.cs_row.resize(static_cast<size_t>(D));
+    sc.cs_row.resize(static_cast<size_t>(2 * D));
     float* row = sc.cs_row.data();  // the pair products' cos | sin, or the anchor rotated (split rows)
+    float *c = row + D, *sn = row + D + half;  // the position's angles
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t p = sc.pos[i] + cq.rope->position_offset;
-      const float *c = cq.table->c(p), *sn = cq.table->s(p);
+      cq.table->angles(sc.pos[i] + cq.rope->position_offset, c, sn);
       if (cq.cs) {
         std::copy_n(c, half, row);
         std::copy_n(sn, half, row + half);
@@ -1585,7 +1599,7 @@ void add_key_residuals(const CompressedQueries& cq, const compress::CompressedRo
       codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], sc.z.data(), sc.codes.data());
       codec.rotation().inverse(sc.z.data(), sc.z.data());
       const int64_t p = sc.pos[i] + cq.rope->position_offset;
-      core::rope_rotate(sc.z.data(), D, cq.rope->style, cq.table->c(p), cq.table->s(p));
+      cq.table->rotate(sc.z.data(), cq.rope->style, p);
       for (int64_t g = 0; g < nq; ++g)
         if (s[g * n + i] != kNegInf) s[g * n + i] += scale * Ops::dot(cq.q + g * D, sc.z.data(), D);
     }
@@ -1696,7 +1710,7 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
     if (sc.zk.empty()) split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
     return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(
         sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr, sc.qb.data(), sc.qb0, D, sc.pos.data(),
-        cq.rope->position_offset, cq.table->c(0), cq.table->s(0), s4, m4);
+        cq.rope->position_offset, cq.table->near_cos.data(), cq.table->near_sin.data(), s4, m4);
   }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(
@@ -1772,8 +1786,8 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
     const int64_t offset = cq.rope->position_offset;
     rope_query_blocks(cq, q0, n, D, sc);
     HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset, cq.table->c(0),
-     cq.table->s(0), n, s4);
+    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
+     cq.table->near_cos.data(), cq.table->near_sin.data(), n, s4);
     HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m_sub);
   } else {
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);

@@ -74,8 +74,11 @@ struct CompressedQueries {
 bool quad_rope_supported(int64_t D);
 
 // Dense fp16 tokens whose keys are pre-RoPE: each key is rotated to its
-// position (pos + rope.position_offset, rows of `table`) before the dot.
-// scratch: n * nq + n * D floats.
+// position (pos + rope.position_offset, angles of `table`) before the dot.
+// scratch: dense_rope_scratch(n, nq, D) floats.
+inline int64_t dense_rope_scratch(int64_t n, int64_t nq, int64_t D) {
+  return n * nq + n * D + nq * D + nq * core::kRopeStep;
+}
 void dense_chunk_rope(const float* q, const int64_t* qpos, int64_t nq, const uint16_t* K16,
                       const uint16_t* V16, int64_t n, int64_t pos0, int64_t D, const RopeOptions& rope,
                       const RopeTable& table, PartialView out, float* scratch);
@@ -116,7 +119,7 @@ struct EntryScratch {
   int64_t slots_k = 0, slots_v = 0;     // after a call: the residual slots the range holds
   std::vector<float> z, zscale, zdot;   // decoded residual levels, scales, dots
   std::vector<uint8_t> codes;           // [D] unpacked codes of one residual
-  std::vector<float> cs_row;            // [D] cos | sin of one position (RoPE)
+  std::vector<float> cs_row;            // [2D] a row scored, then its position's cos | sin (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
   std::vector<float> ml;                // per quad: four softmax shifts, then four sums
   std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales

@@ -21,27 +21,42 @@ TEST(RopeTable, MatchesExactAnglesAndDoesNotDependOnHowItGrew) {
   ASSERT_GE(big->n, 3 * kRopeBlock + 5);
   EXPECT_GE(small->n, 10);                                    // the old snapshot stays valid for its holders
   EXPECT_EQ(shared_rope_table(base, D, 7).get(), big.get());  // covered: no rebuild
-  EXPECT_EQ(big->c(5), small->c(5));                          // growing shares the rows it had (none copied)
-  for (int64_t b = 0; b < big->n / kRopeStep; ++b)
+  // Small: rows of the first kRopeStep positions and of every kRopeStep-th.
+  EXPECT_EQ(big->near_cos.size(), static_cast<size_t>(kRopeStep * half));
+  EXPECT_EQ(big->step_cos.size(), static_cast<size_t>(big->n / kRopeStep * half));
+  // Every row is a function of (base, D, p) alone: the same as rows built in
+  // one go from the exact start of its block, and within 1e-6 of exact sincos.
+  AlignedVector<float> nc(static_cast<size_t>(kRopeStep * half)), ns(nc.size());
+  rope_table(0, kRopeStep, D, base, nc.data(), ns.data());
+  EXPECT_EQ(big->near_cos, nc);
+  EXPECT_EQ(big->near_sin, ns);
+  for (int64_t b = 0; b < big->n / kRopeStep; ++b) {
+    const int64_t block = b * kRopeStep / kRopeBlock * kRopeBlock, per = kRopeBlock / kRopeStep;
+    std::vector<float> bc(static_cast<size_t>(per * half)), bs(bc.size());
+    rope_table(block, per, D, base, bc.data(), bs.data(), kRopeStep);
+    const size_t at = static_cast<size_t>((b - block / kRopeStep) * half);
     for (int64_t i = 0; i < half; ++i) {
-      ASSERT_EQ(big->step_cos[static_cast<size_t>(b * half + i)], big->c(b * kRopeStep)[i]) << b;
-      ASSERT_EQ(big->step_sin[static_cast<size_t>(b * half + i)], big->s(b * kRopeStep)[i]) << b;
+      ASSERT_EQ(big->step_cos[static_cast<size_t>(b * half + i)], bc[at + i]) << b;
+      ASSERT_EQ(big->step_sin[static_cast<size_t>(b * half + i)], bs[at + i]) << b;
+      if (b < small->n / kRopeStep) {
+        ASSERT_EQ(small->step_cos[static_cast<size_t>(b * half + i)], bc[at + i]);
+      }
     }
-  // Every entry is a function of (base, D, p) alone: the same as a table built in one go
-  // (rope_table from each block's exact start), and within 1e-6 of exact sincos.
-  for (int64_t p :
-       {int64_t{0}, int64_t{1}, kRopeBlock - 1, kRopeBlock, 2 * kRopeBlock + 17, 3 * kRopeBlock + 4}) {
-    std::vector<float> c(half), s(half);
-    const int64_t block = p / kRopeBlock * kRopeBlock;
-    std::vector<float> bc(static_cast<size_t>(kRopeBlock * half)), bs(bc.size());
-    rope_table(block, kRopeBlock, D, base, bc.data(), bs.data());
+  }
+  // Any position's angles (step row x near row), and a rotation to it, match exact sincos.
+  for (int64_t p : {int64_t{0}, int64_t{1}, kRopeStep - 1, kRopeStep, kRopeBlock - 1, kRopeBlock,
+                    2 * kRopeBlock + 17, 3 * kRopeBlock + 4}) {
+    std::vector<float> c(half), s(half), x(D), y(D);
+    big->angles(p, c.data(), s.data());
     for (int64_t i = 0; i < half; ++i) {
-      EXPECT_EQ(big->c(p)[i], bc[(p - block) * half + i]) << p << "," << i;
-      EXPECT_EQ(big->s(p)[i], bs[(p - block) * half + i]) << p << "," << i;
       const double ang = static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / D);
-      EXPECT_NEAR(big->c(p)[i], std::cos(ang), 1e-6);
-      EXPECT_NEAR(big->s(p)[i], std::sin(ang), 1e-6);
+      EXPECT_NEAR(c[i], std::cos(ang), 1e-6) << p << "," << i;
+      EXPECT_NEAR(s[i], std::sin(ang), 1e-6) << p << "," << i;
     }
+    for (int64_t i = 0; i < D; ++i) x[i] = y[i] = static_cast<float>(std::sin(0.9 * static_cast<double>(i)));
+    big->rotate(x.data(), RopeStyle::kNeox, p);
+    rope_rotate_at(y.data(), D, RopeOptions{true, base, RopeStyle::kNeox, 0}, p);
+    for (int64_t i = 0; i < D; ++i) ASSERT_NEAR(x[i], y[i], 2e-6) << p << "," << i;
   }
 }
 
@@ -51,8 +66,10 @@ TEST(RopeTable, ConcurrentRequestsAgree) {
   for (int t = 0; t < 4; ++t)
     ts.emplace_back([&, t] { got[t] = shared_rope_table(777.0, 32, (t + 1) * 1500); });
   for (auto& t : ts) t.join();
-  for (const auto& g : got)
-    for (int64_t p = 0; p < 1500; ++p) ASSERT_EQ(g->c(p)[3], got[3]->c(p)[3]);
+  for (const auto& g : got) {
+    ASSERT_EQ(g->near_cos, got[3]->near_cos);
+    for (size_t i = 0; i < g->step_cos.size(); ++i) ASSERT_EQ(g->step_cos[i], got[3]->step_cos[i]);
+  }
 }
 
 // The SIMD rotation equals its scalar twin (up to fused multiply-add rounding)
