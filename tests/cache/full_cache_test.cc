@@ -57,5 +57,23 @@ TEST(ExactRows, OneTokenAppendsReallocateLogarithmicallyOften) {
   EXPECT_EQ(rows.k[1].size(), static_cast<size_t>(4096 * D));
   EXPECT_LE(reallocations, 20);
 }
+
+// A prompt leaves room for the decode steps after it: the first of them
+// appends in place instead of copying every row (the full cache's first
+// decode step after a long prompt).
+TEST(ExactRows, DecodeStepsAfterAPromptAppendInPlace) {
+  const int64_t D = 8, S = 20000;
+  std::vector<float> prompt(static_cast<size_t>(2 * S * D), 0.25f), x(static_cast<size_t>(2 * D), 0.5f);
+  cache::ExactRows rows;
+  const TensorView p = TensorView::f32(prompt.data(), {1, 2, S, D});
+  rows.append(cache::stage_input("test", p, p, false, 0, 0, 0));
+  const uint16_t* k = rows.k[1].data();
+  for (int i = 0; i < S / 16; ++i) {  // well within the eighth reserved
+    const TensorView t = TensorView::f32(x.data(), {1, 2, 1, D});
+    rows.append(cache::stage_input("test", t, t, false, 0, 0, 0));
+  }
+  EXPECT_EQ(rows.k[1].data(), k) << "a decode step after the prompt reallocated the rows";
+  EXPECT_EQ(rows.tokens, S + S / 16);
+}
 }  // namespace
 }  // namespace anchorkv
