@@ -35,8 +35,9 @@ using internal::AnchorKVState;
 struct NewSegment {
   std::vector<compress::CompressedRow> rows;
   std::vector<std::vector<int64_t>> slots;  // residual_slot_index per row
-  // anchor_positions per row: pre-RoPE and masked attention need them every
-  // call, and the seed layout finds them by searching the metadata
+  // anchor_positions per seed-layout row: pre-RoPE and masked attention need
+  // them every call, and the seed layout finds them by searching the
+  // metadata (rows of the other layouts list them: empty here, not copied)
   std::vector<std::vector<int32_t>> anchor_pos;
   std::shared_ptr<const compress::ResidualCodec> codec;
   int64_t tokens = 0, bytes = 0, n_anchor = 0, n_residual = 0;
@@ -55,7 +56,7 @@ void count_segment(NewSegment& seg, int64_t D, int bits) {
     seg.n_anchor += row.n_anchor;
     seg.n_residual += row.n_residual();
     seg.slots.push_back(compress::residual_slot_index(row));
-    seg.anchor_pos.push_back(row.anchor_positions());
+    seg.anchor_pos.push_back(row.lists_positions() ? std::vector<int32_t>{} : row.anchor_positions());
   }
 }
 

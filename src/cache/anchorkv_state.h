@@ -21,7 +21,7 @@ struct AnchorKVState {
   cache::ExactRows head, tail;
   std::vector<compress::CompressedRow> segment;  // [B * H] or empty
   std::vector<std::vector<int64_t>> segment_slots;  // [B * H] compress::residual_slot_index of each row
-  std::vector<std::vector<int32_t>> segment_anchor_pos;  // [B * H] anchor_positions() of each row
+  std::vector<std::vector<int32_t>> segment_anchor_pos;  // [B * H] anchor_positions() of seed-layout rows
   int64_t segment_tokens = 0;                    // per row
   std::shared_ptr<const compress::ResidualCodec> codec;
   bool seen_prefill_call = false;  // a call with S > 1 happened

@@ -30,7 +30,8 @@ struct CompressedRegion {
   int64_t tokens = 0, pos0 = 0;
   // compress::residual_slot_index of each row (attention refuses a segment without)
   const std::vector<std::vector<int64_t>>* slot_index = nullptr;
-  // CompressedRow::anchor_positions of each row, or null (found per call)
+  // CompressedRow::anchor_positions of each row, or null (found per call);
+  // rows that list their positions (compact, tight) may hold none here
   const std::vector<std::vector<int32_t>>* anchor_pos = nullptr;
 };
 

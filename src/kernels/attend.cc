@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -76,7 +77,8 @@ struct RowPrep {
   core::UninitVector<float> anchor_dot;    // [nq, k]
   std::vector<float> anchor_dot4;          // [ceil(nq / 4), k, 4] (see CompressedQueries)
   std::vector<float> rq;                   // [nq, D]
-  std::vector<int32_t> anchor_pos;         // [k] when masked or with RoPE
+  std::span<const int32_t> anchor_pos;     // [k] when masked or with RoPE: the row's, the source's,
+  std::vector<int32_t> anchor_pos_found;   //     or these, found for this call
   core::UninitVector<float> cs;            // with RoPE: pair products, or for the fast kernel
   core::UninitVector<uint16_t> rope_anchors;  // split fp16 anchors and f32 queries (see CompressedQueries)
   std::vector<float> rope_queries;
@@ -326,7 +328,7 @@ void AttendCall::prepare_row(int64_t r) {
   p.slot_k.clear();
   p.slot_v.clear();
   p.anchor_dot4.clear();
-  p.anchor_pos.clear();
+  p.anchor_pos = {};
   p.ak.clear();
   p.av.clear();
   p.cs.clear();
@@ -347,7 +349,14 @@ void AttendCall::prepare_row(int64_t r) {
     const auto* known = seg_->anchor_pos;
     const bool cached = known && known->size() == seg_->rows->size() &&
                         static_cast<int64_t>((*known)[static_cast<size_t>(r)].size()) == k;
-    p.anchor_pos = cached ? (*known)[static_cast<size_t>(r)] : row.anchor_positions();
+    if (row.lists_positions()) {
+      p.anchor_pos = row.anchor_pos;
+    } else if (cached) {
+      p.anchor_pos = (*known)[static_cast<size_t>(r)];
+    } else {
+      p.anchor_pos_found = row.anchor_positions();
+      p.anchor_pos = p.anchor_pos_found;
+    }
   }
   const float* ak_scores = rope_ ? prepare_rope_row(row, q, p) : p.ak.data();
   if (!anchors_in_place_)
@@ -430,7 +439,7 @@ void AttendCall::run_anchors(int64_t r, kernels::PartialView out) {
   // anchor_pos holds segment-relative positions; the mask compares absolute ones.
   std::vector<int32_t> abs_pos;
   if (masked_segment_) {
-    abs_pos = prep_[r].anchor_pos;
+    abs_pos.assign(prep_[r].anchor_pos.begin(), prep_[r].anchor_pos.end());
     for (auto& x : abs_pos) x += static_cast<int32_t>(seg_->pos0);
   }
   std::fill_n(out.acc, nq_ * D_, 0.0f);  // anchors contribute through w only
@@ -507,7 +516,7 @@ void AttendCall::report(AttentionStats* stats) const {
     bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() +
                                    p.rq.size() + p.cs.size() + p.rope_queries.size()) *
                                       4 +
-                                  p.rope_anchors.size() * 2 + p.anchor_pos.size() * 4 +
+                                  p.rope_anchors.size() * 2 + p.anchor_pos_found.size() * 4 +
                                   (p.slot_k.size() + p.slot_v.size()) * 8);
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
   // Per-thread scratch (largest use: a dense tile, or an entry tile's scores
