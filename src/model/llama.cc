@@ -448,6 +448,18 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
   rope.base = c.rope_base;
   rope.style = c.rope_style;
   std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), obs_q(observe_ != 0 ? q.size() : 0);
+  // One cos/sin row per position (exact sincos, as rope_rotate_at), shared by
+  // every head and layer: computed lazily, by the first layer that rotates.
+  std::vector<float> rope_cos, rope_sin;
+  auto rope_rows = [&] {
+    if (!rope_cos.empty()) return;
+    rope_cos.resize(static_cast<size_t>(T * (hd / 2)));
+    rope_sin.resize(rope_cos.size());
+    for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        core::rope_table(pos_ + t, 1, hd, rope.base, &rope_cos[t * (hd / 2)], &rope_sin[t * (hd / 2)]);
+    });
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LlamaLayer& L = w_.layers[l];
     for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
@@ -475,15 +487,14 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     float* qr = pre ? q_rot.data() : q.data();
     float* kr = pre ? k_rot.data() : k.data();
     if (rotate) {
-      // one cos/sin row per position (exact sincos, as rope_rotate_at), shared by every head
+      rope_rows();
       for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
-        std::vector<float> c_t(static_cast<size_t>(hd / 2)), s_t(c_t.size());
         for (int64_t t = t0; t < t1; ++t) {
-          core::rope_table(pos_ + t, 1, hd, rope.base, c_t.data(), s_t.data());
+          const float *c_t = &rope_cos[t * (hd / 2)], *s_t = &rope_sin[t * (hd / 2)];
           for (int64_t h = 0; h < Hq; ++h)
-            core::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t.data(), s_t.data());
+            core::rope_rotate(&qr[(t * Hq + h) * hd], hd, rope.style, c_t, s_t);
           for (int64_t h = 0; h < Hk; ++h)
-            core::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t.data(), s_t.data());
+            core::rope_rotate(&kr[(t * Hk + h) * hd], hd, rope.style, c_t, s_t);
         }
       });
     }
