@@ -85,25 +85,31 @@ void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out,
   }
 }
 
+namespace {
+// The step and near rows whose angle sum is position p.
+struct RowPair {
+  const float *bc, *bs, *jc, *js;
+};
+RowPair rows_of(const RopeTable& t, int64_t p) {
+  assert(p >= 0 && p < t.n);
+  const size_t half = static_cast<size_t>(t.D / 2);
+  const size_t b = static_cast<size_t>(p / kRopeStep) * half, j = static_cast<size_t>(p % kRopeStep) * half;
+  return {&t.step_cos[b], &t.step_sin[b], &t.near_cos[j], &t.near_sin[j]};
+}
+}  // namespace
+
 void RopeTable::angles(int64_t p, float* c, float* s) const {
-  assert(p >= 0 && p < n);
-  const size_t half = static_cast<size_t>(D / 2);
-  const float* bc = &step_cos[static_cast<size_t>(p / kRopeStep) * half];
-  const float* bs = &step_sin[static_cast<size_t>(p / kRopeStep) * half];
-  const float* jc = &near_cos[static_cast<size_t>(p % kRopeStep) * half];
-  const float* js = &near_sin[static_cast<size_t>(p % kRopeStep) * half];
-  for (size_t i = 0; i < half; ++i) {
-    c[i] = bc[i] * jc[i] - bs[i] * js[i];
-    s[i] = bs[i] * jc[i] + bc[i] * js[i];
+  const RowPair r = rows_of(*this, p);
+  for (int64_t i = 0; i < D / 2; ++i) {
+    c[i] = r.bc[i] * r.jc[i] - r.bs[i] * r.js[i];
+    s[i] = r.bs[i] * r.jc[i] + r.bc[i] * r.js[i];
   }
 }
 
 void RopeTable::rotate(float* x, RopeStyle style, int64_t p, bool inverse) const {
-  assert(p >= 0 && p < n);
-  const size_t half = static_cast<size_t>(D / 2);
-  const size_t b = static_cast<size_t>(p / kRopeStep) * half, j = static_cast<size_t>(p % kRopeStep) * half;
-  rope_rotate(x, D, style, &near_cos[j], &near_sin[j], inverse);
-  rope_rotate(x, D, style, &step_cos[b], &step_sin[b], inverse);
+  const RowPair r = rows_of(*this, p);
+  rope_rotate(x, D, style, r.jc, r.js, inverse);
+  rope_rotate(x, D, style, r.bc, r.bs, inverse);
 }
 
 std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n) {

@@ -54,8 +54,8 @@ struct RopeTable {
   AlignedVector<float> near_cos, near_sin;  // [kRopeStep, D/2]: row j = position j
   AlignedVector<float> step_cos, step_sin;  // [n / kRopeStep, D/2]: row b = position b * kRopeStep
   // cos/sin of position p < n into c, s [D/2]: step row p / kRopeStep and
-  // near row p mod kRopeStep by angle addition (within 2 ulp of the float
-  // rows).
+  // near row p mod kRopeStep by angle addition (within 1e-6 of exact
+  // sincos, tested).
   void angles(int64_t p, float* c, float* s) const;
   // Rotate x [D] in place to position p < n (inverse: back from it): by the
   // near row, then by the step row.
