@@ -1982,11 +1982,15 @@ void anchors_chunk_ref(const CompressedQueries& cq, int64_t k, const int32_t* an
   anchors_chunk_impl<RefOps>(cq, k, anchor_pos, masked, out);
 }
 
+bool entries_chunk_any_length(const CompressedQueries& cq, bool masked) {
+  return !masked && (cq.rope ? cq.rope_anchors != nullptr : cq.anchor_dot4 != nullptr);
+}
+
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch) {
-  const bool quads = cq.rope ? cq.rope_anchors != nullptr : cq.anchor_dot4 != nullptr;
-  if (!range.masked && quads) return entries_chunk_quads(cq, row, codec, range, out, scratch);
+  if (entries_chunk_any_length(cq, range.masked))
+    return entries_chunk_quads(cq, row, codec, range, out, scratch);
   entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
 }
 
