@@ -74,6 +74,16 @@ struct LinesAhead {
     }
   }
 };
+
+// Pre-RoPE key residuals coded as given, fused into their entries' anchor
+// scores (QuadRopeScores): entry i's key is gamma_i (a + Z[zi[i]]) when
+// zi[i] >= 0, the row scaled by scale / gamma_i. zi null: none; zero: D
+// zeros (what an entry without one adds in a group that has some).
+struct FusedKeys {
+  const int32_t* zi = nullptr;
+  const float* Z = nullptr;
+  const float* zero = nullptr;
+};
 }  // namespace anchorkv::kernels
 #endif
 
@@ -421,20 +431,21 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const T* HWY_RESTRICT x, c
   return SumsOf4(a0, a1, a2, a3);
 }
 
-// s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]}) with p_i = pos[i] +
+// s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]} + z_i) with p_i = pos[i] +
 // offset, entries of one block whose queries Q [4, D] are rotated back to its
 // start (RopeQueryBlocks): each entry's anchor (A [k, D], split rows,
-// core::rope_split) is rotated by the near row of j = p_i mod kRopeStep,
-// then dotted with the queries. A rotation is two multiplies and two
-// multiply-adds per 16 pairs; the anchor's D fp16 values are read per entry
-// (the pair-product form, four queries' worth, was 8x the bytes from L2; f32
-// rows twice them).
+// core::rope_split) plus its fused key residual (FusedKeys: z_i = Z[zi[i]]
+// when zi[i] >= 0, else none) is rotated by the near row of j = p_i mod
+// kRopeStep, then dotted with the queries. A rotation is two multiplies and
+// two multiply-adds per 16 pairs; the anchor's D fp16 values are read per
+// entry (the pair-product form, four queries' worth, was 8x the bytes from
+// L2; f32 rows twice them).
 template <int64_t kD>  // 0: D at run time
 HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Q, int64_t D,
                                     const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
                                     const int64_t* HWY_RESTRICT pos, int64_t offset,
                                     const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
-                                    int64_t n, float* HWY_RESTRICT s4) {
+                                    const FusedKeys& fk, int64_t n, float* HWY_RESTRICT s4) {
   if constexpr (kD != 0) D = kD;
   const DF df;
   const hn::CappedTag<float, 4> d4;
@@ -447,12 +458,16 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
   if constexpr (kD != 0) {
     for (; i + 4 <= n; i += 4) {
       const uint16_t* a[4];
-      const float *cj[4], *sj[4];
+      const float *cj[4], *sj[4], *z[4];
+      bool fused = false;
       for (int e = 0; e < 4; ++e) {
         const int64_t j = (pos[i + e] + offset) % kRopeStep;
         a[e] = A + ak[i + e] * kD;
         cj[e] = cos_t + j * half;
         sj[e] = sin_t + j * half;
+        const int32_t r = fk.zi ? fk.zi[i + e] : -1;
+        z[e] = r >= 0 ? fk.Z + r * kD : fk.zero;
+        fused |= r >= 0;
       }
       // anchors sit in L2 in no order the prefetchers see: each is requested
       // two groups ahead (~5% of the pre-RoPE decode)
@@ -462,25 +477,39 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
             hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
       hn::Vec<DF> acc[16];
       for (auto& x : acc) x = hn::Zero(df);
-      for (int64_t t = 0; t < half; t += N) {
+      // groups without a residual skip the additions (a branch per group,
+      // not per vector)
+      const auto group = [&](auto with_residuals) {
+        for (int64_t t = 0; t < half; t += N) {
 #pragma GCC unroll 4
-        for (int e = 0; e < 4; ++e) {
-          hn::Vec<DF> rx, ry;  // the anchor's pairs at the entry's offset in the block
-          RotatePairs(LoadAsF32(a[e] + t), LoadAsF32(a[e] + half + t), hn::LoadU(df, cj[e] + t),
-                      hn::LoadU(df, sj[e] + t), rx, ry);
+          for (int e = 0; e < 4; ++e) {
+            auto x = LoadAsF32(a[e] + t), y = LoadAsF32(a[e] + half + t);
+            if constexpr (decltype(with_residuals)::value) {
+              x = hn::Add(x, hn::LoadU(df, z[e] + t));
+              y = hn::Add(y, hn::LoadU(df, z[e] + half + t));
+            }
+            hn::Vec<DF> rx, ry;  // the key's pairs at the entry's offset in the block
+            RotatePairs(x, y, hn::LoadU(df, cj[e] + t), hn::LoadU(df, sj[e] + t), rx, ry);
 #pragma GCC unroll 4
-          for (int g = 0; g < 4; ++g)
-            acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, Q + g * kD + half + t), ry,
-                                        hn::MulAdd(hn::LoadU(df, Q + g * kD + t), rx, acc[e * 4 + g]));
+            for (int g = 0; g < 4; ++g)
+              acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, Q + g * kD + half + t), ry,
+                                          hn::MulAdd(hn::LoadU(df, Q + g * kD + t), rx, acc[e * 4 + g]));
+          }
         }
-      }
+      };
+      if (fused)
+        group(std::true_type());
+      else
+        group(std::false_type());
       hn::StoreU(hn::Mul(SumsOf16(acc), SpreadFour(gk + i)), df, s4 + i * 4);
     }
   }
 #endif
   for (; i < n; ++i) {
     const int64_t j = (pos[i] + offset) % kRopeStep;
-    const auto dots = RopeDots4(A + ak[i] * D, Q, cos_t + j * half, sin_t + j * half, D);
+    auto dots = RopeDots4(A + ak[i] * D, Q, cos_t + j * half, sin_t + j * half, D);
+    if (fk.zi && fk.zi[i] >= 0)
+      dots = hn::Add(dots, RopeDots4(fk.Z + fk.zi[i] * D, Q, cos_t + j * half, sin_t + j * half, D));
     hn::StoreU(hn::Mul(dots, hn::Set(d4, gk[i])), d4, s4 + i * 4);
   }
 }
@@ -491,18 +520,20 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
 void QuadRopeScores(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, int64_t b0, int64_t D,
                     const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
                     const int64_t* HWY_RESTRICT pos, int64_t offset, const float* HWY_RESTRICT cos_t,
-                    const float* HWY_RESTRICT sin_t, int64_t n, float* HWY_RESTRICT s4) {
+                    const float* HWY_RESTRICT sin_t, const FusedKeys* HWY_RESTRICT fk, int64_t n,
+                    float* HWY_RESTRICT s4) {
 #if HWY_TARGET == HWY_SCALAR
   (void)A, (void)Qb, (void)b0, (void)D, (void)ak, (void)gk, (void)pos, (void)offset, (void)cos_t, (void)sin_t,
-      (void)n, (void)s4;
+      (void)fk, (void)n, (void)s4;
 #else
   for (int64_t i = 0, e; i < n; i = e) {
     const int64_t block = (pos[i] + offset) / kRopeStep;
     for (e = i + 1; e < n && (pos[e] + offset) / kRopeStep == block;) ++e;
     const float* Q = Qb + (block - b0) * 4 * D;
+    const FusedKeys run_keys{fk->zi ? fk->zi + i : nullptr, fk->Z, fk->zero};
     const auto run = [&](auto kD) {
-      QuadRopeBlockScores<decltype(kD)::value>(A, Q, D, ak + i, gk + i, pos + i, offset, cos_t, sin_t, e - i,
-                                               s4 + i * 4);
+      QuadRopeBlockScores<decltype(kD)::value>(A, Q, D, ak + i, gk + i, pos + i, offset, cos_t, sin_t,
+                                               run_keys, e - i, s4 + i * 4);
     };
     if (D == 128)
       run(std::integral_constant<int64_t, 128>());
@@ -1695,23 +1726,69 @@ void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64
    sc.qb.data());
 }
 
-// Key residuals of the quad at q0 added to its scores s4; m4 raised to the
-// largest score they change.
+// Pre-RoPE key residuals coded as given, once per sub-tile for all quads:
+// split rows (sc.zk), each scaled by scale / gamma of its entry so that the
+// anchor kernel adds it to the anchor before the rotation and the dot
+// (FusedKeys: one rotation and one dot per entry, where a residual of its
+// own cost both again). An entry with gamma = 0 (or a ratio past 2^60)
+// keeps its residual apart (sc.res_left).
+void fuse_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
+                        const compress::ResidualCodec& codec, const EntryRange& r, EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
+  split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
+  sc.zi.resize(static_cast<size_t>(n));
+  std::fill_n(sc.zi.data(), n, -1);
+  sc.zero.assign(static_cast<size_t>(D), 0.0f);
+  sc.zk_left.clear();
+  sc.zks_left.clear();
+  sc.res_left.resize(0);
+  constexpr float kMaxRatio = 0x1p60f;
+  for (int64_t j = 0; j < nr; ++j) {
+    const int32_t e = sc.res_k[j];
+    float* z = &sc.zk[static_cast<size_t>(j * D)];
+    const float gamma = sc.gk_at[e], ratio = sc.zks[j] / gamma;
+    if (gamma != 0.0f && std::fabs(ratio) <= kMaxRatio) {
+      core::scale_add(ratio, z, 0.0f, nullptr, D);
+      sc.zi[e] = static_cast<int32_t>(j);
+    } else {
+      sc.zk_left.insert(sc.zk_left.end(), z, z + D);
+      sc.zks_left.push_back(sc.zks[j]);
+      sc.res_left.push_back(e);
+    }
+  }
+}
+
+// The quad's pre-RoPE scores over the sub-tile, key residuals included; m4
+// their maxima.
+void quad_rope_scores(const CompressedQueries& cq, const compress::CompressedRow& row,
+                      const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, EntryScratch& sc,
+                      float* m4) {
+  const int64_t n = r.e1 - r.e0, D = codec.dim(), offset = cq.rope->position_offset;
+  const bool fuse = !sc.res_k.empty() && !row.key_rope.enabled;
+  if (fuse && sc.zk.empty()) fuse_key_residuals(cq, row, codec, r, sc);
+  rope_query_blocks(cq, q0, n, D, sc);
+  const FusedKeys fk = fuse ? FusedKeys{sc.zi.data(), sc.zk.data(), sc.zero.data()} : FusedKeys{};
+  const float *near_cos = cq.table->near_cos.data(), *near_sin = cq.table->near_sin.data();
+  float* s4 = sc.s.data();
+  HWY_DYNAMIC_DISPATCH(QuadRopeScores)
+  (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset, near_cos,
+   near_sin, &fk, n, s4);
+  HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m4);
+  if (fuse && !sc.res_left.empty())
+    HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)
+    (sc.zk_left.data(), sc.zks_left.data(), sc.res_left.data(), static_cast<int64_t>(sc.res_left.size()),
+     sc.qb.data(), sc.qb0, D, sc.pos.data(), offset, near_cos, near_sin, s4, m4);
+}
+
+// Key residuals of the quad at q0 added to its scores s4 (keys after RoPE,
+// or coded at their positions: key_rope); m4 raised to the largest score
+// they change.
 void add_quad_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                             const compress::ResidualCodec& codec, const EntryRange& r, int64_t q0, int64_t gn,
                             EntryScratch& sc, float* m4, LinesAhead& ahead) {
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
-  // coded before RoPE: split rows decoded once per sub-tile, shared by its
-  // quads, each rotated to its position within its block (the block's queries
-  // in sc.qb, quad_sub_tile)
-  if (cq.rope && !row.key_rope.enabled) {
-    if (sc.zk.empty()) split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
-    return HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)(
-        sc.zk.data(), sc.zks.data(), sc.res_k.data(), nr, sc.qb.data(), sc.qb0, D, sc.pos.data(),
-        cq.rope->position_offset, cq.table->near_cos.data(), cq.table->near_sin.data(), s4, m4);
-  }
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(
         row.k.codes.data(), codec.code_bytes(), r.slot_k0, sc.zks.data(), sc.res_k.data(), nr,
@@ -1782,17 +1859,11 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   const int64_t nrv = static_cast<int64_t>(sc.res_v.size());
   float* s4 = sc.s.data();
   float m_sub[4];
-  if (cq.rope) {
-    const int64_t offset = cq.rope->position_offset;
-    rope_query_blocks(cq, q0, n, D, sc);
-    HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-    (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
-     cq.table->near_cos.data(), cq.table->near_sin.data(), n, s4);
-    HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m_sub);
-  } else {
+  if (cq.rope)
+    quad_rope_scores(cq, row, codec, r, q0, sc, m_sub);
+  else
     HWY_DYNAMIC_DISPATCH(QuadAnchorScoresMax)(cq.anchor_dot4 + q0 * k, sc.ak.data(), sc.gk_at, n, s4, m_sub);
-  }
-  add_quad_key_residuals(cq, row, codec, r, q0, gn, sc, m_sub, ahead);
+  if (!cq.rope || row.key_rope.enabled) add_quad_key_residuals(cq, row, codec, r, q0, gn, sc, m_sub, ahead);
   raise_quad_shifts(m_sub, gn, k, D, run);
   float l_sub[4];
   HWY_DYNAMIC_DISPATCH(QuadExpScatter)(s4, n, run.m4, l_sub, sc.av.data(), sc.gv_at, run.W0, run.W1, &ahead);

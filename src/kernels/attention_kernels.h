@@ -126,6 +126,10 @@ struct EntryScratch {
   std::vector<float> qb;                // pre-RoPE: the quad's queries per block of positions
   int64_t qb0 = 0;                      //   (RopeQueryBlocks), the first block's index
   std::vector<float> ksigns;            // pre-RoPE: the rotation's signs / sqrt(D), split
+  core::UninitVector<int32_t> zi;       // pre-RoPE: per entry its fused key residual's row in zk, or -1
+  std::vector<float> zero;              //   D zeros
+  std::vector<float> zk_left, zks_left;  //   residuals not fused (gamma = 0): split rows, scales,
+  core::UninitVector<int32_t> res_left;  //   entries
 };
 
 // Key residuals coded before RoPE, slots [slot0, slot0 + nr) of `side`, as

@@ -401,6 +401,9 @@ void rope_rows(std::vector<float>& X, int64_t rows, int64_t n, int64_t D, int64_
     }
 }
 
+RopeOptions check_rope_attention(const AnchorKVCache& cache, const std::vector<float>& q, RopeStyle style,
+                                 int64_t offset, int64_t H, int64_t Hq, int64_t Sq, int64_t D);
+
 // key_rope: the cache codes key residuals after RoPE (AnchorKVConfig::key_rope).
 void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail,
                    bool key_rope = false, int64_t D = 64, int64_t G = 4,
@@ -426,8 +429,31 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   if (head) feed(1, 40);
   feed(S, 42);
   if (tail) feed(std::max<int64_t>(Sq, 2), 44);
-  const int64_t n = cache.offset();
   const auto q = random_kv(B, Hq, Sq, D, 46);
+  const RopeOptions rope = check_rope_attention(cache, q, style, offset, H, Hq, Sq, D);
+  // The dense kernel with RoPE against the same reference over the exact keys.
+  const int64_t n = cache.offset();
+  std::vector<float> qr = q;
+  for (int64_t hq = 0; hq < Hq; ++hq) {
+    std::vector<float> one(qr.begin() + hq * Sq * D, qr.begin() + (hq + 1) * Sq * D);
+    rope_rows(one, 1, Sq, D, offset + n - Sq, rope);
+    std::copy(one.begin(), one.end(), qr.begin() + hq * Sq * D);
+  }
+  AttentionOptions o1;
+  o1.rope = rope;
+  o1.threads = 1;
+  std::vector<float> Kf = full.fetch().keys.to_f32(), Vf = full.fetch().values.to_f32();
+  rope_rows(Kf, B * H, n, D, offset, rope);
+  const auto ref_full = dense_reference(qr, Kf, Vf, B, H, Hq, Sq, n, D);
+  EXPECT_LE(nmse(ref_full, attend(TensorView::f32(q.data(), {B, Hq, Sq, D}), full, o1).to_f32()), 1e-9);
+}
+
+// attend() with pre-RoPE keys (B = 1) against dense attention over the
+// reconstruction with RoPE applied explicitly, the scalar twin, and itself on
+// 1 and 2 threads. Returns the RoPE it attended with.
+RopeOptions check_rope_attention(const AnchorKVCache& cache, const std::vector<float>& q, RopeStyle style,
+                                 int64_t offset, int64_t H, int64_t Hq, int64_t Sq, int64_t D) {
+  const int64_t B = 1, n = cache.offset();
   RopeOptions rope;
   rope.enabled = true;
   rope.style = style;
@@ -455,11 +481,7 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   EXPECT_EQ(y1, attend(qv, cache, o2).to_f32());
   const auto yr = attend(qv, cache, oref).to_f32();
   EXPECT_LE(nmse(std::vector<double>(yr.begin(), yr.end()), y1), kSimdVsReferenceNmse);
-  // The dense kernel with RoPE against the same reference over the exact keys.
-  std::vector<float> Kf = full.fetch().keys.to_f32(), Vf = full.fetch().values.to_f32();
-  rope_rows(Kf, B * H, n, D, offset, rope);
-  const auto ref_full = dense_reference(qr, Kf, Vf, B, H, Hq, Sq, n, D);
-  EXPECT_LE(nmse(ref_full, attend(qv, full, o1).to_f32()), 1e-9);
+  return rope;
 }
 
 TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
@@ -478,6 +500,49 @@ TEST(Attention, PreRopeKeysNormalAndNeoxPairing) {
       for (int64_t G : {3, 4, 6}) run_rope_case(RopeStyle::kNeox, 0, 900, 1, false, true, key_rope, D, G);
     for (MetadataLayout layout : {MetadataLayout::kCompact, MetadataLayout::kTight})
       run_rope_case(RopeStyle::kNormal, 0, 2000, 1, false, true, key_rope, 128, 4, layout);
+  }
+}
+
+// A key residual is fused into its entry's anchor score as gamma (a + r /
+// gamma); entries with gamma = 0 keep theirs apart. Keys in two orthogonal
+// halves of the head dim: the few in the upper half are orthogonal to every
+// anchor of the lower one (gamma = 0, the whole key a residual). Their key
+// utility is 0 (the proxy queries are anchors), so a budget that buys every
+// entry a residual gives them one.
+TEST(Attention, PreRopeKeyResidualsOfEntriesWithGammaZero) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
+    SCOPED_TRACE(to_string(layout));
+    const int64_t H = 2, G = 4, S = 700, D = 64;
+    AnchorKVConfig cfg;
+    cfg.theta = 0.9;
+    cfg.anchor_frac = 1.0 / 16;
+    cfg.window = 8;
+    cfg.metadata = layout;
+    AnchorKVCache cache(cfg);
+    auto K = random_kv(1, H, S, D, 52);
+    const auto V = random_kv(1, H, S, D, 53);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < S; ++t) {
+        float* k = &K[(h * S + t) * D];
+        const bool upper = t % 97 == 5;
+        for (int64_t d = 0; d < D; ++d)
+          if ((d >= D / 2) != upper)
+            k[d] = 0.0f;
+          else if (upper)
+            k[d] *= 3.0f;
+      }
+    cache.update_and_fetch(TensorView::f32(K.data(), {1, H, S, D}), TensorView::f32(V.data(), {1, H, S, D}));
+    const auto Kt = random_kv(1, H, 2, D, 54), Vt = random_kv(1, H, 2, D, 55);
+    cache.update_and_fetch(TensorView::f32(Kt.data(), {1, H, 2, D}),
+                           TensorView::f32(Vt.data(), {1, H, 2, D}));
+    int64_t zero_gamma_residuals = 0;
+    for (const auto& row : internal::unlocked_state(cache).segment) {
+      compress::EntryMetaReader meta(row, 0, false);
+      for (int64_t e = 0; e < row.n_other(); ++e)
+        zero_gamma_residuals += meta.next().res_k && row.coef_k(e) == 0.0f;
+    }
+    ASSERT_GT(zero_gamma_residuals, 0);
+    check_rope_attention(cache, random_kv(1, H * G, 1, D, 56), RopeStyle::kNormal, 0, H, H * G, 1, D);
   }
 }
 
