@@ -796,9 +796,9 @@ HWY_INLINE void HadamardAcross(hn::Vec<DF>* v) {
 template <int kV>
 void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
                     const float* HWY_RESTRICT levels, const float* HWY_RESTRICT signs, bool neox,
-                    float* HWY_RESTRICT Z) {
+                    const float* HWY_RESTRICT row_scale, float* HWY_RESTRICT Z) {
   const DF df;
-  const Levels2Bit dec(levels);
+  const Levels2Bit unscaled(levels);
   const HadamardWithin<DF> within(df);  // lanes 1 .. 8 apart
   // Normal pairing: split lane l of vector u < kV/2 is element 2 (16u + l), of
   // u >= kV/2 element 2 (16(u - kV/2) + l) + 1: bits 4l (+ 2) of the 8 bytes
@@ -810,6 +810,8 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
   const __m512i shift_y = _mm512_add_epi32(shift_x, _mm512_set1_epi32(2));
   for (int64_t j = 0; j < nr; ++j) {
     const uint8_t* c = codes + (slot0 + j) * cb;
+    Levels2Bit dec = unscaled;  // a row's scale on its four levels (the transform is linear)
+    if (row_scale) dec.lv = hn::Mul(dec.lv, hn::Set(df, row_scale[j]));
     hn::Vec<DF> v[kV];
     if (neox) {  // split is the identity: natural order, core::fwht's stages
       for (int u = 0; u < kV; ++u) v[u] = dec.at(c, 16 * u);
@@ -838,13 +840,14 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
 #endif
 
 void SplitKeys2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
-                   const float* HWY_RESTRICT levels, const float* HWY_RESTRICT signs, bool neox, int64_t D,
-                   float* HWY_RESTRICT Z) {
+                   const float* HWY_RESTRICT levels, const float* HWY_RESTRICT signs, bool neox,
+                   const float* HWY_RESTRICT row_scale, int64_t D, float* HWY_RESTRICT Z) {
 #if ANCHORKV_AVX512_TARGET
-  if (D == 128) return SplitKeys2BitD<8>(codes, cb, slot0, nr, levels, signs, neox, Z);
-  if (D == 64) return SplitKeys2BitD<4>(codes, cb, slot0, nr, levels, signs, neox, Z);
+  if (D == 128) return SplitKeys2BitD<8>(codes, cb, slot0, nr, levels, signs, neox, row_scale, Z);
+  if (D == 64) return SplitKeys2BitD<4>(codes, cb, slot0, nr, levels, signs, neox, row_scale, Z);
 #endif
-  (void)codes, (void)cb, (void)slot0, (void)nr, (void)levels, (void)signs, (void)neox, (void)D, (void)Z;
+  (void)codes, (void)cb, (void)slot0, (void)nr, (void)levels, (void)signs, (void)neox, (void)row_scale,
+      (void)D, (void)Z;
   HWY_ASSERT(false);  // callers check SupportsSplitKeys2Bit
 }
 
@@ -1735,26 +1738,30 @@ void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64
 void fuse_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                         const compress::ResidualCodec& codec, const EntryRange& r, EntryScratch& sc) {
   const int64_t n = r.e1 - r.e0, nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
-  split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc);
   sc.zi.resize(static_cast<size_t>(n));
   std::fill_n(sc.zi.data(), n, -1);
+  sc.zrs.resize(static_cast<size_t>(nr));
+  constexpr float kMaxRatio = 0x1p60f;
+  for (int64_t j = 0; j < nr; ++j) {
+    const int32_t e = sc.res_k[j];
+    const float gamma = sc.gk_at[e], ratio = sc.zks[j] / gamma;
+    const bool fused = gamma != 0.0f && std::fabs(ratio) <= kMaxRatio;
+    sc.zrs[j] = fused ? ratio : 1.0f;
+    if (fused) sc.zi[e] = static_cast<int32_t>(j);
+  }
+  // the ratios ride on the levels: no pass over the rows
+  split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc, sc.zrs.data());
   sc.zero.assign(static_cast<size_t>(D), 0.0f);
   sc.zk_left.clear();
   sc.zks_left.clear();
   sc.res_left.resize(0);
-  constexpr float kMaxRatio = 0x1p60f;
   for (int64_t j = 0; j < nr; ++j) {
     const int32_t e = sc.res_k[j];
-    float* z = &sc.zk[static_cast<size_t>(j * D)];
-    const float gamma = sc.gk_at[e], ratio = sc.zks[j] / gamma;
-    if (gamma != 0.0f && std::fabs(ratio) <= kMaxRatio) {
-      core::scale_add(ratio, z, 0.0f, nullptr, D);
-      sc.zi[e] = static_cast<int32_t>(j);
-    } else {
-      sc.zk_left.insert(sc.zk_left.end(), z, z + D);
-      sc.zks_left.push_back(sc.zks[j]);
-      sc.res_left.push_back(e);
-    }
+    if (sc.zi[e] == j) continue;
+    const float* z = &sc.zk[static_cast<size_t>(j * D)];
+    sc.zk_left.insert(sc.zk_left.end(), z, z + D);
+    sc.zks_left.push_back(sc.zks[j]);
+    sc.res_left.push_back(e);
   }
 }
 
@@ -1967,7 +1974,7 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
 
 void split_key_residuals(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
                          RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
-                         EntryScratch& sc) {
+                         EntryScratch& sc, const float* row_scale) {
   const int64_t D = codec.dim(), cb = codec.code_bytes();
   z.resize(static_cast<size_t>(nr * D));
   const core::Rotation& rot = codec.rotation();
@@ -1978,12 +1985,15 @@ void split_key_residuals(const compress::CompressedSide& side, const compress::R
     sc.ksigns.resize(static_cast<size_t>(D));
     core::rope_split(sc.z.data(), D, style, sc.ksigns.data());
     return HWY_DYNAMIC_DISPATCH(SplitKeys2Bit)(side.codes.data(), cb, slot0, nr, codec.levels().data(),
-                                               sc.ksigns.data(), style == RopeStyle::kNeox, D, z.data());
+                                               sc.ksigns.data(), style == RopeStyle::kNeox, row_scale, D,
+                                               z.data());
   }
   sc.codes.resize(static_cast<size_t>(D));
   sc.z.resize(static_cast<size_t>(D));
   for (int64_t j = 0; j < nr; ++j) {
     codec.decode_levels(&side.codes[static_cast<size_t>((slot0 + j) * cb)], sc.z.data(), sc.codes.data());
+    if (row_scale)
+      for (int64_t d = 0; d < D; ++d) sc.z[d] *= row_scale[j];
     rot.inverse(sc.z.data(), sc.z.data());
     core::rope_split(sc.z.data(), D, style, &z[static_cast<size_t>(j * D)]);
   }

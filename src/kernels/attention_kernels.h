@@ -127,20 +127,22 @@ struct EntryScratch {
   int64_t qb0 = 0;                      //   (RopeQueryBlocks), the first block's index
   std::vector<float> ksigns;            // pre-RoPE: the rotation's signs / sqrt(D), split
   core::UninitVector<int32_t> zi;       // pre-RoPE: per entry its fused key residual's row in zk, or -1
+  std::vector<float> zrs;               //   the rows' scales (scale / gamma, or 1 where not fused)
   std::vector<float> zero;              //   D zeros
   std::vector<float> zk_left, zks_left;  //   residuals not fused (gamma = 0): split rows, scales,
   core::UninitVector<int32_t> res_left;  //   entries
 };
 
 // Key residuals coded before RoPE, slots [slot0, slot0 + nr) of `side`, as
-// split rows (core::rope_split) of R^T levels(codes), unscaled: z [nr, D].
+// split rows (core::rope_split) of R^T levels(codes): z [nr, D], unscaled
+// or, with row_scale, row j times row_scale[j].
 // simd: decoded and transformed in registers where the codec allows (2-bit
 // codes, Hadamard rotation, D = 64 or 128 on AVX-512); otherwise, and for
 // simd = false, decode_levels, rotation().inverse() and rope_split one row
 // at a time. The two give identical bits.
 void split_key_residuals(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
                          RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
-                         EntryScratch& scratch);
+                         EntryScratch& scratch, const float* row_scale = nullptr);
 
 // Partial over the entries: scores gamma * (q . a_K) + residual dots, value
 // weights per anchor (w) and rotated-domain residual values (rot). The SIMD

@@ -583,6 +583,17 @@ TEST(Attention, SplitKeyResidualsMatchTheirScalarTwin) {
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, true, fast, sc);
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, false, twin, sc);
       EXPECT_EQ(fast, twin) << "D=" << D << " style=" << static_cast<int>(style);
+      // scaled per row (the fused pre-RoPE keys): the same bits both ways, and
+      // row j the unscaled one times its scale to float rounding
+      std::vector<float> scale(static_cast<size_t>(nr - 3)), fast_s, twin_s;
+      for (size_t j = 0; j < scale.size(); ++j) scale[j] = 0.25f + 0.37f * static_cast<float>(j % 7);
+      kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, true, fast_s, sc, scale.data());
+      kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, false, twin_s, sc, scale.data());
+      EXPECT_EQ(fast_s, twin_s) << "D=" << D << " style=" << static_cast<int>(style);
+      for (int64_t j = 0; j < nr - 3; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          ASSERT_NEAR(fast_s[j * D + d], scale[j] * fast[j * D + d],
+                      1e-5f * (1.0f + std::fabs(fast[j * D + d])));
       std::vector<float> row(static_cast<size_t>(D)), split(row.size());  // one row by hand
       st.codec->decode(&side.codes[static_cast<size_t>(5 * st.codec->code_bytes())],
                        core::float_to_half(1.0f), row.data(),
