@@ -545,10 +545,11 @@ void QuadRopeScores(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Qb
 #endif
 }
 
-// Pre-RoPE key residuals: s4[res[j] * 4 + g] += zscale[j] * q_g .
-// RoPE_{p}(z_j), p = pos[res[j]] + offset, z_j the split residual keys Z [nr, D]
-// (SplitKeys2Bit or the general decode), q_g the block's rotated queries (Qb);
-// m4[g] raised to the largest score so changed.
+// Pre-RoPE key residuals not fused into their anchor scores (gamma = 0):
+// s4[res[j] * 4 + g] += zscale[j] * q_g . RoPE_{p}(z_j), p = pos[res[j]] +
+// offset, z_j the split residual keys Z [nr, D] (SplitKeys2Bit or the general
+// decode), q_g the block's rotated queries (Qb); m4[g] raised to the largest
+// score so changed.
 void QuadRopeKeyResiduals(const float* HWY_RESTRICT Z, const float* HWY_RESTRICT zscale,
                           const int32_t* HWY_RESTRICT res, int64_t nr, const float* HWY_RESTRICT Qb,
                           int64_t b0, int64_t D, const int64_t* HWY_RESTRICT pos, int64_t offset,

@@ -144,12 +144,13 @@ void split_key_residuals(const compress::CompressedSide& side, const compress::R
                          RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
                          EntryScratch& scratch, const float* row_scale = nullptr);
 
-// Partial over the entries: scores gamma * (q . a_K) + residual dots, value
-// weights per anchor (w) and rotated-domain residual values (rot). The SIMD
-// kernel and its scalar twin; they agree to float rounding.
 // Whether entries_chunk takes ranges of any length in the same scratch (the
 // quad kernel streams sub-tiles; the others hold [nq, n] scores).
 bool entries_chunk_any_length(const CompressedQueries& cq, bool masked);
+
+// Partial over the entries: scores gamma * (q . a_K) + residual dots, value
+// weights per anchor (w) and rotated-domain residual values (rot). The SIMD
+// kernel and its scalar twin; they agree to float rounding.
 void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
                    const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                    EntryScratch& scratch);

@@ -433,12 +433,8 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   const RopeOptions rope = check_rope_attention(cache, q, style, offset, H, Hq, Sq, D);
   // The dense kernel with RoPE against the same reference over the exact keys.
   const int64_t n = cache.offset();
-  std::vector<float> qr = q;
-  for (int64_t hq = 0; hq < Hq; ++hq) {
-    std::vector<float> one(qr.begin() + hq * Sq * D, qr.begin() + (hq + 1) * Sq * D);
-    rope_rows(one, 1, Sq, D, offset + n - Sq, rope);
-    std::copy(one.begin(), one.end(), qr.begin() + hq * Sq * D);
-  }
+  std::vector<float> qr = q;  // each query head's Sq rows at the last Sq positions
+  rope_rows(qr, Hq, Sq, D, offset + n - Sq, rope);
   AttentionOptions o1;
   o1.rope = rope;
   o1.threads = 1;
@@ -463,12 +459,8 @@ RopeOptions check_rope_attention(const AnchorKVCache& cache, const std::vector<f
   std::vector<float> Kr, Vr;
   reconstruct_f32(cache, Kr, Vr);
   rope_rows(Kr, B * H, n, D, offset, rope);
-  std::vector<float> qr = q;
-  for (int64_t hq = 0; hq < Hq; ++hq) {
-    std::vector<float> one(qr.begin() + hq * Sq * D, qr.begin() + (hq + 1) * Sq * D);
-    rope_rows(one, 1, Sq, D, offset + n - Sq, rope);
-    std::copy(one.begin(), one.end(), qr.begin() + hq * Sq * D);
-  }
+  std::vector<float> qr = q;  // each query head's Sq rows at the last Sq positions
+  rope_rows(qr, Hq, Sq, D, offset + n - Sq, rope);
   const auto ref = dense_reference(qr, Kr, Vr, B, H, Hq, Sq, n, D);
   AttentionOptions o1, o2, oref;
   o1.rope = o2.rope = oref.rope = rope;
