@@ -357,12 +357,15 @@ void AttendCall::prepare_row(int64_t r) {
     core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
   }
   if (masked_segment_ || rope_) {
+    // compact and tight rows list them; seed-layout rows' come cached with the source, or are found
     const auto* known = seg_->anchor_pos;
-    const bool cached = known && known->size() == seg_->rows->size() &&
-                        static_cast<int64_t>((*known)[static_cast<size_t>(r)].size()) == k;
+    const auto cached = [&] {
+      return known && known->size() == seg_->rows->size() &&
+             static_cast<int64_t>((*known)[static_cast<size_t>(r)].size()) == k;
+    };
     if (row.lists_positions()) {
       p.anchor_pos = row.anchor_pos;
-    } else if (cached) {
+    } else if (cached()) {
       p.anchor_pos = (*known)[static_cast<size_t>(r)];
     } else {
       p.anchor_pos_found = row.anchor_positions();
