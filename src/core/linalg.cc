@@ -151,6 +151,21 @@ void Swiglu(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int64_t n) {
   for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], 88.0f))) * up[i];
 }
 
+// y[i] = exp(x[i]) by the decode kernels' vector exp (ExpNonPositive); the
+// tail through a padded vector, so every element takes the same path.
+void ExpSpan(const float* HWY_RESTRICT x, int64_t n, float* HWY_RESTRICT y) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) {
+    HWY_ALIGN float lanes[hn::MaxLanes(d)] = {};
+    std::copy(x + i, x + n, lanes);
+    hn::Store(ExpNonPositive(d, hn::Load(d, lanes)), d, lanes);
+    std::copy(lanes, lanes + (n - i), y + i);
+  }
+}
+
 HWY_INLINE float Dist1(DF d, const float* HWY_RESTRICT x, const float* HWY_RESTRICT y, int64_t D) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   auto acc = hn::Zero(d);
@@ -326,6 +341,7 @@ HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(Decode2Bit);
 HWY_EXPORT(Fwht);
 HWY_EXPORT(Swiglu);
+HWY_EXPORT(ExpSpan);
 HWY_EXPORT(MatmulNN);
 HWY_EXPORT(FwhtSupported);
 HWY_EXPORT(TargetName);
@@ -375,6 +391,8 @@ void matmul_nn_ref(const float* A, int64_t n, int64_t lda, const float* B, int64
 }
 
 void swiglu(float* gate, const float* up, int64_t n) { HWY_DYNAMIC_DISPATCH(Swiglu)(gate, up, n); }
+
+void exp_scores(const float* x, int64_t n, float* y) { HWY_DYNAMIC_DISPATCH(ExpSpan)(x, n, y); }
 
 void swiglu_ref(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], 88.0f))) * up[i];

@@ -70,6 +70,11 @@ void matmul_nn_ref(const float* A, int64_t n, int64_t lda, const float* B, int64
 void swiglu(float* gate, const float* up, int64_t n);
 void swiglu_ref(float* gate, const float* up, int64_t n);
 
+// y[i] = exp(x[i]) for x[i] <= 88 by the attention kernels' vector exp
+// (softmax shifts: core/simd-inl.h ExpNonPositive), within 2.1 ulp of
+// std::exp, exactly 1 at 0, and 0 below -87 (-inf included).
+void exp_scores(const float* x, int64_t n, float* y);
+
 // Name of the SIMD target the dispatcher picks on this CPU (e.g. "AVX3").
 const char* simd_target_name();
 

@@ -93,6 +93,29 @@ TEST(Linalg, AxpyScaleAddAndDotMatchReference) {
   EXPECT_NE(std::string(simd_target_name()), "");
 }
 
+// The softmax's exp: within 2.1 ulp of exp over the range of shifted
+// scores (at most 16 above their shift), 1 at 0, 0 from -87 down.
+TEST(Linalg, ExpScoresStaysWithinTwoUlp) {
+  std::vector<float> x;
+  for (double v = -87.0; v <= 16.0; v += 7.7e-5) x.push_back(static_cast<float>(v));
+  x.push_back(0.0f);
+  std::vector<float> y(x.size());
+  exp_scores(x.data(), static_cast<int64_t>(x.size()), y.data());
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = std::exp(static_cast<double>(x[i]));
+    const float r = static_cast<float>(ref);
+    const double ulp = std::nextafter(r, HUGE_VALF) - r;
+    worst = std::max(worst, std::fabs(y[i] - ref) / ulp);
+  }
+  EXPECT_LE(worst, 2.1);
+  EXPECT_EQ(y.back(), 1.0f);
+  const std::vector<float> below = {-87.5f, -200.0f, -1e30f, -HUGE_VALF, -88.0f};  // 5: a vector's tail
+  std::vector<float> zero(below.size(), 1.0f);
+  exp_scores(below.data(), static_cast<int64_t>(below.size()), zero.data());
+  for (float z : zero) EXPECT_EQ(z, 0.0f);
+}
+
 }  // namespace
 }  // namespace anchorkv::core
 
