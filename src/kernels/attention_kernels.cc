@@ -1702,7 +1702,7 @@ void residual_scales(const compress::CompressedSide& side, int64_t slot0, int64_
 // Residual rows of one side decoded to their unscaled levels (z [nr, D]),
 // once per tile and shared by every query.
 void decode_residual_rows(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
-                          int64_t slot0, int64_t nr, std::vector<float>& z, EntryScratch& sc) {
+                          int64_t slot0, int64_t nr, core::UninitVector<float>& z, EntryScratch& sc) {
   const int64_t D = codec.dim(), cb = codec.code_bytes();
   z.resize(static_cast<size_t>(nr * D));
   if (nr == 0) return;
@@ -1715,19 +1715,19 @@ void decode_residual_rows(const compress::CompressedSide& side, const compress::
 }
 
 // The quad's queries rotated back to the start of each block of positions
-// the sub-tile's n entries touch (sc.qb, first block sc.qb0). Positions
+// the sub-tile's n entries touch (sc.rope.qb, first block sc.rope.qb0). Positions
 // increase with the entry (anchors_before never decreases, checked on
 // load), so the first and last entries bound them (a scan for the extremes
 // took ~4% of a pre-RoPE decode's samples).
 void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64_t D, EntryScratch& sc) {
   const int64_t offset = cq.rope->position_offset;
   assert(std::is_sorted(sc.pos.begin(), sc.pos.begin() + n));
-  sc.qb0 = (sc.pos[0] + offset) / kRopeStep;
-  const int64_t nb = (sc.pos[n - 1] + offset) / kRopeStep - sc.qb0 + 1;
-  sc.qb.resize(static_cast<size_t>(nb * 4 * D));
+  sc.rope.qb0 = (sc.pos[0] + offset) / kRopeStep;
+  const int64_t nb = (sc.pos[n - 1] + offset) / kRopeStep - sc.rope.qb0 + 1;
+  sc.rope.qb.resize(static_cast<size_t>(nb * 4 * D));
   HWY_DYNAMIC_DISPATCH(RopeQueryBlocks)
-  (cq.rope_queries + q0 * D, D, sc.qb0, nb, cq.table->step_cos.data(), cq.table->step_sin.data(),
-   sc.qb.data());
+  (cq.rope_queries + q0 * D, D, sc.rope.qb0, nb, cq.table->step_cos.data(), cq.table->step_sin.data(),
+   sc.rope.qb.data());
 }
 
 // Pre-RoPE key residuals coded as given, once per sub-tile for all quads:
@@ -1735,34 +1735,34 @@ void rope_query_blocks(const CompressedQueries& cq, int64_t q0, int64_t n, int64
 // anchor kernel adds it to the anchor before the rotation and the dot
 // (FusedKeys: one rotation and one dot per entry, where a residual of its
 // own cost both again). An entry with gamma = 0 (or a ratio past 2^60)
-// keeps its residual apart (sc.res_left).
+// keeps its residual apart (sc.rope.res_left).
 void fuse_key_residuals(const CompressedQueries& cq, const compress::CompressedRow& row,
                         const compress::ResidualCodec& codec, const EntryRange& r, EntryScratch& sc) {
   const int64_t n = r.e1 - r.e0, nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
-  sc.zi.resize(static_cast<size_t>(n));
-  std::fill_n(sc.zi.data(), n, -1);
-  sc.zrs.resize(static_cast<size_t>(nr));
+  sc.rope.zi.resize(static_cast<size_t>(n));
+  std::fill_n(sc.rope.zi.data(), n, -1);
+  sc.rope.zrs.resize(static_cast<size_t>(nr));
   constexpr float kMaxRatio = 0x1p60f;
   for (int64_t j = 0; j < nr; ++j) {
     const int32_t e = sc.res_k[j];
     const float gamma = sc.gk_at[e], ratio = sc.zks[j] / gamma;
     const bool fused = gamma != 0.0f && std::fabs(ratio) <= kMaxRatio;
-    sc.zrs[j] = fused ? ratio : 1.0f;
-    if (fused) sc.zi[e] = static_cast<int32_t>(j);
+    sc.rope.zrs[j] = fused ? ratio : 1.0f;
+    if (fused) sc.rope.zi[e] = static_cast<int32_t>(j);
   }
   // the ratios ride on the levels: no pass over the rows
-  split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc, sc.zrs.data());
-  sc.zero.assign(static_cast<size_t>(D), 0.0f);
-  sc.zk_left.clear();
-  sc.zks_left.clear();
-  sc.res_left.resize(0);
+  split_key_residuals(row.k, codec, cq.rope->style, r.slot_k0, nr, true, sc.zk, sc, sc.rope.zrs.data());
+  sc.rope.zero.assign(static_cast<size_t>(D), 0.0f);
+  sc.rope.zk_left.clear();
+  sc.rope.zks_left.clear();
+  sc.rope.res_left.resize(0);
   for (int64_t j = 0; j < nr; ++j) {
     const int32_t e = sc.res_k[j];
-    if (sc.zi[e] == j) continue;
+    if (sc.rope.zi[e] == j) continue;
     const float* z = &sc.zk[static_cast<size_t>(j * D)];
-    sc.zk_left.insert(sc.zk_left.end(), z, z + D);
-    sc.zks_left.push_back(sc.zks[j]);
-    sc.res_left.push_back(e);
+    sc.rope.zk_left.insert(sc.rope.zk_left.end(), z, z + D);
+    sc.rope.zks_left.push_back(sc.zks[j]);
+    sc.rope.res_left.push_back(e);
   }
 }
 
@@ -1775,17 +1775,17 @@ void quad_rope_scores(const CompressedQueries& cq, const compress::CompressedRow
   const bool fuse = !sc.res_k.empty() && !row.key_rope.enabled;
   if (fuse && sc.zk.empty()) fuse_key_residuals(cq, row, codec, r, sc);
   rope_query_blocks(cq, q0, n, D, sc);
-  const FusedKeys fk = fuse ? FusedKeys{sc.zi.data(), sc.zk.data(), sc.zero.data()} : FusedKeys{};
+  const FusedKeys fk = fuse ? FusedKeys{sc.rope.zi.data(), sc.zk.data(), sc.rope.zero.data()} : FusedKeys{};
   const float *near_cos = cq.table->near_cos.data(), *near_sin = cq.table->near_sin.data();
   float* s4 = sc.s.data();
   HWY_DYNAMIC_DISPATCH(QuadRopeScores)
-  (cq.rope_anchors, sc.qb.data(), sc.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset, near_cos,
-   near_sin, &fk, n, s4);
+  (cq.rope_anchors, sc.rope.qb.data(), sc.rope.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
+   near_cos, near_sin, &fk, n, s4);
   HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m4);
-  if (fuse && !sc.res_left.empty())
-    HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)
-    (sc.zk_left.data(), sc.zks_left.data(), sc.res_left.data(), static_cast<int64_t>(sc.res_left.size()),
-     sc.qb.data(), sc.qb0, D, sc.pos.data(), offset, near_cos, near_sin, s4, m4);
+  if (fuse && !sc.rope.res_left.empty()) HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)
+  (sc.rope.zk_left.data(), sc.rope.zks_left.data(), sc.rope.res_left.data(),
+   static_cast<int64_t>(sc.rope.res_left.size()), sc.rope.qb.data(), sc.rope.qb0, D, sc.pos.data(), offset,
+   near_cos, near_sin, s4, m4);
 }
 
 // Key residuals of the quad at q0 added to its scores s4 (keys after RoPE,
@@ -1974,7 +1974,7 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
 }  // namespace
 
 void split_key_residuals(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
-                         RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
+                         RopeStyle style, int64_t slot0, int64_t nr, bool simd, core::UninitVector<float>& z,
                          EntryScratch& sc, const float* row_scale) {
   const int64_t D = codec.dim(), cb = codec.code_bytes();
   z.resize(static_cast<size_t>(nr * D));
@@ -1983,10 +1983,10 @@ void split_key_residuals(const compress::CompressedSide& side, const compress::R
     sc.z.resize(static_cast<size_t>(D));  // as Rotation::inverse: norm * sign, then split
     const float norm = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t d = 0; d < D; ++d) sc.z[d] = norm * rot.signs()[d];
-    sc.ksigns.resize(static_cast<size_t>(D));
-    core::rope_split(sc.z.data(), D, style, sc.ksigns.data());
+    sc.rope.ksigns.resize(static_cast<size_t>(D));
+    core::rope_split(sc.z.data(), D, style, sc.rope.ksigns.data());
     return HWY_DYNAMIC_DISPATCH(SplitKeys2Bit)(side.codes.data(), cb, slot0, nr, codec.levels().data(),
-                                               sc.ksigns.data(), style == RopeStyle::kNeox, row_scale, D,
+                                               sc.rope.ksigns.data(), style == RopeStyle::kNeox, row_scale, D,
                                                z.data());
   }
   sc.codes.resize(static_cast<size_t>(D));

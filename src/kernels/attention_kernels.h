@@ -122,15 +122,21 @@ struct EntryScratch {
   std::vector<float> cs_row;            // [2D] a row scored, then its position's cos | sin (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
   std::vector<float> ml;                // per quad: four softmax shifts, then four sums
-  std::vector<float> zk, zks, zv, zvs;  // decoded key / value residual rows and their scales
-  std::vector<float> qb;                // pre-RoPE: the quad's queries per block of positions
-  int64_t qb0 = 0;                      //   (RopeQueryBlocks), the first block's index
-  std::vector<float> ksigns;            // pre-RoPE: the rotation's signs / sqrt(D), split
-  core::UninitVector<int32_t> zi;       // pre-RoPE: per entry its fused key residual's row in zk, or -1
-  std::vector<float> zrs;               //   the rows' scales (scale / gamma, or 1 where not fused)
-  std::vector<float> zero;              //   D zeros
-  std::vector<float> zk_left, zks_left;  //   residuals not fused (gamma = 0): split rows, scales,
-  core::UninitVector<int32_t> res_left;  //   entries
+  // decoded key / value residual rows (uninitialised: rewritten every sub-tile) and their scales
+  core::UninitVector<float> zk, zv;
+  std::vector<float> zks, zvs;
+  // Pre-RoPE keys: the quad kernel's rotated queries and the key residuals
+  // fused into its anchor scores (QuadRopeScores).
+  struct PreRope {
+    std::vector<float> qb;                 // the quad's queries per block of positions
+    int64_t qb0 = 0;                       //   (RopeQueryBlocks), the first block's index
+    std::vector<float> ksigns;             // the codec rotation's signs / sqrt(D), split
+    core::UninitVector<int32_t> zi;        // per entry its fused key residual's row in zk, or -1
+    std::vector<float> zrs;                //   the rows' scales (scale / gamma, or 1 where not fused)
+    std::vector<float> zero;               //   D zeros
+    std::vector<float> zk_left, zks_left;  // residuals not fused (gamma = 0): split rows, scales,
+    core::UninitVector<int32_t> res_left;  //   entries
+  } rope;
 };
 
 // Key residuals coded before RoPE, slots [slot0, slot0 + nr) of `side`, as
@@ -141,7 +147,7 @@ struct EntryScratch {
 // simd = false, decode_levels, rotation().inverse() and rope_split one row
 // at a time. The two give identical bits.
 void split_key_residuals(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
-                         RopeStyle style, int64_t slot0, int64_t nr, bool simd, std::vector<float>& z,
+                         RopeStyle style, int64_t slot0, int64_t nr, bool simd, core::UninitVector<float>& z,
                          EntryScratch& scratch, const float* row_scale = nullptr);
 
 // Whether entries_chunk takes ranges of any length in the same scratch (the

@@ -570,14 +570,15 @@ TEST(Attention, SplitKeyResidualsMatchTheirScalarTwin) {
     const int64_t nr = side.n_residual();
     ASSERT_GT(nr, 16);
     for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
-      std::vector<float> fast, twin;
+      core::UninitVector<float> fast, twin;
       kernels::EntryScratch sc;
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, true, fast, sc);
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, false, twin, sc);
       EXPECT_EQ(fast, twin) << "D=" << D << " style=" << static_cast<int>(style);
       // scaled per row (the fused pre-RoPE keys): the same bits both ways, and
       // row j the unscaled one times its scale to float rounding
-      std::vector<float> scale(static_cast<size_t>(nr - 3)), fast_s, twin_s;
+      std::vector<float> scale(static_cast<size_t>(nr - 3));
+      core::UninitVector<float> fast_s, twin_s;
       for (size_t j = 0; j < scale.size(); ++j) scale[j] = 0.25f + 0.37f * static_cast<float>(j % 7);
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, true, fast_s, sc, scale.data());
       kernels::split_key_residuals(side, *st.codec, style, 3, nr - 3, false, twin_s, sc, scale.data());
