@@ -121,8 +121,8 @@ HWY_INLINE void F16ToF32Span(const uint16_t* HWY_RESTRICT in, float* HWY_RESTRIC
 // with exp(0) = 1 exactly (relative error 9.2e-8 on the interval; fitted
 // for minimax relative error), 2^n through the exponent. Below -87 (where
 // 2^n leaves the normal range) the result is 0 (exp < 2e-38). 11 vector
-// operations where the Cephes form took 15: the decode kernels spend a
-// fifth of their time here.
+// operations where the Cephes form took 15 (the quad kernel's exp-and-scatter
+// pass is about a fifth of a post-RoPE decode).
 template <class DF>
 HWY_INLINE hn::Vec<DF> ExpNonPositive(DF d, hn::Vec<DF> x) {
   const hn::RebindToSigned<DF> di;

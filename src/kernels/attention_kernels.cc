@@ -1782,10 +1782,12 @@ void quad_rope_scores(const CompressedQueries& cq, const compress::CompressedRow
   (cq.rope_anchors, sc.rope.qb.data(), sc.rope.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
    near_cos, near_sin, &fk, n, s4);
   HWY_DYNAMIC_DISPATCH(QuadMax)(s4, n, m4);
-  if (fuse && !sc.rope.res_left.empty()) HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)
-  (sc.rope.zk_left.data(), sc.rope.zks_left.data(), sc.rope.res_left.data(),
-   static_cast<int64_t>(sc.rope.res_left.size()), sc.rope.qb.data(), sc.rope.qb0, D, sc.pos.data(), offset,
-   near_cos, near_sin, s4, m4);
+  const EntryScratch::PreRope& pr = sc.rope;
+  if (fuse && !pr.res_left.empty()) {
+    HWY_DYNAMIC_DISPATCH(QuadRopeKeyResiduals)
+    (pr.zk_left.data(), pr.zks_left.data(), pr.res_left.data(), static_cast<int64_t>(pr.res_left.size()),
+     pr.qb.data(), pr.qb0, D, sc.pos.data(), offset, near_cos, near_sin, s4, m4);
+  }
 }
 
 // Key residuals of the quad at q0 added to its scores s4 (keys after RoPE,
