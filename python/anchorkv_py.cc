@@ -179,7 +179,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("enabled", &RopeOptions::enabled)
       .def_readwrite("base", &RopeOptions::base)
       .def_readwrite("style", &RopeOptions::style)
-      .def_readwrite("position_offset", &RopeOptions::position_offset);
+      .def_readwrite("position_offset", &RopeOptions::position_offset)
+      .def_readwrite("freq_scale", &RopeOptions::freq_scale);
 
   py::class_<AnchorKVConfig>(m, "AnchorKVConfig")
       .def(py::init<>())

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace anchorkv {
 
@@ -22,6 +23,11 @@ struct RopeOptions {
   double base = 10000.0;
   RopeStyle style = RopeStyle::kNormal;
   int64_t position_offset = 0;  // position of the cache's first token
+  // Pair i of a head of dim D turns by base^(-2i/D) * freq_scale[i] per
+  // position; empty means 1 for every pair, else D/2 finite values > 0. This
+  // is what a model's RoPE scaling comes to: Llama 3.1's rope_freqs
+  // (1 / factor_i), linear scaling (1 / factor), YaRN's ramp between the two.
+  std::vector<double> freq_scale;
 };
 
 // How the residual byte budget is shared (docs/spec.md §4.4).

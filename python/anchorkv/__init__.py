@@ -52,7 +52,7 @@ _TRIGGERS = {
 _ROPE_STYLES = {"normal": _core.RopeStyle.normal, "neox": _core.RopeStyle.neox}
 
 
-def _rope_options(base, style, offset, where: str, prefix: str) -> "_core.RopeOptions":
+def _rope_options(base, style, offset, where: str, prefix: str, freq_scale=None) -> "_core.RopeOptions":
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise TypeError(f"[{where}] {prefix}base must be a number, got {type(base).__name__}")
     if style not in _ROPE_STYLES:
@@ -61,6 +61,11 @@ def _rope_options(base, style, offset, where: str, prefix: str) -> "_core.RopeOp
         raise ValueError(f"[{where}] invalid {prefix}offset: must be an int in [0, 2**62), got {offset!r}")
     r = _core.RopeOptions()
     r.enabled, r.base, r.style, r.position_offset = True, float(base), _ROPE_STYLES[style], offset
+    if freq_scale is not None:
+        scale = np.asarray(freq_scale, dtype=np.float64)
+        if scale.ndim != 1 or not np.all(np.isfinite(scale)) or not np.all(scale > 0):
+            raise ValueError(f"[{where}] invalid {prefix}freq_scale: must be a 1-D sequence of finite values > 0")
+        r.freq_scale = scale.tolist()
     return r
 
 
@@ -95,6 +100,8 @@ class KVCacheConfig:
         or "neox" and anchorkv_key_rope_offset, the position of the cache's first token):
         key residuals are then coded at their positions and attend() scores them without
         rotating each one per call; attend() must be given that same RoPE.
+    anchorkv_key_rope_freq_scale: None, or D/2 per-pair multipliers of the RoPE frequencies
+        (a model's RoPE scaling: pair i turns by base^(-2i/D) * freq_scale[i] per position).
     """
 
     anchorkv_theta: float = 0.05
@@ -112,6 +119,7 @@ class KVCacheConfig:
     anchorkv_key_rope_base: Optional[float] = None
     anchorkv_key_rope_style: str = "normal"
     anchorkv_key_rope_offset: int = 0
+    anchorkv_key_rope_freq_scale: Optional[tuple] = None
 
     def __post_init__(self):
         self._native()  # validates; raises ValueError / TypeError naming the field
@@ -129,7 +137,8 @@ class KVCacheConfig:
             anchorkv_anchor_count=name_of(_ANCHOR_COUNTS, c.anchor_count), anchorkv_threads=c.threads,
             anchorkv_key_rope_base=c.key_rope.base if c.key_rope.enabled else None,
             anchorkv_key_rope_style=name_of(_ROPE_STYLES, c.key_rope.style),
-            anchorkv_key_rope_offset=c.key_rope.position_offset)
+            anchorkv_key_rope_offset=c.key_rope.position_offset,
+            anchorkv_key_rope_freq_scale=tuple(c.key_rope.freq_scale) if c.key_rope.freq_scale else None)
 
     def _native(self) -> "_core.AnchorKVConfig":
         c = _core.AnchorKVConfig()
@@ -157,7 +166,8 @@ class KVCacheConfig:
         c.anchor_count = _pick(_ANCHOR_COUNTS, "anchorkv_anchor_count", self.anchorkv_anchor_count)
         if self.anchorkv_key_rope_base is not None:
             c.key_rope = _rope_options(self.anchorkv_key_rope_base, self.anchorkv_key_rope_style,
-                                       self.anchorkv_key_rope_offset, "anchorkv.KVCacheConfig", "anchorkv_key_rope_")
+                                       self.anchorkv_key_rope_offset, "anchorkv.KVCacheConfig", "anchorkv_key_rope_",
+                                       self.anchorkv_key_rope_freq_scale)
         c.validate()
         return c
 
@@ -415,14 +425,16 @@ def load_prompt_cache(file_name: str, return_metadata: bool = False):
 
 
 def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.float32, threads: int = 0,
-           rope_base: Optional[float] = None, rope_style: str = "normal", rope_offset: int = 0) -> np.ndarray:
+           rope_base: Optional[float] = None, rope_style: str = "normal", rope_offset: int = 0,
+           rope_freq_scale=None) -> np.ndarray:
     """Attention of ``query`` [B, Hq, Sq, D] over ``cache`` without building its dense K/V.
 
     Hq must be a multiple of the cache's H (GQA). The Sq queries are the cache's
     last Sq positions and attend causally. ``scale`` defaults to 1/sqrt(D).
     With ``rope_base``, query and cached keys are taken as BEFORE RoPE and RoPE
     is applied inside attention (pairs "normal": (2i, 2i+1), or "neox": (i, i + D/2);
-    ``rope_offset``: position of the cache's first token).
+    ``rope_offset``: position of the cache's first token; ``rope_freq_scale``: D/2 per-pair
+    multipliers of the frequencies, a model's RoPE scaling).
     Returns [B, Hq, Sq, D] float32 (or float16 with dtype=np.float16).
     """
     native = getattr(cache, "_cache", None)
@@ -431,7 +443,7 @@ def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.flo
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise ValueError(f"[anchorkv.attend] dtype must be float32 or float16, got {dtype}")
     rope = _core.RopeOptions() if rope_base is None else _rope_options(rope_base, rope_style, rope_offset,
-                                                                        "anchorkv.attend", "rope_")
+                                                                        "anchorkv.attend", "rope_", rope_freq_scale)
     return _core.attend(query, native, 0.0 if scale is None else float(scale), np.dtype(dtype) == np.float16,
                         int(threads), rope)
 

@@ -255,10 +255,10 @@ def dense_attention(q, K, V):
     return out
 
 
-def rope(x, positions, base, style):
-    """RoPE of x [..., S, D] at the given positions, in float64."""
+def rope(x, positions, base, style, freq_scale=1.0):
+    """RoPE of x [..., S, D] at the given positions, in float64 (pair i scaled by freq_scale[i])."""
     D = x.shape[-1]
-    theta = np.asarray(positions, np.float64)[:, None] * base ** (-2.0 * np.arange(D // 2) / D)
+    theta = np.asarray(positions, np.float64)[:, None] * base ** (-2.0 * np.arange(D // 2) / D) * freq_scale
     c, s = np.cos(theta), np.sin(theta)
     x = x.astype(np.float64)
     a, b = (x[..., 0::2], x[..., 1::2]) if style == "normal" else (x[..., :D // 2], x[..., D // 2:])
@@ -439,3 +439,28 @@ def test_readme_python_example_runs_as_written():
     assert blocks, "README has no python example"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_attend_applies_scaled_rope_frequencies():
+    # A model's RoPE scaling (Llama 3.1's rope_freqs, YaRN): per-pair frequency multipliers, inside
+    # attention and in key residuals coded at their positions; a cache coded for one scaling refuses another.
+    k, v = kv(B=1, H=2, S=400)
+    q = np.random.default_rng(4).standard_normal((1, 4, 1, 64)).astype(np.float32)
+    base, scale = 500000.0, np.linspace(1.0, 0.125, 32)
+    coded = anchorkv.AnchorKVKVCache(anchorkv.KVCacheConfig(
+        anchorkv_theta=0.2, anchorkv_anchor_frac=1 / 16, anchorkv_key_rope_base=base,
+        anchorkv_key_rope_freq_scale=tuple(scale)))
+    assert coded.config.anchorkv_key_rope_freq_scale == tuple(scale)
+    K, V = coded.update_and_fetch(k, v)
+    n = K.shape[2]
+    ref = dense_attention(rope(q, [n - 1], base, "normal", scale), rope(K, np.arange(n), base, "normal", scale), V)
+    y = anchorkv.attend(q, coded, rope_base=base, rope_freq_scale=scale)
+    assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) < 1e-5
+    unscaled = dense_attention(rope(q, [n - 1], base, "normal"), rope(K, np.arange(n), base, "normal"), V)
+    assert np.sum((unscaled - ref) ** 2) / np.sum(ref ** 2) > 1e-3  # the scales matter here
+    with pytest.raises(ValueError, match="key_rope"):
+        anchorkv.attend(q, coded, rope_base=base)
+    with pytest.raises(ValueError, match="freq_scale"):
+        anchorkv.attend(q, coded, rope_base=base, rope_freq_scale=scale[:-1])
+    with pytest.raises(ValueError, match="freq_scale"):
+        anchorkv.KVCacheConfig(anchorkv_key_rope_base=base, anchorkv_key_rope_freq_scale=(1.0, -1.0))

@@ -11,6 +11,8 @@ import subprocess
 import numpy as np
 import pytest
 
+import numpy_llama
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODELS = ROOT.parent / "shared" / "models"
 CLI = os.environ.get("ANCHORKV_CLI")
@@ -67,20 +69,8 @@ def read_gguf(path):
     return meta, tensors
 
 
-def rope(x, pos, base):
-    # x [..., hd], adjacent pairs (2i, 2i+1), theta_i = base^(-2i/hd)
-    hd = x.shape[-1]
-    i = np.arange(hd // 2)
-    ang = pos * base ** (-2.0 * i / hd)
-    c, s = np.cos(ang), np.sin(ang)
-    out = x.copy()
-    out[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
-    out[..., 1::2] = x[..., 0::2] * s + x[..., 1::2] * c
-    return out
-
-
 def forward(W, cfg, tokens):
-    return forward_general(W, cfg, tokens, rope)
+    return numpy_llama.forward(W, cfg, tokens)
 
 
 def gguf_model(path):
@@ -172,49 +162,6 @@ def test_logits_match_independent_numpy_reference(name, loader, tokens):
 import re  # noqa: E402
 
 import ggufw  # noqa: E402
-
-
-def rope_neox(x, pos, base):
-    hd = x.shape[-1]
-    h = hd // 2
-    ang = pos * base ** (-2.0 * np.arange(h) / hd)
-    c, s = np.cos(ang), np.sin(ang)
-    out = x.copy()
-    out[..., :h] = x[..., :h] * c - x[..., h:] * s
-    out[..., h:] = x[..., :h] * s + x[..., h:] * c
-    return out
-
-
-def forward_general(W, cfg, tokens, rope_fn):
-    """float64 Llama forward: optional Q/K/V biases (bq, bk, bv), tied output when W has no "out"."""
-    D, Hq, Hk, eps, base = cfg["dim"], cfg["heads"], cfg["kv_heads"], cfg["eps"], cfg["base"]
-    hd = cfg.get("hd", D // Hq)
-    T = len(tokens)
-    x = W["emb"][tokens]
-
-    def norm(v, g):
-        return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * g
-
-    for L in W["layers"]:
-        xn = norm(x, L["attn_norm"])
-        q = (xn @ L["wq"].T + L.get("bq", 0)).reshape(T, Hq, hd)
-        k = (xn @ L["wk"].T + L.get("bk", 0)).reshape(T, Hk, hd)
-        v = (xn @ L["wv"].T + L.get("bv", 0)).reshape(T, Hk, hd)
-        for t in range(T):
-            q[t] = rope_fn(q[t], t, base)
-            k[t] = rope_fn(k[t], t, base)
-        out = np.zeros((T, Hq, hd))
-        for h in range(Hq):
-            kh = h // (Hq // Hk)
-            s = q[:, h] @ k[:, kh].T / np.sqrt(hd)
-            s = s + np.triu(np.full((T, T), -np.inf), 1)
-            p = np.exp(s - s.max(-1, keepdims=True))
-            out[:, h] = (p / p.sum(-1, keepdims=True)) @ v[:, kh]
-        x = x + out.reshape(T, Hq * hd) @ L["wo"].T
-        xn = norm(x, L["ffn_norm"])
-        g = xn @ L["w_gate"].T
-        x = x + (g / (1 + np.exp(-g)) * (xn @ L["w_up"].T)) @ L["w_down"].T
-    return norm(x, W["final_norm"]) @ W.get("out", W["emb"]).T
 
 
 def gpt2_bytes_to_unicode():
@@ -352,12 +299,12 @@ def qwen2(tmp_path_factory):
 def test_qwen2_quantized_logits_match_numpy_reference(qwen2):
     path, W, cfg, vocab, _ = qwen2
     tokens = [3, 77, 290, 5, 100, 256, 17, 250, 42, 9, 260]
-    ref = forward_general(W, cfg, tokens, rope_neox)
+    ref = numpy_llama.forward(W, dict(cfg, style="neox"), tokens)
     got = cli_logits(path, tokens, "--activations", "f32")
     assert got.shape == ref.shape
     assert np.abs(got - ref).max() < 2e-3 * max(1.0, np.abs(ref).max())
     # Without biases or with adjacent-pair RoPE the reference differs clearly: the test can fail.
-    assert np.abs(forward_general(W, cfg, tokens, rope) - ref).max() > 0.05 * np.abs(ref).max()
+    assert np.abs(numpy_llama.forward(W, cfg, tokens) - ref).max() > 0.05 * np.abs(ref).max()
     # Decode with f32 activations is prefill's arithmetic; the default (8-bit activations, integer
     # dot products) is off by their rounding, a few per mille of the largest logit on this model.
     inc = cli_logits(path, tokens, "--incremental", "--activations", "f32")

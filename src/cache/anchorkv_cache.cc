@@ -230,6 +230,7 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
   w.put<uint8_t>(static_cast<uint8_t>(c.key_rope.style));
   w.put<double>(c.key_rope.base);
   w.put<int64_t>(c.key_rope.position_offset);
+  w.array(c.key_rope.freq_scale);  // format 5
 }
 
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
@@ -368,6 +369,7 @@ std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader&
     c.key_rope.base = r.get<double>("config.key_rope.base");
     c.key_rope.position_offset = r.get<int64_t>("config.key_rope.position_offset");
   }
+  if (r.format_version() >= 5) c.key_rope.freq_scale = r.array_any<double>("config.key_rope.freq_scale");
   return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
 }
 

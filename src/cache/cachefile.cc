@@ -20,7 +20,7 @@ namespace {
 constexpr char kMagic[8] = {'A', 'K', 'V', 'C', 'A', 'C', 'H', 'E'};
 // 2: AnchorKV configs end with u8 anchor_count; 3: segment rows carry their layout
 // (tight metadata); 4: AnchorKV configs end with key_rope. Older files still load.
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr size_t kHeaderBytes = 32, kSectionHeaderBytes = 24;
 constexpr uint64_t kMaxLayers = 1 << 16;
 constexpr const char* kLoadOp = "anchorkv::load_caches";

@@ -31,8 +31,9 @@ constexpr int64_t kChunk = 256;  // tokens per task inside a row
 uint64_t row_seed(uint64_t seed, int64_t row) { return core::stream_seed(seed, static_cast<uint64_t>(row)); }
 
 void check_segment(const SegmentInput& in, const AnchorKVConfig& config) {
-  if (config.key_rope.enabled && in.D % 2 != 0)
-    core::fail(ErrorCode::kInvalidArgument, "anchorkv::compress", "key_rope needs an even head dim D");
+  if (config.key_rope.enabled)
+    if (std::string problem = core::rope_problem(config.key_rope, in.D); !problem.empty())
+      core::fail(ErrorCode::kInvalidArgument, "anchorkv::compress", "key_rope: " + problem);
   if (config.key_rope.enabled && in.S > core::kMaxRopePosition - config.key_rope.position_offset)
     core::fail(ErrorCode::kInvalidArgument, "anchorkv::compress",
                "RoPE positions beyond " + std::to_string(core::kMaxRopePosition) + " (key_rope.position_offset + S)");

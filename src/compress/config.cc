@@ -41,6 +41,8 @@ void AnchorKVConfig::validate() const {
     if (!std::isfinite(key_rope.base) || !(key_rope.base > 1.0))
       bad("key_rope.base", "must be finite and > 1, got " + num(key_rope.base));
     if (key_rope.style != RopeStyle::kNormal && key_rope.style != RopeStyle::kNeox) bad("key_rope.style", "unknown value");
+    for (double f : key_rope.freq_scale)  // their count is checked against D when keys arrive
+      if (!(f > 0.0) || !std::isfinite(f)) bad("key_rope.freq_scale", "values must be finite and > 0");
     if (key_rope.position_offset < 0 || key_rope.position_offset >= core::kMaxRopePosition)
       bad("key_rope.position_offset", "must be in [0, " + std::to_string(core::kMaxRopePosition) + "), got " +
                                           std::to_string(key_rope.position_offset));
@@ -68,7 +70,7 @@ std::string AnchorKVConfig::to_string() const {
      << " anchor_count=" << anchorkv::to_string(anchor_count) << " threads=" << threads;
   if (key_rope.enabled)
     os << " key_rope=" << (key_rope.style == RopeStyle::kNeox ? "neox" : "normal") << ":" << key_rope.base << "@"
-       << key_rope.position_offset;
+       << key_rope.position_offset << (key_rope.freq_scale.empty() ? "" : "(scaled frequencies)");
   return os.str();
 }
 

@@ -178,9 +178,7 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
     return "metadata: wrong count for the layout";
   if (std::string e = check_positions(row); !e.empty()) return e;
   if (const RopeOptions& r = row.key_rope; r.enabled) {
-    if (D % 2 != 0 || !std::isfinite(r.base) || !(r.base > 1.0) ||
-        (r.style != RopeStyle::kNormal && r.style != RopeStyle::kNeox))
-      return "key_rope: needs an even D, a finite base > 1 and a known style";
+    if (std::string problem = core::rope_problem(r, D); !problem.empty()) return "key_rope: " + problem;
     if (r.position_offset < 0 || r.position_offset > core::kMaxRopePosition - row.length)
       return "key_rope: positions beyond " + std::to_string(core::kMaxRopePosition);
   }

@@ -57,12 +57,39 @@ HWY_AFTER_NAMESPACE();
 namespace anchorkv::core {
 HWY_EXPORT(RopeRotatePairs);
 
-void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out,
+std::string rope_problem(const RopeOptions& rope, int64_t D) {
+  if (D <= 0 || D % 2 != 0) return "RoPE needs an even head dim D";
+  if (!(rope.base > 1.0) || !std::isfinite(rope.base)) return "rope.base must be finite and > 1";
+  if (rope.style != RopeStyle::kNormal && rope.style != RopeStyle::kNeox) return "rope.style is unknown";
+  if (!rope.freq_scale.empty() && static_cast<int64_t>(rope.freq_scale.size()) != D / 2)
+    return "rope.freq_scale has " + std::to_string(rope.freq_scale.size()) + " values for " + std::to_string(D / 2) +
+           " pairs";
+  for (double f : rope.freq_scale)
+    if (!(f > 0.0) || !std::isfinite(f)) return "rope.freq_scale values must be finite and > 0";
+  return "";
+}
+
+std::vector<double> rope_thetas(const RopeOptions& rope, int64_t D) {
+  const int64_t half = D / 2;
+  std::vector<double> theta(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    theta[i] = std::pow(rope.base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    if (!rope.freq_scale.empty()) theta[i] *= rope.freq_scale[static_cast<size_t>(i)];
+  }
+  return theta;
+}
+
+bool same_angles(const RopeOptions& a, const RopeOptions& b) {
+  return a.base == b.base && a.freq_scale == b.freq_scale;
+}
+
+void rope_table(int64_t pos0, int64_t n, int64_t D, const RopeOptions& rope, float* cos_out, float* sin_out,
                 int64_t stride) {
   const int64_t half = D / 2;
+  const std::vector<double> thetas = rope_thetas(rope, D);
   std::vector<double> c(static_cast<size_t>(half)), s(c.size()), dc(c.size()), ds(c.size());
   for (int64_t i = 0; i < half; ++i) {
-    const double theta = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    const double theta = thetas[static_cast<size_t>(i)];
     c[i] = std::cos(static_cast<double>(pos0) * theta);
     s[i] = std::sin(static_cast<double>(pos0) * theta);
     dc[i] = std::cos(static_cast<double>(stride) * theta);
@@ -112,34 +139,35 @@ void RopeTable::rotate(float* x, RopeStyle style, int64_t p, bool inverse) const
   rope_rotate(x, D, style, r.bc, r.bs, inverse);
 }
 
-std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n) {
+std::shared_ptr<const RopeTable> shared_rope_table(const RopeOptions& rope, int64_t D, int64_t n) {
   static std::mutex mu;
-  static std::vector<std::shared_ptr<const RopeTable>> tables;  // one per (base, D)
+  static std::vector<std::shared_ptr<const RopeTable>> tables;  // one per (angles, D)
   std::lock_guard<std::mutex> lock(mu);
   std::shared_ptr<const RopeTable>* slot = nullptr;
   for (auto& t : tables)
-    if (t->base == base && t->D == D) slot = &t;
+    if (same_angles(t->rope, rope) && t->D == D) slot = &t;
   if (slot && (*slot)->n >= n) return *slot;
   auto t = slot ? std::make_shared<RopeTable>(**slot) : std::make_shared<RopeTable>();
   const int64_t half = D / 2, have = slot ? (*slot)->n : 0;
-  t->base = base;
+  t->rope.base = rope.base;
+  t->rope.freq_scale = rope.freq_scale;
   t->D = D;
   t->n = (std::max<int64_t>(n, 1) + kRopeBlock - 1) / kRopeBlock * kRopeBlock;
   if (!slot) {
     t->near_cos.resize(static_cast<size_t>(kRopeStep * half));
     t->near_sin.resize(t->near_cos.size());
-    rope_table(0, kRopeStep, D, base, t->near_cos.data(), t->near_sin.data());
+    rope_table(0, kRopeStep, D, rope, t->near_cos.data(), t->near_sin.data());
   }
   t->step_cos.resize(static_cast<size_t>(t->n / kRopeStep * half));
   t->step_sin.resize(t->step_cos.size());
   for (int64_t p0 = have; p0 < t->n; p0 += kRopeBlock) {
     const size_t row = static_cast<size_t>(p0 / kRopeStep * half);
-    rope_table(p0, kRopeBlock / kRopeStep, D, base, &t->step_cos[row], &t->step_sin[row], kRopeStep);
+    rope_table(p0, kRopeBlock / kRopeStep, D, rope, &t->step_cos[row], &t->step_sin[row], kRopeStep);
   }
   if (slot) {
     *slot = t;
   } else {
-    if (tables.size() >= 8) tables.erase(tables.begin());  // a few (base, D) pairs per process
+    if (tables.size() >= 8) tables.erase(tables.begin());  // a few (angles, D) pairs per process
     tables.push_back(t);
   }
   return t;
@@ -170,7 +198,7 @@ void rope_rotate(float* x, int64_t D, RopeStyle style, const float* c, const flo
 
 void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, bool inverse) {
   std::vector<float> c(static_cast<size_t>(D / 2)), s(c.size());
-  rope_table(p, 1, D, rope.base, c.data(), s.data());
+  rope_table(p, 1, D, rope, c.data(), s.data());
   rope_rotate(x, D, rope.style, c.data(), s.data(), inverse);
 }
 

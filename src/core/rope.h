@@ -1,10 +1,12 @@
 // Rotary position embedding helpers for pre-RoPE attention.
 //   pair i of a vector: (x, y) = (v[ix(i)], v[iy(i)]), angle p * theta_i with
-//   theta_i = base^(-2i / D); rotation (x, y) -> (x c - y s, x s + y c).
+//   theta_i = base^(-2i / D) * freq_scale[i] (RopeOptions); rotation
+//   (x, y) -> (x c - y s, x s + y c).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "anchorkv/config.h"
@@ -23,10 +25,22 @@ inline int64_t rope_y(RopeStyle style, int64_t i, int64_t D) {
   return style == RopeStyle::kNormal ? 2 * i + 1 : i + D / 2;
 }
 
+// "" when `rope`'s angles are well defined for head dim D (an even D, a finite
+// base > 1, a known style, freq_scale empty or D/2 finite values > 0), else
+// what is wrong, for the caller's error message.
+std::string rope_problem(const RopeOptions& rope, int64_t D);
+
+// theta_i of `rope` (base and freq_scale) for i < D/2, in double.
+std::vector<double> rope_thetas(const RopeOptions& rope, int64_t D);
+
+// Whether a and b turn every pair alike (base and freq_scale; style and
+// offset are not compared).
+bool same_angles(const RopeOptions& a, const RopeOptions& b);
+
 // cos/sin of p * theta_i for p = pos0, pos0 + stride, ... (n rows), i < D/2:
-// [n, D/2] each. Exact sincos at pos0, then the angle-addition recurrence in
-// double.
-void rope_table(int64_t pos0, int64_t n, int64_t D, double base, float* cos_out, float* sin_out,
+// [n, D/2] each, theta_i from `rope`'s base and freq_scale. Exact sincos at
+// pos0, then the angle-addition recurrence in double.
+void rope_table(int64_t pos0, int64_t n, int64_t D, const RopeOptions& rope, float* cos_out, float* sin_out,
                 int64_t stride = 1);
 
 // A position p = p0 + j with p0 a multiple of kRopeStep and j < kRopeStep:
@@ -38,7 +52,7 @@ inline constexpr int64_t kRopeStep = 64;
 inline constexpr int64_t kRopeBlock = 1024;
 
 // cos/sin of p * theta_i for positions p in [0, n), shared by every attend()
-// call with the same (base, D): built once, extended in blocks of kRopeBlock
+// call with the same (angles, D): built once, extended in blocks of kRopeBlock
 // positions, immutable once published. It holds only the rows of the first
 // kRopeStep positions and of every kRopeStep-th position, 4 * D bytes per
 // kRopeStep positions (a 128k context at D = 128: 1 MiB); any other row is
@@ -47,7 +61,7 @@ inline constexpr int64_t kRopeBlock = 1024;
 // a long prompt. Each step row is a function of (base, D, p) alone, never of
 // how the table grew.
 struct RopeTable {
-  double base = 0;
+  RopeOptions rope;  // base and freq_scale (the rest unused)
   int64_t D = 0, n = 0;
   // 64-byte aligned: the kernels load the rows as whole vectors (with the
   // near rows unaligned, pre-RoPE decode at 131072 took 13.4 ms, not 10.4).
@@ -63,7 +77,7 @@ struct RopeTable {
 };
 static_assert(kRopeBlock % kRopeStep == 0, "a table's length is a whole number of steps");
 // A table covering at least [0, n). Thread-safe.
-std::shared_ptr<const RopeTable> shared_rope_table(double base, int64_t D, int64_t n);
+std::shared_ptr<const RopeTable> shared_rope_table(const RopeOptions& rope, int64_t D, int64_t n);
 
 // Rotate x [D] in place by the angles of one table row (inverse: by minus them).
 // SIMD over pairs; rope_rotate_ref is its scalar twin (equal up to fused
@@ -93,7 +107,7 @@ void rope_rotate_at(float* x, int64_t D, const RopeOptions& rope, int64_t p, boo
 class PositionRotator {
  public:
   PositionRotator(const RopeOptions& rope, int64_t D, int64_t p0, int64_t n)
-      : rope_(rope), D_(D), table_(p0 <= n ? shared_rope_table(rope.base, D, p0 + n) : nullptr) {}
+      : rope_(rope), D_(D), table_(p0 <= n ? shared_rope_table(rope, D, p0 + n) : nullptr) {}
   void rotate(float* x, int64_t p, bool inverse = false) const {
     if (table_) return table_->rotate(x, rope_.style, p, inverse);
     rope_rotate_at(x, D_, rope_, p, inverse);

@@ -263,10 +263,7 @@ ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int
   if (P < 2 || P >= N) core::fail(ErrorCode::kInvalidArgument, kOp, "the prefix must leave tokens after it");
   if (stride < 1) core::fail(ErrorCode::kInvalidArgument, kOp, "stride must be >= 1");
   const auto& c = w.config;
-  RopeOptions rope;
-  rope.enabled = true;
-  rope.base = c.rope_base;
-  rope.style = c.rope_style;
+  const RopeOptions& rope = c.rope;
   ErrorAnalysis out;
   const std::vector<LayerCapture> layers = capture(w, toks, threads);
   for (int64_t l = 0; l < c.n_layers; ++l)

@@ -72,7 +72,7 @@ std::string model_identity(const std::string& model_path, const model::LlamaWeig
   std::ostringstream os;
   os << (c.architecture.empty() ? "llama" : c.architecture) << " layers=" << c.n_layers << " dim=" << c.dim
      << " heads=" << c.n_heads << "/" << c.n_kv_heads << " head_dim=" << c.head_dim << " vocab=" << c.vocab
-     << " rope_base=" << c.rope_base << " hash=" << std::hex << h;
+     << " rope_base=" << c.rope.base << " hash=" << std::hex << h;
   return os.str();
 }
 

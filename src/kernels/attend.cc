@@ -124,11 +124,8 @@ void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool
     core::fail(
         ErrorCode::kUnsupported, kOp,
         "RoPE inside attention needs every token's position; cache '" + cache_name + "' evicts tokens");
-  if (src.D % 2 != 0) core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE needs an even head dim D");
-  if (!(rope.base > 1.0) || !std::isfinite(rope.base))
-    core::fail(ErrorCode::kInvalidArgument, kOp, "rope.base must be finite and > 1");
-  if (rope.style != RopeStyle::kNormal && rope.style != RopeStyle::kNeox)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "rope.style is unknown");
+  if (std::string problem = core::rope_problem(rope, src.D); !problem.empty())
+    core::fail(ErrorCode::kInvalidArgument, kOp, problem);
   if (rope.position_offset < 0)
     core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
   if (rope.position_offset > kMaxRopePosition - src.n_total)
@@ -146,12 +143,14 @@ void check_key_rope(const RopeOptions& rope, const cache::AttentionSource& src) 
   if (!kr.enabled) return;
   auto name = [](const RopeOptions& r) {
     std::ostringstream os;
-    os << (r.style == RopeStyle::kNeox ? "neox" : "normal") << " base " << r.base << " from position "
-       << r.position_offset;
+    os << (r.style == RopeStyle::kNeox ? "neox" : "normal") << " base " << r.base
+       << (r.freq_scale.empty() ? "" : " (scaled frequencies)") << " from position " << r.position_offset;
     return os.str();
   };
-  const RopeOptions at{true, rope.base, rope.style, rope.position_offset + src.segment->pos0};
-  if (!rope.enabled || rope.base != kr.base || rope.style != kr.style || at.position_offset != kr.position_offset)
+  RopeOptions at = rope;
+  at.position_offset += src.segment->pos0;
+  if (!rope.enabled || !core::same_angles(rope, kr) || rope.style != kr.style ||
+      at.position_offset != kr.position_offset)
     core::fail(ErrorCode::kInvalidArgument, kOp,
                "the cache holds keys before RoPE with key residuals coded for RoPE " + name(kr) +
                    " (AnchorKVConfig::key_rope); options.rope must apply that RoPE, got " +
@@ -171,7 +170,7 @@ class AttendCall {
         prep_(ws_.prep) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
     Hq_ = query.shape[1], Sq_ = query.shape[2], G_ = Hq_ / H_, nq_ = G_ * Sq_;
-    if (rope_) rtab_ = core::shared_rope_table(rope_->base, D_, src.n_total + rope_->position_offset);
+    if (rope_) rtab_ = core::shared_rope_table(*rope_, D_, src.n_total + rope_->position_offset);
   }
 
   Tensor run(AttentionStats* stats) {
@@ -252,7 +251,7 @@ void AttendCall::prepare_queries() {
   if (rope_) {
     qcos.resize(static_cast<size_t>(Sq_ * half));
     qsin.resize(qcos.size());
-    core::rope_table(src_.n_total - Sq_ + rope_->position_offset, Sq_, D_, rope_->base, qcos.data(),
+    core::rope_table(src_.n_total - Sq_ + rope_->position_offset, Sq_, D_, *rope_, qcos.data(),
                      qsin.data());
   }
   for (int64_t b = 0; b < B_; ++b)

@@ -20,138 +20,7 @@ namespace anchorkv::model {
 
 namespace {
 constexpr const char* kLoad = "anchorkv::load_model";
-
-const io::GgufTensor& checked(const io::GgufFile& f, const std::string& name,
-                              const std::vector<int64_t>& expect_dims) {
-  const io::GgufTensor& t = f.tensor(name);
-  if (t.dims != expect_dims) {
-    std::string got, want;
-    for (auto d : t.dims) got += std::to_string(d) + " ";
-    for (auto d : expect_dims) want += std::to_string(d) + " ";
-    core::fail(ErrorCode::kCorruptFile, kLoad,
-               "tensor '" + name + "' has dims [ " + got + "], expected [ " + want + "]");
-  }
-  if (!io::can_dequantize(t.type))
-    core::fail(
-        ErrorCode::kUnsupported, kLoad,
-        "tensor '" + name + "' has type " + io::ggml_type_name(t.type) + ", which this runtime cannot read");
-  return t;
-}
-
-// A vector (norm weights, biases) as f32.
-std::vector<float> read_tensor(const io::GgufFile& f, const std::string& name,
-                               std::vector<int64_t> expect_dims) {
-  const io::GgufTensor& t = checked(f, name, expect_dims);
-  std::vector<float> out(static_cast<size_t>(t.n_elements));
-  int64_t be = 0, bb = 0;
-  io::ggml_block(t.type, &be, &bb);
-  const int64_t row = t.dims[0], rows = t.n_elements / row, row_bytes = row / be * bb;
-  for (int64_t r = 0; r < rows; ++r) io::dequantize_row(t.type, t.data + r * row_bytes, row, &out[r * row]);
-  return out;
-}
-
-// A matrix GGUF stores with dims [cols, rows], kept in its type.
-Weight read_weight(const io::GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
-  const io::GgufTensor& t = checked(f, name, {cols, rows});
-  Weight w;
-  w.type = t.type;
-  w.rows = rows;
-  w.cols = cols;
-  if (t.type == io::GgmlType::kF32) {
-    w.f32.resize(static_cast<size_t>(t.n_elements));
-    std::memcpy(w.f32.data(), t.data, static_cast<size_t>(t.n_bytes));
-  } else if (rows16_supported(t.type)) {
-    w.layout = QuantLayout::kRows16;
-    w.blocks.resize(static_cast<size_t>(rows16_bytes(t.type, rows, cols)));
-    pack_rows16(t.type, t.data, rows, cols, w.blocks.data());
-  } else {
-    w.blocks.assign(t.data, t.data + t.n_bytes);
-  }
-  return w;
-}
 }  // namespace
-
-LlamaWeights load_gguf(const std::string& path) { return load_gguf(io::GgufFile::open(path), path); }
-
-LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
-  LlamaWeights w;
-  LlamaConfig& c = w.config;
-  c.architecture = f.get_string("general.architecture");
-  if (c.architecture != "llama" && c.architecture != "mistral" && c.architecture != "qwen2")
-    core::fail(ErrorCode::kUnsupported, kLoad,
-               "architecture '" + c.architecture + "' is not supported (llama, mistral, qwen2 are)");
-  const bool qkv_bias = c.architecture == "qwen2";
-  c.rope_style = c.architecture == "qwen2" ? RopeStyle::kNeox : RopeStyle::kNormal;
-  const std::string a = c.architecture;
-  c.dim = static_cast<int64_t>(f.get_uint(a + ".embedding_length"));
-  c.n_layers = static_cast<int64_t>(f.get_uint(a + ".block_count"));
-  c.n_heads = static_cast<int64_t>(f.get_uint(a + ".attention.head_count"));
-  c.n_kv_heads = f.has(a + ".attention.head_count_kv")
-                     ? static_cast<int64_t>(f.get_uint(a + ".attention.head_count_kv"))
-                     : c.n_heads;
-  c.hidden = static_cast<int64_t>(f.get_uint(a + ".feed_forward_length"));
-  c.context = f.has(a + ".context_length") ? static_cast<int64_t>(f.get_uint(a + ".context_length")) : 0;
-  c.rope_base = f.has(a + ".rope.freq_base") ? f.get_float(a + ".rope.freq_base") : 10000.0;
-  c.rms_eps = f.get_float(a + ".attention.layer_norm_rms_epsilon");
-  if (!(c.rms_eps > 0.0) || !std::isfinite(c.rms_eps))
-    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': RMS norm epsilon must be finite and > 0");
-  if (!(c.rope_base > 1.0) || !std::isfinite(c.rope_base))
-    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': RoPE base must be finite and > 1");
-  auto in_range = [&](const char* what, int64_t v, int64_t hi) {
-    if (v <= 0 || v > hi)
-      core::fail(
-          ErrorCode::kCorruptFile, kLoad,
-          "'" + path + "': " + what + " = " + std::to_string(v) + " is outside 1.." + std::to_string(hi));
-  };
-  in_range("embedding_length", c.dim, int64_t{1} << 24);
-  in_range("block_count", c.n_layers, int64_t{1} << 16);
-  in_range("attention.head_count", c.n_heads, int64_t{1} << 16);
-  in_range("attention.head_count_kv", c.n_kv_heads, int64_t{1} << 16);
-  in_range("feed_forward_length", c.hidden, int64_t{1} << 26);
-  const bool explicit_head = f.has(a + ".attention.key_length");
-  if (c.dim <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || (!explicit_head && c.dim % c.n_heads != 0) ||
-      c.n_heads % c.n_kv_heads != 0)
-    core::fail(ErrorCode::kCorruptFile, kLoad,
-               "'" + path + "': inconsistent head counts or embedding length");
-  c.head_dim = c.dim / c.n_heads;
-  if (explicit_head) c.head_dim = static_cast<int64_t>(f.get_uint(a + ".attention.key_length"));
-  if (f.has(a + ".attention.value_length") &&
-      static_cast<int64_t>(f.get_uint(a + ".attention.value_length")) != c.head_dim)
-    core::fail(ErrorCode::kUnsupported, kLoad, "'" + path + "': key and value head sizes differ");
-  if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > 4096)
-    core::fail(ErrorCode::kCorruptFile, kLoad,
-               "'" + path + "': head size " + std::to_string(c.head_dim) + " is invalid");
-  if (f.has(a + ".rope.dimension_count") &&
-      static_cast<int64_t>(f.get_uint(a + ".rope.dimension_count")) != c.head_dim)
-    core::fail(ErrorCode::kUnsupported, kLoad,
-               "'" + path + "': partial RoPE (rope.dimension_count != head size)");
-  const auto& emb = f.tensor("token_embd.weight");
-  c.vocab = emb.dims.size() == 2 ? emb.dims[1] : 0;
-  const int64_t D = c.dim, hd = c.head_dim, kv = c.n_kv_heads * hd;
-  w.embeddings = read_weight(f, "token_embd.weight", D, c.vocab);
-  w.final_norm = read_tensor(f, "output_norm.weight", {D});
-  if (f.find_tensor("output.weight")) w.output_weight = read_weight(f, "output.weight", D, c.vocab);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    LlamaLayer L;
-    L.attn_norm = read_tensor(f, p + "attn_norm.weight", {D});
-    L.wq = read_weight(f, p + "attn_q.weight", D, c.n_heads * hd);
-    L.wk = read_weight(f, p + "attn_k.weight", D, kv);
-    L.wv = read_weight(f, p + "attn_v.weight", D, kv);
-    if (qkv_bias) {
-      L.bq = read_tensor(f, p + "attn_q.bias", {c.n_heads * hd});
-      L.bk = read_tensor(f, p + "attn_k.bias", {kv});
-      L.bv = read_tensor(f, p + "attn_v.bias", {kv});
-    }
-    L.wo = read_weight(f, p + "attn_output.weight", c.n_heads * hd, D);
-    L.ffn_norm = read_tensor(f, p + "ffn_norm.weight", {D});
-    L.w_gate = read_weight(f, p + "ffn_gate.weight", D, c.hidden);
-    L.w_up = read_weight(f, p + "ffn_up.weight", D, c.hidden);
-    L.w_down = read_weight(f, p + "ffn_down.weight", c.hidden, D);
-    w.layers.push_back(std::move(L));
-  }
-  return w;
-}
 
 LlamaWeights load_llama2c(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -182,7 +51,6 @@ LlamaWeights load_llama2c(const std::string& path) {
     core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts");
   c.head_dim = c.dim / c.n_heads;
   c.rms_eps = 1e-5;
-  c.rope_base = 10000.0;
   const int64_t D = c.dim, L = c.n_layers, kv = c.n_kv_heads * c.head_dim, Hd = c.hidden;
   const int64_t floats = c.vocab * D + L * D + L * D * D + 2 * L * kv * D + L * D * D + L * D +
                          3 * L * Hd * D + D + c.context * c.head_dim + (shared ? 0 : c.vocab * D);
@@ -252,13 +120,13 @@ void Weight::row(int64_t r, float* out) const {
 }
 
 int64_t LlamaWeights::bytes() const {
-  int64_t b = embeddings.bytes() + output_weight.bytes() + static_cast<int64_t>(final_norm.size()) * 4;
+  int64_t b = embeddings.bytes() + output_weight.bytes() +
+              static_cast<int64_t>(final_norm.size() + output_bias.size()) * 4;
   for (const auto& L : layers) {
     b += L.wq.bytes() + L.wk.bytes() + L.wv.bytes() + L.wo.bytes() + L.w_gate.bytes() + L.w_up.bytes() +
          L.w_down.bytes();
-    b += static_cast<int64_t>(L.attn_norm.size() + L.ffn_norm.size() + L.bq.size() + L.bk.size() +
-                              L.bv.size()) *
-         4;
+    for (const auto* v : {&L.attn_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.b_gate, &L.b_up, &L.b_down})
+      b += static_cast<int64_t>(v->size()) * 4;
   }
   return b;
 }
@@ -319,7 +187,7 @@ std::unique_ptr<KVCache> with_key_rope(std::unique_ptr<KVCache> cache, const Lla
   const auto* a = dynamic_cast<const AnchorKVCache*>(cache.get());
   if (!a || a->config().key_rope.enabled || a->tokens_total() > 0) return cache;
   AnchorKVConfig cfg = a->config();
-  cfg.key_rope = {true, c.rope_base, c.rope_style, 0};  // cache position 0 is token position 0
+  cfg.key_rope = c.rope;  // cache position 0 is token position 0
   return std::make_unique<AnchorKVCache>(cfg);
 }
 
@@ -443,10 +311,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     for (const Weight* W : Ws) qm.push_back(quant_matrix(*W));
     matmul_int8_batch(x_, T_, qm.data(), ys.data(), static_cast<int>(qm.size()), threads_);
   };
-  RopeOptions rope;
-  rope.enabled = true;
-  rope.base = c.rope_base;
-  rope.style = c.rope_style;
+  const RopeOptions& rope = c.rope;
   std::vector<float> qh(q.size()), kh(k.size()), vh(v.size()), obs_q(observe_ != 0 ? q.size() : 0);
   // One cos/sin row per position (exact sincos, as rope_rotate_at), shared by
   // every head and layer: computed lazily, by the first layer that rotates.
@@ -457,7 +322,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     rope_sin.resize(rope_cos.size());
     for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t)
-        core::rope_table(pos_ + t, 1, hd, rope.base, &rope_cos[t * (hd / 2)], &rope_sin[t * (hd / 2)]);
+        core::rope_table(pos_ + t, 1, hd, rope, &rope_cos[t * (hd / 2)], &rope_sin[t * (hd / 2)]);
     });
   };
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -469,6 +334,10 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     add_bias(q.data(), T, L.bq);
     add_bias(k.data(), T, L.bk);
     add_bias(v.data(), T, L.bv);
+    // A factor on every score (YaRN): on the queries, before RoPE (a rotation
+    // commutes with it), so every attention path and observer sees it.
+    if (c.score_factor != 1.0)
+      for (float& x : q) x *= static_cast<float>(c.score_factor);
     // RoPE at the tokens' positions. Post-RoPE keys: q and k are rotated in
     // place and the cache stores rotated keys. Pre-RoPE keys: the cache stores
     // k unrotated and attention rotates whenever it reads the cache (decode, or
@@ -545,11 +414,14 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
         for (int64_t t = t0; t < t1; ++t) std::copy_n(&yp[(h * T + t) * hd], hd, &att[(t * Hq + h) * hd]);
     });
     mm(att.data(), T, L.wo, o.data());
+    add_bias(o.data(), T, L.bo);
     for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
       for (int64_t i = t0 * D; i < t1 * D; ++i) x[i] += o[i];
       for (int64_t t = t0; t < t1; ++t) rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.rms_eps, &xn[t * D]);
     });
     mm_shared(xn.data(), T, {&L.w_gate, &L.w_up}, {gate.data(), up.data()});
+    add_bias(gate.data(), T, L.b_gate);
+    add_bias(up.data(), T, L.b_up);
     for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
       float* g = &gate[static_cast<size_t>(t0 * c.hidden)];
       const float* u = &up[static_cast<size_t>(t0 * c.hidden)];
@@ -559,6 +431,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
         core::swiglu(g, u, (t1 - t0) * c.hidden);
     });
     mm(gate.data(), T, L.w_down, o.data());
+    add_bias(o.data(), T, L.b_down);
     for_tokens(T, threads_, [&](int64_t t0, int64_t t1) {
       for (int64_t i = t0 * D; i < t1 * D; ++i) x[i] += o[i];
     });
@@ -568,6 +441,7 @@ std::vector<float> LlamaModel::forward(const std::vector<int32_t>& tokens, bool 
     rmsnorm(&x[t * D], w_.final_norm.data(), D, c.rms_eps, &xn[(t - first) * D]);
   std::vector<float> logits(static_cast<size_t>(n * c.vocab));
   mm(xn.data(), n, w_.output(), logits.data());
+  add_bias(logits.data(), n, w_.output_bias);
   pos_ += T;
   return logits;
 }

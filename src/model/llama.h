@@ -8,7 +8,8 @@
 //
 // Architectures: `llama` and `mistral` (RoPE on adjacent pairs, as GGUF stores
 // them), `qwen2` (Q/K/V biases, NeoX pairing: i with i + hd/2), llama2.c
-// checkpoints. Weight matrices stay in their file type (F16, Q8_0, Q4_K, ...:
+// checkpoints; with the optional biases, fused QKV and RoPE scaling
+// (rope_freqs, linear, YaRN) llama.cpp applies to them (gguf_loader.cc). Weight matrices stay in their file type (F16, Q8_0, Q4_K, ...:
 // any type dequantize_row reads), so memory and decode bandwidth are those of
 // the file: decode multiplies Q4_0/Q8_0/Q4_K/Q5_K/Q6_K blocks with 8-bit
 // activations in integers, prefill dequantizes tile by tile (see
@@ -40,8 +41,13 @@ namespace anchorkv::model {
 struct LlamaConfig {
   int64_t dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden = 0, vocab = 0;
   int64_t context = 0;
-  double rope_base = 10000.0;
-  RopeStyle rope_style = RopeStyle::kNormal;
+  // How the model turns queries and keys: base, pairing and the per-pair
+  // frequency scales of its RoPE scaling (position_offset 0: cache position 0
+  // is token position 0).
+  RopeOptions rope{true, 10000.0, RopeStyle::kNormal, 0, {}};
+  // Every q.k score is multiplied by this (YaRN's magnitude scale squared;
+  // 1 otherwise), applied to the queries after RoPE.
+  double score_factor = 1.0;
   double rms_eps = 1e-5;
   std::string architecture;
 };
@@ -66,7 +72,8 @@ struct Weight {
 struct LlamaLayer {
   std::vector<float> attn_norm, ffn_norm;
   Weight wq, wk, wv, wo, w_gate, w_up, w_down;
-  std::vector<float> bq, bk, bv;  // empty when the architecture has no attention biases
+  // Biases added after their matmuls; each empty when the file has none.
+  std::vector<float> bq, bk, bv, bo, b_gate, b_up, b_down;
 };
 
 struct LlamaWeights {
@@ -74,12 +81,15 @@ struct LlamaWeights {
   Weight embeddings;  // [vocab, dim]
   std::vector<float> final_norm;
   Weight output_weight;  // [vocab, dim]; empty when tied to the embeddings
+  std::vector<float> output_bias;  // [vocab] or empty
   std::vector<LlamaLayer> layers;
   const Weight& output() const { return output_weight.rows > 0 ? output_weight : embeddings; }
   int64_t bytes() const;  // every weight as held in memory
 };
 
-// Throws Error(kCorruptFile / kUnsupported / kIo) naming what is wrong.
+// Throws Error(kCorruptFile / kUnsupported / kIo) naming what is wrong; a
+// tensor or key that would change the result and that this runtime does not
+// apply is kUnsupported, naming it (gguf_loader.cc).
 LlamaWeights load_gguf(const std::string& path);
 // From an opened file (`name` for messages): tests and fuzzing load from memory.
 LlamaWeights load_gguf(const io::GgufFile& file, const std::string& name);

@@ -157,10 +157,10 @@ TEST(BadConfig, EachFieldIsNamed) {
   c = {}; c.residual_bits = 0; cases.push_back({"residual_bits", c});
   c = {}; c.residual_bits = 5; cases.push_back({"residual_bits", c});
   c = {}; c.threads = -2; cases.push_back({"threads", c});
-  c = {}; c.key_rope = {true, 1.0, RopeStyle::kNormal, 0}; cases.push_back({"key_rope.base", c});
-  c = {}; c.key_rope = {true, NAN, RopeStyle::kNormal, 0}; cases.push_back({"key_rope.base", c});
-  c = {}; c.key_rope = {true, 1e4, static_cast<RopeStyle>(7), 0}; cases.push_back({"key_rope.style", c});
-  c = {}; c.key_rope = {true, 1e4, RopeStyle::kNeox, -1}; cases.push_back({"key_rope.position_offset", c});
+  c = {}; c.key_rope = {true, 1.0, RopeStyle::kNormal, 0, {}}; cases.push_back({"key_rope.base", c});
+  c = {}; c.key_rope = {true, NAN, RopeStyle::kNormal, 0, {}}; cases.push_back({"key_rope.base", c});
+  c = {}; c.key_rope = {true, 1e4, static_cast<RopeStyle>(7), 0, {}}; cases.push_back({"key_rope.style", c});
+  c = {}; c.key_rope = {true, 1e4, RopeStyle::kNeox, -1, {}}; cases.push_back({"key_rope.position_offset", c});
   for (const Bad& b : cases) {
     try {
       AnchorKVCache cache(b.cfg);

@@ -111,7 +111,7 @@ TEST(CacheFile, EmptyHeadOnlyAndChunkedStatesRoundTrip) {
 TEST(CacheFile, KeyRopeCacheAfterAHeadRoundTrips) {
   AnchorKVConfig cfg;
   cfg.theta = 0.3;
-  cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 11};
+  cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 11, {}};
   AnchorKVCache c(cfg);
   feed(c, 1, 2, 1, 32, 1);    // exact head
   feed(c, 1, 2, 200, 32, 2);  // compressed from cache position 1
@@ -168,7 +168,7 @@ std::vector<uint8_t> small_file() {
   AnchorKVCache compact_cache(compact);
   AnchorKVConfig tight = compact;
   tight.metadata = MetadataLayout::kTight;
-  tight.key_rope = {true, 500000.0, RopeStyle::kNeox, 3};  // format 4
+  tight.key_rope = {true, 500000.0, RopeStyle::kNeox, 3, {1.0, 0.5, 0.25, 0.125}};  // format 4 (freq_scale: 5)
   AnchorKVCache tight_cache(tight);
   KIVICache kivi(2, 8, 8);
   H2OCache h2o(0.3);
@@ -194,16 +194,17 @@ ErrorCode load_error(const std::vector<uint8_t>& bytes) {
 
 // The fuzzer's seed corpus is small_file() as written once per format
 // (seed_mixed.akvc: format 2; seed_mixed_v3.akvc: format 3, with a tight
-// row; seed_mixed_v4.akvc: format 4, whose tight cache has key_rope); every
+// row; seed_mixed_v4.akvc: format 4, whose tight cache has key_rope;
+// seed_mixed_v5.akvc: format 5, its key_rope with scaled frequencies); every
 // one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR writes the
 // current format's anew.
 TEST(CacheFile, FuzzSeedsLoad) {
   const auto bytes = small_file();
   if (const char* dir = std::getenv("ANCHORKV_WRITE_CACHEFILE_SEEDS")) {
-    std::ofstream(std::string(dir) + "/seed_mixed_v4.akvc", std::ios::binary)
+    std::ofstream(std::string(dir) + "/seed_mixed_v5.akvc", std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
-  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc", "seed_mixed_v4.akvc"}) {
+  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc", "seed_mixed_v4.akvc", "seed_mixed_v5.akvc"}) {
     const std::string seed = std::string(ANCHORKV_SOURCE_DIR) + "/fuzz/corpus/cachefile/" + name;
     std::ifstream f(seed, std::ios::binary);
     ASSERT_TRUE(f.good()) << seed;
@@ -294,7 +295,7 @@ TEST(CacheFile, HandMadeLayerLoadsAndBadCountsAreErrors) {
 }
 
 TEST(CacheFile, NewerVersionAndOtherFilesAreClearErrors) {
-  EXPECT_EQ(load_error(file_with({}, 5)), ErrorCode::kUnsupported);
+  EXPECT_EQ(load_error(file_with({}, 1000)), ErrorCode::kUnsupported);  // far past the current version
   EXPECT_EQ(load_error(file_with({}, 0)), ErrorCode::kCorruptFile);
   const std::vector<uint8_t> gguf = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
   EXPECT_EQ(load_error(gguf), ErrorCode::kCorruptFile);

@@ -335,7 +335,7 @@ TEST(Compressor, KeyRopeCodesKeyResidualsAtTheirPositions) {
   plain.theta = 0.3;
   plain.anchor_frac = 0.05;
   AnchorKVConfig roped = plain;
-  roped.key_rope = {true, 10000.0, RopeStyle::kNeox, offset};
+  roped.key_rope = {true, 10000.0, RopeStyle::kNeox, offset, {}};
   ResidualCodec codec(D, 2, plain.scale, plain.seed);
   const auto a = compress(in, plain, codec), b = compress(in, roped, codec);
   double err_plain = 0, err_roped = 0, rec_plain = 0, rec_roped = 0;

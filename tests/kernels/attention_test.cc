@@ -418,7 +418,7 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   cfg.anchor_frac = 1.0 / 16;
   cfg.window = 8;
   cfg.metadata = layout;
-  if (key_rope) cfg.key_rope = {true, 10000.0, style, offset};
+  if (key_rope) cfg.key_rope = {true, 10000.0, style, offset, {}};
   AnchorKVCache cache(cfg);
   FullKVCache full;
   auto feed = [&](int64_t n, uint64_t seed) {
@@ -602,7 +602,7 @@ TEST(Attention, KeyRopeCacheRefusesOtherRope) {
   const int64_t B = 1, H = 2, Hq = 8, D = 64, S = 300;
   AnchorKVConfig cfg;
   cfg.theta = 0.2;
-  cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 5};
+  cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 5, {}};
   AnchorKVCache cache(cfg);
   const auto K = random_kv(B, H, S, D, 1), V = random_kv(B, H, S, D, 2);
   cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));

@@ -147,8 +147,8 @@ TEST_P(Models, PreRopeKeysGiveTheSameModel) {
   for (size_t l = 0; l < c.caches().size(); ++l) {
     const RopeOptions& kr = dynamic_cast<const AnchorKVCache&>(*c.caches()[l]).config().key_rope;
     EXPECT_TRUE(kr.enabled);
-    EXPECT_EQ(kr.base, w.config.rope_base);
-    EXPECT_EQ(kr.style, w.config.rope_style);
+    EXPECT_EQ(kr.base, w.config.rope.base);
+    EXPECT_EQ(kr.style, w.config.rope.style);
     EXPECT_EQ(kr.position_offset, 0);
     EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*b2.caches()[l]).config().key_rope.enabled);
   }

@@ -516,13 +516,16 @@ void dump_kv(const DumpOptions& o) {
   }
   if (static_cast<int64_t>(toks.size()) > o.ctx) toks.resize(static_cast<size_t>(o.ctx));
   const auto& c = w.config;
+  if (!c.rope.freq_scale.empty())
+    core::fail(ErrorCode::kUnsupported, "anchorkv dump-kv",
+               "the model's RoPE scales its frequencies, which a K/V dump does not record");
   io::KVDump d;
   d.n_heads = static_cast<uint32_t>(c.n_heads);
   d.n_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
   d.head_dim = static_cast<uint32_t>(c.head_dim);
   d.n_tokens = toks.size();
-  d.rope_base = c.rope_base;
-  d.rope_style = c.rope_style == RopeStyle::kNeox ? 1u : 0u;
+  d.rope_base = c.rope.base;
+  d.rope_style = c.rope.style == RopeStyle::kNeox ? 1u : 0u;
   d.layers.resize(static_cast<size_t>(c.n_layers));
   model::LlamaModel m = eval::make_model(w, "full", 0, o.threads);
   const int64_t T = static_cast<int64_t>(toks.size()), hd = c.head_dim;
