@@ -64,6 +64,11 @@ class KVCache {
   std::string name() const;
   // Token positions per (batch, head) row seen so far.
   int64_t offset() const;
+  // Batch size, heads and head dim of the tokens held (0s before the first call).
+  struct Shape {
+    int64_t batch = 0, heads = 0, head_dim = 0;
+  };
+  Shape shape() const;
   bool is_trimmable() const;
   // Bytes this cache really stores for K/V (the compressed form where there is one).
   int64_t nbytes() const;

@@ -3,7 +3,9 @@
 // and free-form metadata. Format: docs/cachefile.md.
 //
 // save_caches writes atomically (a temporary file in the same folder, fsync,
-// rename): a crash mid-save leaves the previous file intact. load_caches maps
+// rename): a crash mid-save leaves the previous file intact, and it replaces
+// only a cache file (a device, FIFO, folder or other file at the path is an
+// error, kIo). load_caches opens regular files only, maps
 // the file, checks every section's xxHash64 and every size, offset and count
 // before allocating, and returns new caches equal bit for bit to the saved
 // ones; on any error it throws anchorkv::Error (kCorruptFile, kUnsupported for
@@ -14,11 +16,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "anchorkv/cache.h"
 
 namespace anchorkv {
+
+// The first bytes of every cache file.
+inline constexpr std::string_view kCacheFileMagic = "AKVCACHE";
 
 struct PromptCacheMeta {
   std::vector<int32_t> tokens;                  // token ids the caches cover, in order

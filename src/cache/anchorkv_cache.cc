@@ -268,16 +268,16 @@ compress::CompressedRow load_row(cache::ByteReader& r, int64_t S, int64_t D, int
   const auto n_anchor = static_cast<uint64_t>(row.n_anchor), n_other = static_cast<uint64_t>(S - row.n_anchor);
   auto count = [&](MetadataLayout l) { return layout == l ? n_other : 0; };
   const bool v3 = r.format_version() >= 3;
-  row.anchor_k = r.array<uint16_t>("segment.anchor_k", n_anchor * static_cast<uint64_t>(D));
-  row.anchor_v = r.array<uint16_t>("segment.anchor_v", n_anchor * static_cast<uint64_t>(D));
+  row.anchor_k = r.halves("segment.anchor_k", n_anchor * static_cast<uint64_t>(D));
+  row.anchor_v = r.halves("segment.anchor_v", n_anchor * static_cast<uint64_t>(D));
   row.meta = r.array<uint64_t>("segment.meta", count(MetadataLayout::kSeed));
   row.meta32 = r.array<uint32_t>("segment.meta32", count(MetadataLayout::kCompact));
   row.anchor_pos = r.array<int32_t>("segment.anchor_pos", row.lists_positions() ? n_anchor : 0);
   if (v3) row.meta16 = r.array<uint16_t>("segment.meta16", count(MetadataLayout::kTight));
   for (compress::CompressedSide* side : {&row.k, &row.v}) {
-    side->coef = r.array<float>("segment.coef", count(MetadataLayout::kSeed));
-    side->coef16 = r.array<uint16_t>("segment.coef16", count(MetadataLayout::kCompact));
-    side->scales = r.array_any<uint16_t>("segment.scales");
+    side->coef = r.floats("segment.coef", count(MetadataLayout::kSeed));
+    side->coef16 = r.halves("segment.coef16", count(MetadataLayout::kCompact));
+    side->scales = r.halves_any("segment.scales");
     side->codes = r.array<uint8_t>("segment.codes", side->scales.size() * static_cast<uint64_t>(code_bytes));
     if (v3) {
       side->coef8 = r.array<uint8_t>("segment.coef8", count(MetadataLayout::kTight));

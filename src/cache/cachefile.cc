@@ -17,7 +17,6 @@
 namespace anchorkv {
 namespace {
 
-constexpr char kMagic[8] = {'A', 'K', 'V', 'C', 'A', 'C', 'H', 'E'};
 // 2: AnchorKV configs end with u8 anchor_count; 3: segment rows carry their layout
 // (tight metadata); 4: AnchorKV configs end with key_rope. Older files still load.
 constexpr uint32_t kVersion = 5;
@@ -76,7 +75,7 @@ std::vector<uint8_t> layer_payload(const KVCache& cache) {
 PromptCacheMeta read_meta(cache::ByteReader& r) {
   PromptCacheMeta m;
   m.tokens = r.array_any<int32_t>("tokens");
-  m.logits = r.array_any<float>("logits");
+  m.logits = r.floats_any("logits");
   const uint64_t n = r.get<uint64_t>("entries");
   if (n > r.left() / 16) r.fail("entries", std::to_string(n) + " entries do not fit in the section");
   for (uint64_t i = 0; i < n; ++i) {
@@ -136,7 +135,7 @@ struct SectionHeader {
 std::vector<uint8_t> serialize_caches(const std::vector<const KVCache*>& caches, const PromptCacheMeta& meta) {
   if (caches.size() > kMaxLayers) core::fail(ErrorCode::kInvalidArgument, kSaveOp, "too many caches");
   cache::ByteWriter file;
-  for (char c : kMagic) file.put<char>(c);
+  for (char c : kCacheFileMagic) file.put<char>(c);
   file.put<uint32_t>(kVersion);
   file.put<uint32_t>(static_cast<uint32_t>(1 + caches.size()));
   file.put<uint64_t>(0);
@@ -152,7 +151,7 @@ std::vector<uint8_t> serialize_caches(const std::vector<const KVCache*>& caches,
 LoadedCaches load_caches_from_memory(const uint8_t* data, size_t size, const std::string& name) {
   const std::string file = "'" + name + "'";
   cache::ByteReader header(data, size, kLoadOp, file + ", header");
-  if (size < kHeaderBytes || std::memcmp(data, kMagic, 8) != 0) header.fail("magic", "not an anchorkv cache file");
+  if (size < kHeaderBytes || std::memcmp(data, kCacheFileMagic.data(), kCacheFileMagic.size()) != 0) header.fail("magic", "not an anchorkv cache file");
   for (int i = 0; i < 8; ++i) header.get<char>("magic");
   const uint32_t version = header.get<uint32_t>("version");
   const uint32_t n_sections = header.get<uint32_t>("sections");
@@ -197,7 +196,7 @@ LoadedCaches load_caches(const std::string& path) {
 }
 
 void save_caches(const std::string& path, const std::vector<const KVCache*>& caches, const PromptCacheMeta& meta) {
-  core::write_file_atomically(path, serialize_caches(caches, meta), kSaveOp);
+  core::write_file_atomically(path, serialize_caches(caches, meta), kSaveOp, kCacheFileMagic);
 }
 
 }  // namespace anchorkv

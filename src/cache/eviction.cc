@@ -221,7 +221,7 @@ class H2OStore final : public EvictionStore {
     const uint64_t R = r.get<uint64_t>("scores");
     if (R != 0 && R != static_cast<uint64_t>(s.rows())) r.fail("scores", "wrong number of rows");
     if (R == 0 && h.kept_.tokens > 0) r.fail("scores", "no scores for the kept tokens");
-    for (uint64_t i = 0; i < R; ++i) h.score_.push_back(r.array<float>("scores", static_cast<uint64_t>(h.kept_.tokens)));
+    for (uint64_t i = 0; i < R; ++i) h.score_.push_back(r.floats("scores", static_cast<uint64_t>(h.kept_.tokens)));
     *this = std::move(h);
   }
   int64_t nbytes(const CacheShape&) const override {

@@ -207,8 +207,8 @@ ExactRows load_rows(ByteReader& r, int64_t rows, int64_t D, const char* field) {
   out.tokens = static_cast<int64_t>(tokens);
   out.resize_rows(static_cast<int64_t>(n_rows));
   for (uint64_t i = 0; i < n_rows; ++i) {
-    out.k[i] = r.array<uint16_t>(field, tokens * static_cast<uint64_t>(D));
-    out.v[i] = r.array<uint16_t>(field, tokens * static_cast<uint64_t>(D));
+    out.k[i] = r.halves(field, tokens * static_cast<uint64_t>(D));
+    out.v[i] = r.halves(field, tokens * static_cast<uint64_t>(D));
   }
   return out;
 }

@@ -63,6 +63,10 @@ KVPair KVCache::fetch() const {
 
 std::string KVCache::name() const { return CacheAccess::read(*this).store.name(); }
 int64_t KVCache::offset() const { return CacheAccess::read(*this).shape.seen; }
+KVCache::Shape KVCache::shape() const {
+  const auto r = CacheAccess::read(*this);
+  return r.shape.known ? Shape{r.shape.B, r.shape.H, r.shape.D} : Shape{};
+}
 bool KVCache::is_trimmable() const { return CacheAccess::read(*this).store.is_trimmable(); }
 
 int64_t KVCache::nbytes() const {

@@ -116,8 +116,8 @@ class QuantizedStore final : public internal::CacheStore {
     for (uint64_t i = 0; i < R; ++i) {
       q.codes_k_[i] = r.array<uint8_t>("codes_k", codes);
       q.codes_v_[i] = r.array<uint8_t>("codes_v", codes);
-      q.params_k_[i] = r.array<uint16_t>("params_k", params);
-      q.params_v_[i] = r.array<uint16_t>("params_v", params);
+      q.params_k_[i] = r.halves("params_k", params);
+      q.params_v_[i] = r.halves("params_v", params);
     }
     *this = std::move(q);
   }
@@ -246,9 +246,9 @@ void KIVIStore::load_state(cache::ByteReader& r, const CacheShape& s) {
   for (auto* rows : {&q.k_params_, &q.v_params_}) rows->resize(R);
   for (uint64_t i = 0; i < R; ++i) {
     q.k_codes_[i] = r.array<uint8_t>("k_codes", groups * static_cast<uint64_t>(k_group_code_bytes(s.D)));
-    q.k_params_[i] = r.array<uint16_t>("k_params", groups * 2 * D);
+    q.k_params_[i] = r.halves("k_params", groups * 2 * D);
     q.v_codes_[i] = r.array<uint8_t>("v_codes", n * static_cast<uint64_t>(v_token_code_bytes(s.D)));
-    q.v_params_[i] = r.array<uint16_t>("v_params", n * 2 * static_cast<uint64_t>(v_groups(s.D)));
+    q.v_params_[i] = r.halves("v_params", n * 2 * static_cast<uint64_t>(v_groups(s.D)));
   }
   *this = std::move(q);
 }

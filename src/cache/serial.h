@@ -4,6 +4,7 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -92,12 +93,33 @@ class ByteReader {
   std::vector<T> array_any(const char* field) {
     return take<T>(field, get<uint64_t>(field));
   }
+  // Stored values (fp16 bits, f32): the same, and each must be finite. A
+  // non-finite K, V, scale or coefficient would turn every attention over
+  // the cache into NaN, long after the file was accepted.
+  std::vector<uint16_t> halves(const char* field, uint64_t expected) {
+    return finite_halves(field, array<uint16_t>(field, expected));
+  }
+  std::vector<uint16_t> halves_any(const char* field) { return finite_halves(field, array_any<uint16_t>(field)); }
+  std::vector<float> floats(const char* field, uint64_t expected) {
+    return finite_floats(field, array<float>(field, expected));
+  }
+  std::vector<float> floats_any(const char* field) { return finite_floats(field, array_any<float>(field)); }
   void expect_end(const char* field) const {
     if (left_ != 0) fail(field, std::to_string(left_) + " unread bytes at the end of the section");
   }
   size_t left() const { return left_; }
 
  private:
+  std::vector<uint16_t> finite_halves(const char* field, std::vector<uint16_t> v) const {
+    for (size_t i = 0; i < v.size(); ++i)
+      if ((v[i] & 0x7C00) == 0x7C00) fail(field, "value " + std::to_string(i) + " is not finite");
+    return v;
+  }
+  std::vector<float> finite_floats(const char* field, std::vector<float> v) const {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i])) fail(field, "value " + std::to_string(i) + " is not finite");
+    return v;
+  }
   template <class T>
   std::vector<T> take(const char* field, uint64_t n) {
     static_assert(std::is_trivially_copyable_v<T>);

@@ -1,6 +1,7 @@
 #include "core/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,7 +13,26 @@
 
 namespace anchorkv::core {
 
-void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes, std::string_view op) {
+namespace {
+// Refuses to replace anything but a regular file that begins with `magic`.
+void check_replaceable(const std::string& path, std::string_view op, std::string_view magic) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // nothing there (or a dangling link): created anew
+  if (!S_ISREG(st.st_mode))
+    fail(ErrorCode::kIo, op, "'" + path + "' exists and is not a regular file; refusing to replace it");
+  if (magic.empty() || st.st_size == 0) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  std::string head(magic.size(), '\0');
+  const ssize_t n = fd >= 0 ? ::read(fd, head.data(), head.size()) : -1;
+  if (fd >= 0) ::close(fd);
+  if (n != static_cast<ssize_t>(magic.size()) || head != magic)
+    fail(ErrorCode::kIo, op, "'" + path + "' exists and is not a cache file; refusing to replace it");
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes, std::string_view op,
+                           std::string_view magic) {
+  check_replaceable(path, op, magic);
   const std::filesystem::path target(path);
   std::string tmp = (target.has_parent_path() ? target.parent_path() / "" : std::filesystem::path()).string() + "." +
                     target.filename().string() + ".tmp.XXXXXX";

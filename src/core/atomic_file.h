@@ -11,6 +11,10 @@
 namespace anchorkv::core {
 
 // Throws Error(kIo) naming `op`; the temporary file is removed on failure.
-void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes, std::string_view op);
+// Only a regular file (or a link to one) is replaced: a device, FIFO or folder
+// at `path` is an error, and so is a non-empty file that does not begin with
+// `magic` when one is given (a cache file replaces only a cache file).
+void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes, std::string_view op,
+                           std::string_view magic = {});
 
 }  // namespace anchorkv::core

@@ -14,13 +14,18 @@
 namespace anchorkv::core {
 
 MappedFile MappedFile::open(const std::string& path, std::string_view op) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail(ErrorCode::kIo, op, "cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     const int e = errno;
     ::close(fd);
     fail(ErrorCode::kIo, op, "cannot stat '" + path + "': " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(ErrorCode::kIo, op, "'" + path + "' is not a regular file");
   }
   MappedFile f;
   f.size_ = static_cast<size_t>(st.st_size);

@@ -1,5 +1,6 @@
 // A read-only memory mapping of a whole file (RAII). Empty files map to
-// size 0 with a null data pointer.
+// size 0 with a null data pointer. Only regular files open: a FIFO, device
+// or folder is an error at once (opened non-blocking, never waited on).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,7 @@ class MappedFile {
   ~MappedFile();
 
   const uint8_t* data() const { return data_; }
+  std::string_view text() const { return {reinterpret_cast<const char*>(data_), size_}; }
   size_t size() const { return size_; }
 
  private:

@@ -2,10 +2,10 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 namespace anchorkv::io {
 
@@ -50,17 +50,18 @@ void write_kvdump(const std::string& path, const KVDump& d) {
     core::fail(ErrorCode::kInvalidArgument, kOp, "RoPE base must be finite and > 1, style 0 or 1");
   Header h{{'A', 'K', 'V', 'D'}, v2 ? 2u : 1u, static_cast<uint32_t>(d.layers.size()), d.n_heads, d.n_kv_heads,
            d.head_dim, d.n_tokens, 0, 0, per * 4 * d.layers.size()};
-  std::ofstream f(path, std::ios::binary);
-  if (!f) core::fail(ErrorCode::kIo, kOp, "cannot write '" + path + "'");
-  f.write(reinterpret_cast<const char*>(&h), sizeof(h));
+  std::vector<uint8_t> bytes;
+  auto put = [&](const void* p, size_t n) {
+    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
+  put(&h, sizeof(h));
   if (v2) {
     const RopeTail t{d.rope_base, d.rope_style, 0};
-    f.write(reinterpret_cast<const char*>(&t), sizeof(t));
+    put(&t, sizeof(t));
   }
   for (const auto& l : d.layers)
-    for (const auto* a : {&l.q, &l.k_post, &l.k_pre, &l.v})
-      f.write(reinterpret_cast<const char*>(a->data()), static_cast<std::streamsize>(a->size() * 4));
-  if (!f) core::fail(ErrorCode::kIo, kOp, "write to '" + path + "' failed");
+    for (const auto* a : {&l.q, &l.k_post, &l.k_pre, &l.v}) put(a->data(), a->size() * 4);
+  core::write_file_atomically(path, bytes, kOp, "AKVD");  // replaces only a dump
 }
 
 KVDump parse_kvdump(const uint8_t* data, size_t size, const std::string& name) {
@@ -120,10 +121,8 @@ KVDump parse_kvdump(const uint8_t* data, size_t size, const std::string& name) {
 }
 
 KVDump read_kvdump(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) core::fail(ErrorCode::kIo, kOp, "cannot open '" + path + "'");
-  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return parse_kvdump(bytes.data(), bytes.size(), path);
+  const core::MappedFile f = core::MappedFile::open(path, kOp);
+  return parse_kvdump(f.data(), f.size(), path);
 }
 
 }  // namespace anchorkv::io

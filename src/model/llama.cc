@@ -18,84 +18,6 @@
 
 namespace anchorkv::model {
 
-namespace {
-constexpr const char* kLoad = "anchorkv::load_model";
-}  // namespace
-
-LlamaWeights load_llama2c(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) core::fail(ErrorCode::kIo, kLoad, "cannot open '" + path + "'");
-  in.seekg(0, std::ios::end);
-  const int64_t size = in.tellg();
-  in.seekg(0);
-  int32_t h[7];
-  if (size < 28 || !in.read(reinterpret_cast<char*>(h), 28))
-    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': shorter than the llama2.c header");
-  LlamaWeights w;
-  LlamaConfig& c = w.config;
-  c.architecture = "llama2.c";
-  c.dim = h[0];
-  c.hidden = h[1];
-  c.n_layers = h[2];
-  c.n_heads = h[3];
-  c.n_kv_heads = h[4];
-  const bool shared = h[5] > 0;
-  c.vocab = std::abs(h[5]);
-  c.context = h[6];
-  for (int i = 0; i < 7; ++i)
-    if (h[i] == 0 || (i != 5 && h[i] < 0) || std::abs(static_cast<int64_t>(h[i])) > (int64_t{1} << 24))
-      core::fail(ErrorCode::kCorruptFile, kLoad,
-                 "'" + path + "': header field " + std::to_string(i) + " = " + std::to_string(h[i]) +
-                     " is out of range");
-  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
-    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': inconsistent head counts");
-  c.head_dim = c.dim / c.n_heads;
-  c.rms_eps = 1e-5;
-  const int64_t D = c.dim, L = c.n_layers, kv = c.n_kv_heads * c.head_dim, Hd = c.hidden;
-  const int64_t floats = c.vocab * D + L * D + L * D * D + 2 * L * kv * D + L * D * D + L * D +
-                         3 * L * Hd * D + D + c.context * c.head_dim + (shared ? 0 : c.vocab * D);
-  if (size < 28 + floats * 4)
-    core::fail(ErrorCode::kCorruptFile, kLoad,
-               "'" + path + "': " + std::to_string(size) + " bytes, the header implies " +
-                   std::to_string(28 + floats * 4));
-  auto take = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    in.read(reinterpret_cast<char*>(v.data()), n * 4);
-    return v;
-  };
-  auto split = [&](int64_t per) {
-    std::vector<float> all = take(L * per);
-    std::vector<std::vector<float>> out(static_cast<size_t>(L));
-    for (int64_t l = 0; l < L; ++l) out[l].assign(all.begin() + l * per, all.begin() + (l + 1) * per);
-    return out;
-  };
-  w.embeddings = Weight::from_f32(take(c.vocab * D), c.vocab, D);
-  auto att_norm = split(D), wq = split(D * D), wk = split(kv * D), wv = split(kv * D), wo = split(D * D),
-       ffn_norm = split(D), w1 = split(Hd * D), w2 = split(D * Hd), w3 = split(Hd * D);
-  w.final_norm = take(D);
-  take(c.context * c.head_dim);  // freq_cis_real and freq_cis_imag (RoPE is computed instead)
-  if (!shared) w.output_weight = Weight::from_f32(take(c.vocab * D), c.vocab, D);
-  for (int64_t l = 0; l < L; ++l) {
-    LlamaLayer layer;
-    layer.attn_norm = std::move(att_norm[l]);
-    layer.ffn_norm = std::move(ffn_norm[l]);
-    layer.wq = Weight::from_f32(std::move(wq[l]), D, D);
-    layer.wk = Weight::from_f32(std::move(wk[l]), kv, D);
-    layer.wv = Weight::from_f32(std::move(wv[l]), kv, D);
-    layer.wo = Weight::from_f32(std::move(wo[l]), D, D);
-    layer.w_gate = Weight::from_f32(std::move(w1[l]), Hd, D);
-    layer.w_up = Weight::from_f32(std::move(w3[l]), Hd, D);
-    layer.w_down = Weight::from_f32(std::move(w2[l]), D, Hd);
-    w.layers.push_back(std::move(layer));
-  }
-  return w;
-}
-
-LlamaWeights load_model(const std::string& path) {
-  const bool gguf = path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
-  return gguf ? load_gguf(path) : load_llama2c(path);
-}
-
 Weight Weight::from_f32(std::vector<float> data, int64_t rows, int64_t cols) {
   Weight w;
   w.rows = rows;
@@ -202,10 +124,18 @@ void LlamaModel::restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t p
     core::fail(
         ErrorCode::kInvalidArgument, op,
         std::to_string(caches.size()) + " caches for " + std::to_string(w_.config.n_layers) + " layers");
-  for (const auto& c : caches)
+  const auto& cfg = w_.config;
+  for (const auto& c : caches) {
     if (!c || c->offset() != position)
       core::fail(ErrorCode::kInvalidArgument, op,
                  "every cache must hold " + std::to_string(position) + " positions");
+    const KVCache::Shape s = c->shape();
+    if (position > 0 && (s.batch != 1 || s.heads != cfg.n_kv_heads || s.head_dim != cfg.head_dim))
+      core::fail(ErrorCode::kInvalidArgument, op,
+                 "a cache of batch " + std::to_string(s.batch) + ", " + std::to_string(s.heads) +
+                     " heads of dim " + std::to_string(s.head_dim) + " does not fit this model (" +
+                     std::to_string(cfg.n_kv_heads) + " KV heads of dim " + std::to_string(cfg.head_dim) + ")");
+  }
   caches_ = std::move(caches);
   pos_ = position;
 }

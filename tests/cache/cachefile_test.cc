@@ -260,7 +260,7 @@ std::vector<uint8_t> file_with(const std::vector<std::vector<uint8_t>>& layers, 
 }
 
 std::vector<uint8_t> full_layer(int64_t B, int64_t H, int64_t D, int64_t seen, uint64_t tokens, uint64_t rows,
-                                uint64_t row_len) {
+                                uint64_t row_len, uint16_t value = 0x3C00) {
   cache::ByteWriter w;
   w.str("anchorkv::FullKVCache");
   w.put<uint8_t>(1);
@@ -270,7 +270,7 @@ std::vector<uint8_t> full_layer(int64_t B, int64_t H, int64_t D, int64_t seen, u
   for (uint64_t r = 0; r < rows; ++r)
     for (int side = 0; side < 2; ++side) {
       w.put<uint64_t>(row_len);
-      for (uint64_t i = 0; i < std::min<uint64_t>(row_len, 64); ++i) w.put<uint16_t>(0x3C00);
+      for (uint64_t i = 0; i < std::min<uint64_t>(row_len, 64); ++i) w.put<uint16_t>(i == 3 ? value : 0x3C00);
     }
   return w.bytes();
 }
@@ -292,6 +292,19 @@ TEST(CacheFile, HandMadeLayerLoadsAndBadCountsAreErrors) {
   cache::ByteWriter unknown;
   unknown.str("anchorkv::NoSuchCache");
   EXPECT_EQ(load_error(file_with({unknown.bytes()})), ErrorCode::kCorruptFile);
+}
+
+// A checksum-valid file with a non-finite stored value would make every
+// attention over it NaN: refused at load, as are non-finite logits.
+TEST(CacheFile, NonFiniteStoredValuesAreErrors) {
+  EXPECT_EQ(load_error(file_with({full_layer(1, 1, 4, 2, 2, 1, 8, 0x3800)})), ErrorCode{});
+  for (uint16_t bad : {uint16_t{0x7C00}, uint16_t{0xFC00}, uint16_t{0x7E00}})  // +inf, -inf, NaN
+    EXPECT_EQ(load_error(file_with({full_layer(1, 1, 4, 2, 2, 1, 8, bad)})), ErrorCode::kCorruptFile) << bad;
+  cache::ByteWriter meta;
+  meta.put<uint64_t>(0);                // no tokens
+  meta.array(std::vector<float>{1.0f, NAN});  // logits
+  meta.put<uint64_t>(0);
+  EXPECT_EQ(load_error(file_with({}, 1, &meta.bytes())), ErrorCode::kCorruptFile);
 }
 
 TEST(CacheFile, NewerVersionAndOtherFilesAreClearErrors) {

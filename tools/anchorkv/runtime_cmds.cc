@@ -27,6 +27,7 @@
 #include "io/kvdump.h"
 #include "model/llama.h"
 #include "model/sampler.h"
+#include "core/mapped_file.h"
 #include "model/tokenizer.h"
 
 namespace anchorkv::cli {
@@ -38,11 +39,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 bool is_gguf(const std::string& p) { return p.size() >= 5 && p.compare(p.size() - 5, 5, ".gguf") == 0; }
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) core::fail(ErrorCode::kIo, "anchorkv", "cannot read '" + path + "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return std::string(core::MappedFile::open(path, "anchorkv").text());  // regular files only, never a FIFO
 }
 
 // Prompt tokens from --prompt / --prompt-file (GGUF tokenizer) or --tokens.
