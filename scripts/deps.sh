@@ -13,7 +13,7 @@ ANCHORKV_PACKAGES=(
   nlohmann-json3-dev  # JSON output
   libfmt-dev          # formatting
   libxxhash-dev       # xxHash64 checksums of cache files (header-only use)
-  libcpp-httplib-dev  # HTTP server of `anchorkv serve`
+  libmicrohttpd-dev   # HTTP server of `anchorkv serve` (bounded connections, headers, bodies)
   python3 python3-dev python3-numpy python3-pytest python3-pip
   python3-requests    # the server tests' HTTP client
   pybind11-dev        # Python bindings

@@ -7,6 +7,7 @@
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
 #include "core/atomic_file.h"
+#include "core/mapped_file.h"
 #include "io/gguf.h"
 
 #define XXH_INLINE_ALL
@@ -76,41 +77,71 @@ std::string model_identity(const std::string& model_path, const model::LlamaWeig
   return os.str();
 }
 
+Restored restore_prompt(const uint8_t* data, size_t size, const std::string& name, const PromptCacheKey& key,
+                        const std::vector<int32_t>& prompt, model::LlamaModel& m) {
+  Restored out;
+  LoadedCaches l;
+  try {
+    l = load_caches_from_memory(data, size, name);
+  } catch (const Error& e) {
+    out.why_not = e.what();
+    return out;
+  }
+  const std::vector<int32_t>& toks = l.meta.tokens;
+  out.why_not = key_mismatch(l.meta.entries, key);
+  if (out.why_not.empty() && toks.empty()) out.why_not = "it covers no tokens";
+  if (out.why_not.empty() && !l.meta.logits.empty() && static_cast<int64_t>(l.meta.logits.size()) != m.config().vocab)
+    out.why_not = "it holds " + std::to_string(l.meta.logits.size()) + " logits for a vocabulary of " +
+                  std::to_string(m.config().vocab);
+  if (!out.why_not.empty()) return out;
+  if (toks.size() > prompt.size() || !std::equal(toks.begin(), toks.end(), prompt.begin())) {
+    out.outcome = Restore::kNotPrefix;
+    out.why_not = "its " + std::to_string(toks.size()) + " tokens are not a prefix of the prompt";
+    return out;
+  }
+  if (toks.size() == prompt.size() && l.meta.logits.empty()) {
+    out.outcome = Restore::kNoLogits;
+    out.why_not = "it covers the whole prompt but holds no logits for the next token";
+    return out;
+  }
+  try {
+    m.restore(std::move(l.caches), static_cast<int64_t>(toks.size()));
+  } catch (const Error& e) {
+    out.why_not = e.what();
+    return out;
+  }
+  out.outcome = Restore::kUsed;
+  out.tokens = static_cast<int64_t>(toks.size());
+  out.logits = std::move(l.meta.logits);
+  return out;
+}
+
 PromptCacheHit try_restore(const std::string& path, const std::string& identity, const std::string& spec, double theta,
                            const std::vector<int32_t>& prompt, model::LlamaModel& m) {
   PromptCacheHit hit;
-  if (!std::filesystem::exists(path)) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
     hit.why_not = "no file yet";
     return hit;
   }
   const auto t0 = Clock::now();
-  LoadedCaches l;
+  core::MappedFile f;
   try {
-    l = load_caches(path);
+    f = core::MappedFile::open(path, "anchorkv::load_caches");
   } catch (const Error& e) {
     hit.why_not = e.what();
     return hit;
   }
-  const std::vector<int32_t>& toks = l.meta.tokens;
-  hit.why_not = key_mismatch(l.meta.entries, {identity, spec, theta});
-  if (hit.why_not.empty() &&
-      (toks.empty() || toks.size() > prompt.size() || !std::equal(toks.begin(), toks.end(), prompt.begin())))
-    hit.why_not = "its " + std::to_string(toks.size()) + " tokens are not a prefix of the prompt";
-  if (hit.why_not.empty() && toks.size() == prompt.size() &&
-      static_cast<int64_t>(l.meta.logits.size()) != m.config().vocab)
-    hit.why_not = "it covers the whole prompt but holds no logits for the next token";
-  if (!hit.why_not.empty()) return hit;
-  try {
-    m.restore(std::move(l.caches), static_cast<int64_t>(toks.size()));
-  } catch (const Error& e) {
-    hit.why_not = e.what();
+  Restored r = restore_prompt(f.data(), f.size(), path, {identity, spec, theta}, prompt, m);
+  if (r.outcome != Restore::kUsed) {
+    hit.why_not = std::move(r.why_not);
     return hit;
   }
   hit.used = true;
-  hit.tokens = static_cast<int64_t>(toks.size());
-  hit.logits = std::move(l.meta.logits);
+  hit.tokens = r.tokens;
+  hit.logits = std::move(r.logits);
   hit.load_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  hit.file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
+  hit.file_bytes = static_cast<int64_t>(f.size());
   return hit;
 }
 
@@ -137,7 +168,7 @@ std::vector<uint8_t> prompt_file(const PromptCacheKey& key, const model::LlamaMo
 int64_t save_prompt(const std::string& path, const std::string& identity, const std::string& spec, double theta,
                     const std::vector<int32_t>& tokens, const std::vector<float>& logits, const model::LlamaModel& m) {
   const std::vector<uint8_t> bytes = prompt_file({identity, spec, theta}, m, tokens, logits);
-  core::write_file_atomically(path, bytes, "anchorkv::save_caches");
+  core::write_file_atomically(path, bytes, "anchorkv::save_caches", kCacheFileMagic);
   return static_cast<int64_t>(bytes.size());
 }
 

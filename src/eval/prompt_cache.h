@@ -29,6 +29,23 @@ std::string key_mismatch(const std::map<std::string, std::string>& entries, cons
 std::vector<uint8_t> prompt_file(const PromptCacheKey& key, const model::LlamaModel& m, std::vector<int32_t> tokens,
                                  std::vector<float> logits);
 
+// Restoring `m` from cache-file bytes for a prompt: used when the bytes were
+// written for `key`, parse and validate, cover a prefix of `prompt` (when they
+// cover all of it, with the logits of its next token) and fit the model's
+// layers. Otherwise `m` is unchanged and the outcome says why: kDamaged for
+// bytes no prompt can use (corrupt, foreign, inconsistent: a pool drops such
+// an entry), kNotPrefix and kNoLogits for bytes that are fine but not for this
+// prompt.
+enum class Restore : uint8_t { kUsed, kDamaged, kNotPrefix, kNoLogits };
+struct Restored {
+  Restore outcome = Restore::kDamaged;
+  std::string why_not;          // when not used
+  int64_t tokens = 0;           // positions restored
+  std::vector<float> logits;    // after the last restored token (empty or vocab values)
+};
+Restored restore_prompt(const uint8_t* data, size_t size, const std::string& name, const PromptCacheKey& key,
+                        const std::vector<int32_t>& prompt, model::LlamaModel& m);
+
 struct PromptCacheHit {
   bool used = false;        // the file's caches are now the model's
   std::string why_not;      // when not used: the reason, for the user

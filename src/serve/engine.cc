@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
+#include <optional>
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
-#include "core/atomic_file.h"
-#include "core/mapped_file.h"
 #include "eval/prompt_cache.h"
 #include "eval/tasks.h"
 
@@ -29,27 +26,53 @@ size_t incomplete_utf8_tail(const std::string& s) {
   return 0;
 }
 
-// A slot for the lifetime of one request.
+// A slot for the lifetime of one request. Waits while every slot is busy
+// (checking `keep_going` every 100 ms); throws Busy when `max_queue` already wait.
 class SlotGuard {
  public:
-  SlotGuard(std::mutex& m, std::condition_variable& cv, int& busy, int slots) : m_(m), cv_(cv), busy_(busy) {
+  SlotGuard(std::mutex& m, std::condition_variable& cv, int& busy, int& waiting, int slots, int max_queue,
+            const std::function<bool()>& keep_going)
+      : m_(m), cv_(cv), busy_(busy) {
     std::unique_lock lock(m_);
-    cv_.wait(lock, [&] { return busy_ < slots; });
+    if (busy_ >= slots && waiting >= max_queue) throw Busy{};
+    ++waiting;
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return busy_ < slots; }))
+      if (keep_going && !keep_going()) {
+        --waiting;
+        cancelled = true;
+        return;
+      }
+    --waiting;
     ++busy_;
+    held_ = true;
   }
   ~SlotGuard() {
+    if (!held_) return;
     {
       std::lock_guard lock(m_);
       --busy_;
     }
     cv_.notify_one();
   }
+  bool cancelled = false;
 
  private:
   std::mutex& m_;
   std::condition_variable& cv_;
   int& busy_;
+  bool held_ = false;
 };
+
+// The tokens a spilled or pooled file covers, when it was written for `key`.
+std::optional<std::vector<int32_t>> pooled_tokens(const uint8_t* data, size_t size, const std::string& path,
+                                                  const eval::PromptCacheKey& key) {
+  try {
+    LoadedCaches l = load_caches_from_memory(data, size, path);
+    if (eval::key_mismatch(l.meta.entries, key).empty() && !l.meta.tokens.empty()) return std::move(l.meta.tokens);
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -97,149 +120,57 @@ TokenLogprob Engine::token_logprob(const std::vector<float>& logits, int32_t tok
 }
 
 Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options)
-    : weights_(weights), tok_(tokenizer), opt_(std::move(options)) {
-  eval::make_model(weights_, opt_.cache, opt_.theta, 1);  // validates the cache spec now
-  index_cache_dir();
-}
+    : weights_(weights),
+      tok_(tokenizer),
+      opt_((eval::make_model(weights, options.cache, options.theta, 1), std::move(options))),  // validates the spec
+      pool_({opt_.pool_budget, opt_.cache_dir}, [this](const uint8_t* data, size_t size, const std::string& path) {
+        return pooled_tokens(data, size, path, key());
+      }) {}
 
-// Under pool_mutex_: the pooled entry (memory first, then disk) with the
-// longest token list that begins `prompt`.
-bool Engine::take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out) {
-  std::lock_guard lock(pool_mutex_);
-  auto begins = [&](const std::vector<int32_t>& t) {
-    return t.size() <= prompt.size() && std::equal(t.begin(), t.end(), prompt.begin());
-  };
-  auto best = pool_.end();
-  for (auto it = pool_.begin(); it != pool_.end(); ++it)
-    if (begins(it->tokens) && (best == pool_.end() || it->tokens.size() > best->tokens.size())) best = it;
-  size_t best_disk = disk_.size();
-  for (size_t i = 0; i < disk_.size(); ++i)
-    if (begins(disk_[i].tokens) && disk_[i].tokens.size() > (best == pool_.end() ? 0 : best->tokens.size()) &&
-        (best_disk == disk_.size() || disk_[i].tokens.size() > disk_[best_disk].tokens.size()))
-      best_disk = i;
-  if (best_disk < disk_.size()) {  // back into memory
-    const DiskEntry d = disk_[best_disk];
-    disk_.erase(disk_.begin() + static_cast<std::ptrdiff_t>(best_disk));
-    try {
-      const core::MappedFile f = core::MappedFile::open(d.path, "anchorkv serve");
-      PoolEntry e{d.tokens, std::vector<uint8_t>(f.data(), f.data() + f.size())};
-      std::filesystem::remove(d.path);
-      ++metrics_.disk_hits;
-      *out = e;
-      pool_bytes_ += static_cast<int64_t>(e.file.size());
-      pool_.push_front(std::move(e));
-      while (pool_bytes_ > opt_.pool_budget && pool_.size() > 1) evict_one();
-      ++metrics_.prefix_hits;
-      return true;
-    } catch (const Error&) {
-      // A spilled file that went away or cannot be read is simply not a hit.
+std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m,
+                                          GenerateResult& res) {
+  size_t limit = prompt.size();
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const std::optional<PrefixPool::Entry> hit = pool_.longest_prefix(prompt, limit);
+    if (!hit) return {};
+    eval::Restored r = eval::restore_prompt(hit->file->data(), hit->file->size(), "prefix pool", key(), prompt, m);
+    if (r.outcome == eval::Restore::kUsed) {
+      // Still a prefix of the prompt, so correct to use; but an entry whose
+      // bytes cover other tokens than its index says is dropped.
+      if (r.tokens != static_cast<int64_t>(hit->tokens.size())) pool_.discard(hit->tokens);
+      res.reused_tokens = r.tokens;
+      return std::move(r.logits);
+    }
+    if (r.outcome == eval::Restore::kNoLogits) {
+      limit = hit->tokens.size() - 1;  // fine, but this prompt needs a shorter one
+    } else {
+      pool_.discard(hit->tokens);  // damaged, foreign, or not the tokens it was indexed as
     }
   }
-  if (best == pool_.end()) {
-    ++metrics_.prefix_misses;
-    return false;
-  }
-  pool_.splice(pool_.begin(), pool_, best);  // most recently used
-  *out = pool_.front();
-  ++metrics_.prefix_hits;
-  return true;
+  return {};
 }
 
-int64_t Engine::shared_prefix(const std::vector<int32_t>& prompt) const {
-  std::lock_guard lock(pool_mutex_);
-  size_t best = 0;
-  auto consider = [&](const std::vector<int32_t>& t) {
-    const size_t n = std::min(t.size(), prompt.size());
-    size_t i = 0;
-    while (i < n && t[i] == prompt[i]) ++i;
-    best = std::max(best, i);
-  };
-  for (const auto& e : pool_) consider(e.tokens);
-  for (const auto& d : disk_) consider(d.tokens);
-  return static_cast<int64_t>(best);
-}
-
-void Engine::evict_one() {
-  PoolEntry& e = pool_.back();
-  const auto bytes = static_cast<int64_t>(e.file.size());
-  if (!opt_.cache_dir.empty()) {
-    const std::string path = opt_.cache_dir + "/prefix-" + std::to_string(next_file_++) + ".akvc";
-    try {
-      core::write_file_atomically(path, e.file, "anchorkv serve");
-      disk_.push_back({std::move(e.tokens), path, bytes});
-    } catch (const Error&) {
-      // A full or read-only folder: the entry is dropped as without --cache-dir.
-    }
-  }
-  pool_bytes_ -= bytes;
-  pool_.pop_back();
-  ++metrics_.pool_evictions;
-}
-
-void Engine::add_to_pool(PoolEntry entry) {
-  const auto bytes = static_cast<int64_t>(entry.file.size());
-  std::lock_guard lock(pool_mutex_);
-  if (bytes > opt_.pool_budget) return;
-  for (auto it = pool_.begin(); it != pool_.end(); ++it)
-    if (it->tokens == entry.tokens) {  // the same prompt again: refresh it
-      pool_bytes_ -= static_cast<int64_t>(it->file.size());
-      pool_.erase(it);
-      break;
-    }
-  while (!pool_.empty() && pool_bytes_ + bytes > opt_.pool_budget) evict_one();
-  pool_bytes_ += bytes;
-  pool_.push_front(std::move(entry));
-}
-
-// Spilled files of an earlier run with the same model and cache become disk entries.
-void Engine::index_cache_dir() {
-  if (opt_.cache_dir.empty()) return;
-  std::filesystem::create_directories(opt_.cache_dir);
-  for (const auto& f : std::filesystem::directory_iterator(opt_.cache_dir)) {
-    if (f.path().extension() != ".akvc") continue;
-    try {
-      const LoadedCaches l = load_caches(f.path().string());
-      if (eval::key_mismatch(l.meta.entries, key()).empty() && !l.meta.tokens.empty())
-        disk_.push_back({l.meta.tokens, f.path().string(), static_cast<int64_t>(f.file_size())});
-    } catch (const Error&) {
-      // Not ours or damaged: left alone.
-    }
-    const std::string stem = f.path().stem().string();
-    if (stem.rfind("prefix-", 0) == 0) next_file_ = std::max<int64_t>(next_file_, std::atoll(stem.c_str() + 7) + 1);
-  }
-}
-
-GenerateResult Engine::generate(const GenerateRequest& req) {
-  SlotGuard slot(slot_mutex_, slot_free_, busy_slots_, std::max(1, opt_.slots));
-  GenerateResult res;
-  res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
-  model::LlamaModel m = eval::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
-  std::vector<float> logits;
-  PoolEntry hit;
-  if (take_prefix(req.prompt, &hit)) {
-    LoadedCaches l = load_caches_from_memory(hit.file.data(), hit.file.size(), "prefix pool");
-    m.restore(std::move(l.caches), static_cast<int64_t>(hit.tokens.size()));
-    res.reused_tokens = static_cast<int64_t>(hit.tokens.size());
-    logits = std::move(l.meta.logits);
-  }
-  auto t0 = Clock::now();
+// Prefills what the pool did not restore. A prompt that shares a longer
+// beginning with a pooled one than what was restored (another question about
+// the same document) first prefills up to that point and pools it, so the next
+// such prompt restores it.
+void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (m.position() >= n) return;
   auto prefill_to = [&](int64_t end) {
-    logits = m.forward(std::vector<int32_t>(req.prompt.begin() + m.position(), req.prompt.begin() + end));
+    logits = m.forward(std::vector<int32_t>(prompt.begin() + m.position(), prompt.begin() + end));
     if (end < opt_.min_prefix) return;
-    std::vector<int32_t> tokens(req.prompt.begin(), req.prompt.begin() + end);
+    std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
     std::vector<uint8_t> file = eval::prompt_file(key(), m, tokens, logits);
-    add_to_pool({std::move(tokens), std::move(file)});
+    pool_.add(std::move(tokens), std::move(file));
   };
-  if (res.reused_tokens < res.prompt_tokens) {
-    // A prompt that shares a longer beginning with a pooled one than what was
-    // restored (another question about the same document) first prefills up
-    // to that point and pools it, so the next such prompt restores it.
-    const int64_t shared = shared_prefix(req.prompt);
-    if (shared > res.reused_tokens && shared < res.prompt_tokens && shared >= opt_.min_prefix) prefill_to(shared);
-    prefill_to(res.prompt_tokens);
-  }
-  res.prefill_s = since(t0);
-  t0 = Clock::now();
+  const int64_t shared = pool_.shared_prefix(prompt);
+  if (shared > m.position() && shared < n && shared >= opt_.min_prefix) prefill_to(shared);
+  prefill_to(n);
+}
+
+void Engine::decode(const GenerateRequest& req, model::LlamaModel& m, std::vector<float> logits,
+                    GenerateResult& res) {
   model::Sampler sampler(req.sampler);
   TextStream stream(req.stop);
   res.finish_reason = "length";
@@ -249,6 +180,14 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
   };
   bool stop_string = false;
   for (int64_t i = 0; i < req.max_tokens; ++i) {
+    if (req.keep_going && !req.keep_going()) {
+      res.finish_reason = "cancelled";
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= req.deadline) {
+      res.timed_out = true;
+      break;
+    }
     const int32_t next = sampler.sample(logits.data(), weights_.config.vocab);
     if (next == tok_.eos()) {
       res.finish_reason = "stop";
@@ -268,24 +207,74 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
     if (i + 1 < req.max_tokens) logits = m.forward({next});
   }
   if (res.finish_reason != "cancelled" && !stop_string && !emit(stream.finish())) res.finish_reason = "cancelled";
-  res.decode_s = since(t0);
-  std::lock_guard lock(pool_mutex_);
-  metrics_.requests += 1;
-  metrics_.prompt_tokens += res.prompt_tokens;
-  metrics_.prefilled_tokens += res.prompt_tokens - res.reused_tokens;
-  metrics_.completion_tokens += res.completion_tokens;
-  metrics_.prefill_s += res.prefill_s;
-  metrics_.decode_s += res.decode_s;
+}
+
+GenerateResult Engine::generate(const GenerateRequest& req) {
+  GenerateResult res;
+  res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  std::optional<SlotGuard> slot;
+  try {
+    slot.emplace(slot_mutex_, slot_free_, busy_slots_, waiting_, std::max(1, opt_.slots), opt_.max_queue,
+                 req.keep_going);
+  } catch (const Busy&) {
+    std::lock_guard lock(stats_mutex_);
+    ++stats_.busy;
+    throw;
+  }
+  if (slot->cancelled) {
+    res.finish_reason = "cancelled";
+    record(res);
+    return res;
+  }
+  try {
+    run(req, /*use_pool=*/true, res);
+  } catch (const Error&) {
+    // Whatever the pooled prefix held made the model fail (the file
+    // validated, yet its values do not work): it is dropped, and the request
+    // runs again from scratch unless text was already sent; an error without
+    // a pooled prefix is the request's own.
+    if (res.reused_tokens == 0) throw;
+    pool_.discard(std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + res.reused_tokens));
+    if (res.completion_tokens > 0) throw;
+    res = GenerateResult{};
+    res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+    run(req, /*use_pool=*/false, res);
+  }
+  record(res);
   return res;
 }
 
+void Engine::run(const GenerateRequest& req, bool use_pool, GenerateResult& res) {
+  model::LlamaModel m = eval::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
+  auto t0 = Clock::now();
+  std::vector<float> logits = use_pool ? restore_prefix(req.prompt, m, res) : std::vector<float>();
+  prefill(req.prompt, m, logits);
+  res.prefill_s = since(t0);
+  t0 = Clock::now();
+  decode(req, m, std::move(logits), res);
+  res.decode_s = since(t0);
+}
+
+void Engine::record(const GenerateResult& res) {
+  std::lock_guard lock(stats_mutex_);
+  stats_.requests += 1;
+  stats_.prompt_tokens += res.prompt_tokens;
+  if (res.finish_reason != "cancelled" || res.prefill_s > 0)
+    stats_.prefilled_tokens += res.prompt_tokens - res.reused_tokens;
+  stats_.completion_tokens += res.completion_tokens;
+  stats_.cancelled += res.finish_reason == "cancelled";
+  stats_.timed_out += res.timed_out;
+  stats_.prefill_s += res.prefill_s;
+  stats_.decode_s += res.decode_s;
+}
+
 EngineMetrics Engine::metrics() const {
-  std::lock_guard lock(pool_mutex_);
-  EngineMetrics m = metrics_;
-  m.pool_entries = static_cast<int64_t>(pool_.size());
-  m.pool_bytes = pool_bytes_;
-  m.disk_entries = static_cast<int64_t>(disk_.size());
-  for (const auto& d : disk_) m.disk_bytes += d.bytes;
+  EngineMetrics m;
+  {
+    std::lock_guard lock(stats_mutex_);
+    m = stats_;
+  }
+  m.pool = pool_.metrics();
   return m;
 }
 

@@ -2,17 +2,18 @@
 // pool of compressed prompt prefixes. No HTTP here (tools/anchorkv/serve.cc).
 //
 // Each request runs in one of `slots` parallel slots with caches of its own.
-// Before prefilling, the pool is searched for the longest cached prompt that
-// is a prefix of the new one; its caches (kept as cache-file bytes, i.e. the
-// compressed form) are restored and only the rest is prefilled. After the
-// prefill the prompt's caches enter the pool, which holds at most
-// `pool_budget` bytes, evicting the least recently used entries. A prompt
-// that shares a longer beginning with a pooled prompt (a second question about
-// the same document) is prefilled in two steps and that beginning is pooled
-// too, so later prompts restore it.
+// Before prefilling, the pool (prefix_pool.h) is searched for the longest
+// cached prompt that is a prefix of the new one; its caches (kept as
+// cache-file bytes, i.e. the compressed form) are validated and restored and
+// only the rest is prefilled. After the prefill the prompt's caches enter the
+// pool, which holds at most `pool_budget` bytes, evicting the least recently
+// used entries. A prompt that shares a longer beginning with a pooled prompt
+// (a second question about the same document) is prefilled in two steps and
+// that beginning is pooled too, so later prompts restore it.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -25,6 +26,7 @@
 #include "model/llama.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "serve/prefix_pool.h"
 
 namespace anchorkv::serve {
 
@@ -33,6 +35,7 @@ struct EngineOptions {
   double theta = 0.05;
   int threads = 0;                    // per request's model
   int slots = 1;                      // requests generating at once
+  int max_queue = 64;                 // requests waiting for a slot; more are refused (Busy)
   int64_t pool_budget = int64_t{1} << 30;  // bytes of cached prefixes
   int64_t min_prefix = 16;            // shorter prompts are not pooled
   // Entries evicted from memory are written here as cache files and loaded
@@ -51,6 +54,11 @@ struct GenerateRequest {
   // Called with each new piece of text (complete UTF-8, stop strings held
   // back); returning false cancels the request (the client went away).
   std::function<bool(const std::string&)> on_text;
+  // Asked while the request waits for a slot and before every step; false
+  // cancels it (the client went away).
+  std::function<bool()> keep_going;
+  // Generation stops here (finish_reason "length", `timed_out` set).
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct TokenLogprob {
@@ -63,46 +71,40 @@ struct GenerateResult {
   std::string text;
   std::vector<TokenLogprob> logprobs;  // per generated token, when asked for
   std::string finish_reason;  // "stop", "length" or "cancelled"
+  bool timed_out = false;     // the deadline ended it
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t reused_tokens = 0;  // prompt tokens restored from the pool
   double prefill_s = 0, decode_s = 0;
 };
 
+// Thrown by generate() when max_queue requests already wait for a slot.
+struct Busy {};
+
 struct EngineMetrics {
   int64_t requests = 0, prompt_tokens = 0, prefilled_tokens = 0, completion_tokens = 0;
-  int64_t prefix_hits = 0, prefix_misses = 0;
-  int64_t pool_entries = 0, pool_bytes = 0, pool_evictions = 0;
-  int64_t disk_entries = 0, disk_bytes = 0, disk_hits = 0;
+  int64_t cancelled = 0, timed_out = 0, busy = 0;
   double prefill_s = 0, decode_s = 0;
+  PoolMetrics pool;
 };
 
 class Engine {
  public:
   Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options);
-  // Thread-safe; waits for a free slot.
+  // Thread-safe; waits for a free slot (throws Busy when too many wait).
   GenerateResult generate(const GenerateRequest& request);
   EngineMetrics metrics() const;
   const EngineOptions& options() const { return opt_; }
 
  private:
-  struct PoolEntry {
-    std::vector<int32_t> tokens;
-    std::vector<uint8_t> file;  // a cache file: the caches, the tokens, the logits after the last one
-  };
-  struct DiskEntry {
-    std::vector<int32_t> tokens;
-    std::string path;
-    int64_t bytes = 0;
-  };
-  // The longest pooled prefix of `prompt` (moved to the front), copied out.
-  bool take_prefix(const std::vector<int32_t>& prompt, PoolEntry* out);
-  // The longest beginning `prompt` shares with any pooled prompt.
-  int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
+  // Restores the longest usable pooled prefix into `m` (entries found bad are
+  // dropped from the pool); returns the logits after it (empty when none).
+  std::vector<float> restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m, GenerateResult& res);
+  void prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits);
+  void decode(const GenerateRequest& req, model::LlamaModel& m, std::vector<float> logits, GenerateResult& res);
+  // One attempt: restore (when use_pool), prefill, decode.
+  void run(const GenerateRequest& req, bool use_pool, GenerateResult& res);
+  void record(const GenerateResult& res);
   TokenLogprob token_logprob(const std::vector<float>& logits, int32_t token, int top) const;
-  void add_to_pool(PoolEntry entry);
-  // Under pool_mutex_: moves the least recently used entry out of memory.
-  void evict_one();
-  void index_cache_dir();
   eval::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }
 
   const model::LlamaWeights& weights_;
@@ -110,13 +112,10 @@ class Engine {
   const EngineOptions opt_;
   std::mutex slot_mutex_;
   std::condition_variable slot_free_;
-  int busy_slots_ = 0;
-  mutable std::mutex pool_mutex_;  // guards pool_ and metrics_
-  std::list<PoolEntry> pool_;      // most recently used first
-  int64_t pool_bytes_ = 0;
-  std::vector<DiskEntry> disk_;    // spilled entries (cache_dir)
-  int64_t next_file_ = 0;
-  EngineMetrics metrics_;
+  int busy_slots_ = 0, waiting_ = 0;
+  PrefixPool pool_;
+  mutable std::mutex stats_mutex_;  // guards stats_ (never held across work)
+  EngineMetrics stats_;
 };
 
 // Keeps text back until it is complete UTF-8 and cannot be the start of a

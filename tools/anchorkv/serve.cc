@@ -1,7 +1,8 @@
-// `anchorkv serve`: an OpenAI-compatible HTTP server (cpp-httplib, nlohmann
-// JSON) over serve::Engine — completions and chat completions (plain and
-// server-sent events), models, health and Prometheus metrics.
-#include <httplib.h>
+// `anchorkv serve`: an OpenAI-compatible HTTP server (http_server.h on
+// libmicrohttpd, nlohmann JSON) over serve::Engine — completions and chat
+// completions (plain and server-sent events), models, health and Prometheus
+// metrics. Every limit is checked before the work it bounds: bytes before
+// tokenizing, tokens before prefilling, the queue before waiting.
 #include <fmt/format.h>
 #include <signal.h>
 
@@ -16,6 +17,7 @@
 #include "anchorkv/status.h"
 #include "commands.h"
 #include "eval/prompt_cache.h"
+#include "http_server.h"
 #include "io/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -31,7 +33,10 @@ struct ServeOptions {
   std::string model, host = "127.0.0.1", chat_template, cache_budget = "1GiB";
   int port = 8080, parallel = 1, threads = 0;
   serve::EngineOptions engine;
-  int64_t max_body = 1 << 20, max_prompt = 8192, max_tokens_limit = 4096;
+  HttpLimits http;
+  int64_t max_prompt = 0;  // 0: the model's context (at most 8192)
+  int64_t max_tokens_limit = 4096;
+  double request_timeout_s = 300;
 };
 
 // An OpenAI-style error; thrown by request parsing, answered with `status`.
@@ -114,16 +119,21 @@ class Server {
  public:
   Server(const ServeOptions& o, const model::LlamaWeights& w, const model::Tokenizer& tok, serve::ChatTemplate chat,
          std::string model_name)
-      : o_(o), tok_(tok), chat_(chat), name_(std::move(model_name)), engine_(w, tok, o.engine) {
+      : o_(o), tok_(tok), chat_(chat), name_(std::move(model_name)), engine_(w, tok, o.engine), http_(o.http) {
+    for (int32_t id = 0; id < tok_.size(); ++id)
+      longest_piece_ = std::max<int64_t>(longest_piece_, static_cast<int64_t>(tok_.piece(id).size()));
     routes();
   }
-  bool listen() { return http_.listen(o_.host.c_str(), o_.port); }
+  void start() { http_.start(o_.host, o_.port); }
   void stop() { http_.stop(); }
 
  private:
   void routes();
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  HttpResponse completion(const HttpRequest& req, bool chat);
+  HttpResponse stream(const serve::GenerateRequest& gen, const std::string& id, bool chat);
   std::vector<int32_t> prompt_tokens(const json& body, bool chat) const;
+  std::vector<int32_t> token_ids(const json& p) const;
+  void check_text_bytes(size_t bytes, const char* param) const;
   json usage(const serve::GenerateResult& r) const;
   std::string metrics_text() const;
 
@@ -132,37 +142,56 @@ class Server {
   const serve::ChatTemplate chat_;
   const std::string name_;
   serve::Engine engine_;
-  httplib::Server http_;
-  std::atomic<int64_t> next_id_{1}, http_errors_{0};
+  HttpServer http_;
+  int64_t longest_piece_ = 1;  // bytes of the longest token: a text of more than max_prompt times it is too long
+  std::atomic<int64_t> next_id_{1}, http_errors_{0}, server_errors_{0};
 };
 
+HttpResponse json_response(int status, const json& body) { return {status, "application/json", dump(body), {}, {}}; }
+
 void Server::routes() {
-  http_.set_payload_max_length(static_cast<size_t>(o_.max_body));
-  const int workers = std::max(4, o_.parallel + 4);  // health and metrics answer while slots are busy
-  http_.new_task_queue = [workers] { return new httplib::ThreadPool(static_cast<size_t>(workers)); };
-  http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
+  // Health answers from this thread alone: it never waits on the engine, a slot or the pool.
+  http_.route("GET", "/health", [](const HttpRequest&) { return json_response(200, {{"status", "ok"}}); });
+  http_.route("GET", "/v1/models", [this](const HttpRequest&) {
+    return json_response(200, {{"object", "list"},
+                               {"data", json::array({{{"id", name_}, {"object", "model"}, {"created", 0},
+                                                      {"owned_by", "anchorkv"}}})}});
   });
-  http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(dump({{"object", "list"},
-                          {"data", json::array({{{"id", name_}, {"object", "model"}, {"created", 0},
-                                                 {"owned_by", "anchorkv"}}})}}),
-                    "application/json");
+  http_.route("GET", "/metrics", [this](const HttpRequest&) {
+    return HttpResponse{200, "text/plain; version=0.0.4", metrics_text(), {}, {}};
   });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_text(), "text/plain; version=0.0.4");
-  });
-  http_.Post("/v1/completions",
-             [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
-  http_.Post("/v1/chat/completions",
-             [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
-  http_.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
+  http_.route("POST", "/v1/completions", [this](const HttpRequest& r) { return completion(r, false); });
+  http_.route("POST", "/v1/chat/completions", [this](const HttpRequest& r) { return completion(r, true); });
+  http_.fallback([this](const HttpRequest&) {
     ++http_errors_;
-    const int status = res.status;
-    res.set_content(dump(error_body({status, status == 404 ? "no such endpoint" : "request refused", ""})),
-                    "application/json");
+    return json_response(404, error_body({404, "no such endpoint", ""}));
   });
+  http_.on_exception([this](const std::string& what) {
+    ++server_errors_;
+    std::fprintf(stderr, "anchorkv serve: request failed: %s\n", what.c_str());
+    return json_response(500, {{"error", {{"message", "internal error"}, {"type", "server_error"},
+                                          {"param", nullptr}, {"code", nullptr}}}});
+  });
+}
+
+// A text that cannot fit in max_prompt tokens is refused before it is tokenized.
+void Server::check_text_bytes(size_t bytes, const char* param) const {
+  if (static_cast<double>(bytes) > static_cast<double>(o_.max_prompt) * static_cast<double>(longest_piece_) + 8)
+    throw ApiError{400, "the prompt is too long: the limit is " + std::to_string(o_.max_prompt) + " tokens", param};
+}
+
+std::vector<int32_t> Server::token_ids(const json& p) const {
+  if (p.size() > static_cast<size_t>(o_.max_prompt))
+    throw ApiError{400, "the prompt has " + std::to_string(p.size()) + " tokens; the limit is " +
+                            std::to_string(o_.max_prompt), "prompt"};
+  std::vector<int32_t> ids;
+  for (const auto& x : p) {
+    if (!x.is_number_integer()) throw ApiError{400, "'prompt' token ids must be integers", "prompt"};
+    const int64_t id = x.get<int64_t>();
+    if (id < 0 || id >= tok_.size()) throw ApiError{400, "token id out of the vocabulary", "prompt"};
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
 }
 
 std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat) const {
@@ -171,29 +200,28 @@ std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat) const {
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
       throw ApiError{400, "'messages' must be a non-empty array", "messages"};
     std::vector<serve::ChatMessage> msgs;
+    size_t bytes = 0;
     for (const auto& m : body["messages"]) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
           !m["content"].is_string())
         throw ApiError{400, "each message needs a string 'role' and 'content'", "messages"};
       msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      bytes += msgs.back().content.size();
     }
     if (chat_ == serve::ChatTemplate::kNone)
       throw ApiError{400, "the model has no known chat template; start the server with --chat-template", "messages"};
+    check_text_bytes(bytes, "messages");
     ids = tok_.encode(serve::render_chat(chat_, msgs), serve::chat_adds_bos(chat_));
   } else {
     if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt"};
     const json& p = body["prompt"];
     if (p.is_string()) {
+      check_text_bytes(p.get_ref<const std::string&>().size(), "prompt");
       ids = tok_.encode(p.get<std::string>(), true);
-    } else if (p.is_array() && !p.empty() && p.size() <= static_cast<size_t>(o_.max_prompt) &&
-               std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_number_integer(); })) {
-      for (const auto& x : p) {
-        const int64_t id = x.get<int64_t>();
-        if (id < 0 || id >= tok_.size()) throw ApiError{400, "token id out of the vocabulary", "prompt"};
-        ids.push_back(static_cast<int32_t>(id));
-      }
+    } else if (p.is_array() && !p.empty()) {
+      ids = token_ids(p);
     } else {
-      throw ApiError{400, "'prompt' must be a string or an array of token ids", "prompt"};
+      throw ApiError{400, "'prompt' must be a string or a non-empty array of token ids", "prompt"};
     }
   }
   if (ids.empty()) throw ApiError{400, "the prompt is empty", chat ? "messages" : "prompt"};
@@ -237,7 +265,25 @@ json Server::usage(const serve::GenerateResult& r) const {
           {"prompt_tokens_details", {{"cached_tokens", r.reused_tokens}}}};
 }
 
-void Server::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+json choice_json(bool chat, const std::string& text, const json& finish, bool delta) {
+  json c = {{"index", 0}, {"finish_reason", finish}};
+  if (!chat) {
+    c["text"] = text;
+    c["logprobs"] = nullptr;
+  } else if (delta) {
+    c["delta"] = text.empty() ? json::object() : json{{"content", text}};
+  } else {
+    c["message"] = {{"role", "assistant"}, {"content", text}};
+  }
+  return c;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+HttpResponse Server::completion(const HttpRequest& req, bool chat) {
   Sampling s;
   try {
     const json body = json::parse(req.body);
@@ -247,104 +293,112 @@ void Server::completion(const httplib::Request& req, httplib::Response& res, boo
     if (chat) s.gen.stop.insert(s.gen.stop.end(), serve::chat_stops(chat_).begin(), serve::chat_stops(chat_).end());
   } catch (const json::exception& e) {
     ++http_errors_;
-    res.status = 400;
-    res.set_content(dump(error_body({400, std::string("malformed JSON: ") + e.what(), ""})), "application/json");
-    return;
+    return json_response(400, error_body({400, std::string("malformed JSON: ") + e.what(), ""}));
   } catch (const ApiError& e) {
     ++http_errors_;
-    res.status = e.status;
-    res.set_content(dump(error_body(e)), "application/json");
-    return;
+    return json_response(e.status, error_body(e));
   }
+  s.gen.deadline = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(o_.request_timeout_s));
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
-  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-  const std::string object = chat ? "chat.completion" : "text_completion";
-  auto choice = [chat](const std::string& text, const json& finish, bool delta) {
-    json c = {{"index", 0}, {"finish_reason", finish}};
-    if (!chat) {
-      c["text"] = text;
-      c["logprobs"] = nullptr;
-    } else if (delta) {
-      c["delta"] = text.empty() ? json::object() : json{{"content", text}};
-    } else {
-      c["message"] = {{"role", "assistant"}, {"content", text}};
-    }
-    return c;
-  };
-  if (!s.stream) {
-    const serve::GenerateResult r = engine_.generate(s.gen);
-    json c = choice(r.text, r.finish_reason, false);
-    if (s.gen.top_logprobs >= 0) c["logprobs"] = logprobs_json(r, chat);
-    res.set_content(dump({{"id", id},
-                          {"object", object},
-                          {"created", created},
-                          {"model", name_},
-                          {"choices", json::array({c})},
-                          {"usage", usage(r)}}),
-                    "application/json");
-    return;
+  if (s.stream) return stream(s.gen, id, chat);
+  s.gen.keep_going = [&req] { return !req.client_gone(); };
+  serve::GenerateResult r;
+  try {
+    r = engine_.generate(s.gen);
+  } catch (const serve::Busy&) {
+    ++http_errors_;
+    HttpResponse busy = json_response(503, error_body({503, "the server is busy; retry shortly", ""}));
+    busy.headers.push_back({"Retry-After", "1"});
+    return busy;
   }
-  const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
-    auto send = [&](const json& j) {
-      const std::string line = "data: " + dump(j) + "\n\n";
-      return sink.is_writable() && sink.write(line.data(), line.size());
-    };
+  json c = choice_json(chat, r.text, r.finish_reason, false);
+  if (s.gen.top_logprobs >= 0) c["logprobs"] = logprobs_json(r, chat);
+  return json_response(200, {{"id", id},
+                             {"object", chat ? "chat.completion" : "text_completion"},
+                             {"created", unix_now()},
+                             {"model", name_},
+                             {"choices", json::array({c})},
+                             {"usage", usage(r)}});
+}
+
+// Server-sent events: one chunk per piece of text, a last one with
+// finish_reason and usage, then [DONE]. A full queue ends the stream with an
+// error event.
+HttpResponse Server::stream(const serve::GenerateRequest& gen, const std::string& id, bool chat) {
+  HttpResponse res{200, "text/event-stream", "", {{"Cache-Control", "no-cache"}}, {}};
+  const int64_t created = unix_now();
+  res.produce = [this, gen, id, chat, created](const std::function<bool(const std::string&)>& write,
+                                               const std::function<bool()>& gone) {
+    auto send = [&](const json& j) { return write("data: " + dump(j) + "\n\n"); };
     auto chunk = [&](const std::string& text, const json& finish) {
       return json{{"id", id},
-                  {"object", chunk_object},
+                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
                   {"created", created},
                   {"model", name_},
-                  {"choices", json::array({choice(text, finish, true)})}};
+                  {"choices", json::array({choice_json(chat, text, finish, true)})}};
     };
-    serve::GenerateRequest gen = s.gen;
-    gen.on_text = [&](const std::string& text) { return send(chunk(text, nullptr)); };
-    const serve::GenerateResult r = engine_.generate(gen);
-    if (r.finish_reason != "cancelled") {
-      json last = chunk("", r.finish_reason);
-      last["usage"] = usage(r);
-      send(last);
-      const std::string done = "data: [DONE]\n\n";
-      sink.write(done.data(), done.size());
+    serve::GenerateRequest g = gen;
+    g.on_text = [&](const std::string& text) { return send(chunk(text, nullptr)); };
+    g.keep_going = [&] { return !gone() && !http_.stopping(); };
+    serve::GenerateResult r;
+    try {
+      r = engine_.generate(g);
+    } catch (const serve::Busy&) {
+      ++http_errors_;
+      send(error_body({503, "the server is busy; retry shortly", ""}));
+      return;
     }
-    sink.done();
-    return true;
-  });
+    if (r.finish_reason == "cancelled") return;
+    json last = chunk("", r.finish_reason);
+    last["usage"] = usage(r);
+    send(last);
+    write("data: [DONE]\n\n");
+  };
+  return res;
 }
 
 std::string Server::metrics_text() const {
   const serve::EngineMetrics m = engine_.metrics();
+  const serve::PoolMetrics& pool = m.pool;
   std::string out;
   auto metric = [&](const char* name, const char* type, const char* help, double v) {
     out += fmt::format("# HELP anchorkv_{} {}\n# TYPE anchorkv_{} {}\nanchorkv_{} {}\n", name, help, name, type,
                        name, v);
   };
-  metric("requests_total", "counter", "Generation requests completed.", static_cast<double>(m.requests));
-  metric("request_errors_total", "counter", "Requests refused with a 4xx answer.", static_cast<double>(http_errors_));
-  metric("prompt_tokens_total", "counter", "Prompt tokens received.", static_cast<double>(m.prompt_tokens));
-  metric("prefilled_tokens_total", "counter", "Prompt tokens run through the model.",
-         static_cast<double>(m.prefilled_tokens));
-  metric("completion_tokens_total", "counter", "Tokens generated.", static_cast<double>(m.completion_tokens));
+  auto count = [&](const char* name, const char* help, int64_t v) {
+    metric(name, "counter", help, static_cast<double>(v));
+  };
+  auto gauge = [&](const char* name, const char* help, int64_t v) {
+    metric(name, "gauge", help, static_cast<double>(v));
+  };
+  count("requests_total", "Generation requests completed.", m.requests);
+  count("request_errors_total", "Requests refused with a 4xx or 503 answer.", http_errors_ + http_.refused());
+  count("server_errors_total", "Requests answered with a 500.", server_errors_);
+  count("requests_cancelled_total", "Requests whose client went away.", m.cancelled);
+  count("requests_timed_out_total", "Generations ended by --request-timeout.", m.timed_out);
+  count("requests_busy_total", "Requests refused because --max-queue requests already waited.", m.busy);
+  count("prompt_tokens_total", "Prompt tokens received.", m.prompt_tokens);
+  count("prefilled_tokens_total", "Prompt tokens run through the model.", m.prefilled_tokens);
+  count("completion_tokens_total", "Tokens generated.", m.completion_tokens);
   metric("prefill_seconds_total", "counter", "Time spent prefilling.", m.prefill_s);
   metric("decode_seconds_total", "counter", "Time spent decoding.", m.decode_s);
-  metric("prefix_hits_total", "counter", "Requests that reused a pooled prefix.", static_cast<double>(m.prefix_hits));
-  metric("prefix_misses_total", "counter", "Requests with no pooled prefix.", static_cast<double>(m.prefix_misses));
-  metric("prefix_pool_entries", "gauge", "Prompt prefixes held.", static_cast<double>(m.pool_entries));
-  metric("prefix_pool_bytes", "gauge", "Bytes the prefix pool holds (compressed caches).",
-         static_cast<double>(m.pool_bytes));
-  metric("prefix_pool_evictions_total", "counter", "Prefixes evicted from memory for the byte budget.",
-         static_cast<double>(m.pool_evictions));
-  metric("prefix_disk_entries", "gauge", "Prefixes spilled to --cache-dir.", static_cast<double>(m.disk_entries));
-  metric("prefix_disk_bytes", "gauge", "Bytes of spilled prefixes.", static_cast<double>(m.disk_bytes));
-  metric("prefix_disk_hits_total", "counter", "Prefixes loaded back from --cache-dir.",
-         static_cast<double>(m.disk_hits));
+  count("prefix_hits_total", "Requests that reused a pooled prefix.", pool.hits);
+  count("prefix_misses_total", "Requests with no pooled prefix.", pool.misses);
+  gauge("prefix_pool_entries", "Prompt prefixes held.", pool.entries);
+  gauge("prefix_pool_bytes", "Bytes the prefix pool holds (compressed caches).", pool.bytes);
+  count("prefix_pool_evictions_total", "Prefixes evicted from memory for the byte budget.", pool.evictions);
+  gauge("prefix_disk_entries", "Prefixes spilled to --cache-dir.", pool.disk_entries);
+  gauge("prefix_disk_bytes", "Bytes of spilled prefixes.", pool.disk_bytes);
+  count("prefix_disk_hits_total", "Prefixes loaded back from --cache-dir.", pool.disk_hits);
+  count("prefix_bad_entries_total", "Pooled or spilled prefixes found damaged or foreign, and dropped.",
+        pool.bad_entries);
+  count("prefix_disk_errors_total", "Spills or removals in --cache-dir that failed.", pool.disk_errors);
   return out;
 }
 
-// "2GiB", "512MiB", "64M", "1000000" -> bytes.
+// "2GiB", "512MiB", "64M", "1000000" -> bytes, at most 2^50.
 int64_t parse_bytes(const std::string& s) {
   size_t used = 0;
   const double v = std::stod(s, &used);
@@ -354,48 +408,52 @@ int64_t parse_bytes(const std::string& s) {
                       : unit == "MiB" || unit == "M" ? 1024.0 * 1024
                       : unit == "GiB" || unit == "G" ? 1024.0 * 1024 * 1024
                                                      : -1;
-  if (mult < 0 || !(v >= 0)) throw std::invalid_argument("bad size");
+  if (mult < 0 || !(v >= 0) || !(v * mult <= std::ldexp(1.0, 50))) throw std::invalid_argument("bad size");
   return static_cast<int64_t>(v * mult);
 }
 
-void serve_main(ServeOptions o) {
+// Limits that depend on the model, and those the options cannot check alone.
+void settle_limits(ServeOptions& o, const model::LlamaWeights& w) {
+  const int64_t context = w.config.context > 0 ? w.config.context : 8192;
+  if (o.max_prompt == 0) o.max_prompt = std::min<int64_t>(8192, context);
+  if (o.max_prompt > context)
+    core_fail_arg("--max-prompt " + std::to_string(o.max_prompt) + " exceeds the model's context of " +
+                  std::to_string(context) + " tokens");
   try {
     o.engine.pool_budget = parse_bytes(o.cache_budget);
   } catch (const std::exception&) {
-    core_fail_arg("--cache-budget must be a size such as 2GiB, 512MiB or 1000000, got '" + o.cache_budget + "'");
+    core_fail_arg("--cache-budget must be a size up to 1PiB such as 2GiB, 512MiB or 1000000, got '" +
+                  o.cache_budget + "'");
   }
   o.engine.slots = o.parallel;
   o.engine.threads = o.threads;
+  o.http.max_connections = std::max<unsigned>(o.http.max_connections, static_cast<unsigned>(o.parallel) + 8);
+}
+
+void serve_main(ServeOptions o) {
   const model::LlamaWeights w = model::load_model(o.model);
+  settle_limits(o, w);
   o.engine.model_identity = eval::model_identity(o.model, w);
   const io::GgufFile f = io::GgufFile::open(o.model);
   const model::Tokenizer tok = model::Tokenizer::from_gguf(f);
   const serve::ChatTemplate chat = serve::pick_chat_template(
       o.chat_template, f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : "");
   // SIGINT / SIGTERM stop the server gracefully: blocked here (threads
-  // inherit the mask), taken by one waiting thread.
+  // inherit the mask), taken by the waiting main thread.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   Server server(o, w, tok, chat, std::filesystem::path(o.model).filename().string());
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "anchorkv serve: signal %d, stopping\n", sig);
-    server.stop();
-  });
+  server.start();
   std::fprintf(stderr, "anchorkv serve: %s on http://%s:%d (cache %s, theta %g, %d slot(s), pool %s, chat %s)\n",
                o.model.c_str(), o.host.c_str(), o.port, o.engine.cache.c_str(), o.engine.theta, o.parallel,
                o.cache_budget.c_str(), serve::chat_template_name(chat));
-  const bool ok = server.listen();
-  if (!ok) {
-    pthread_kill(waiter.native_handle(), SIGTERM);
-    waiter.join();
-    core_fail_arg("cannot listen on " + o.host + ":" + std::to_string(o.port));
-  }
-  waiter.join();
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "anchorkv serve: signal %d, stopping\n", sig);
+  server.stop();
 }
 
 }  // namespace
@@ -405,18 +463,33 @@ void register_serve(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with compressed prompt caches");
   sub->add_option("--model,-m", o->model, "GGUF model")->required();
   sub->add_option("--cache", o->engine.cache, cache_option_help("cache per layer"));
-  sub->add_option("--theta", o->engine.theta, "cache byte budget");
+  sub->add_option("--theta", o->engine.theta, "cache byte budget")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--host", o->host, "address to listen on");
   sub->add_option("--port", o->port, "port")->check(CLI::Range(1, 65535));
   sub->add_option("--parallel", o->parallel, "requests generating at once")->check(CLI::Range(1, 64));
-  sub->add_option("--threads", o->threads, "threads per request (0 = all cores)");
+  sub->add_option("--threads", o->threads, "threads per request (0 = all cores)")->check(CLI::Range(0, 4096));
   sub->add_option("--cache-budget", o->cache_budget, "bytes of pooled prompt prefixes in memory, e.g. 2GiB");
   sub->add_option("--cache-dir", o->engine.cache_dir,
                   "spill prefixes evicted from memory here as cache files, and load them back on a hit");
   sub->add_option("--chat-template", o->chat_template, "chatml, llama3 or mistral (default: detected from the GGUF)");
-  sub->add_option("--max-body", o->max_body, "largest request body, bytes");
-  sub->add_option("--max-prompt", o->max_prompt, "largest prompt, tokens");
-  sub->add_option("--max-tokens-limit", o->max_tokens_limit, "largest max_tokens a request may ask for");
+  sub->add_option("--max-body", o->http.max_body, "largest request body, bytes (chunked or not)")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+  sub->add_option("--max-prompt", o->max_prompt, "largest prompt, tokens (default: the context, at most 8192)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  sub->add_option("--max-tokens-limit", o->max_tokens_limit, "largest max_tokens a request may ask for")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub->add_option("--max-queue", o->engine.max_queue, "requests waiting for a slot; more get 503")
+      ->check(CLI::Range(0, 100000));
+  sub->add_option("--request-timeout", o->request_timeout_s, "seconds a generation may take")
+      ->check(CLI::Range(0.1, 86400.0));
+  sub->add_option("--max-connections", o->http.max_connections, "open connections at once")
+      ->check(CLI::Range(8u, 65536u));
+  sub->add_option("--max-connections-per-ip", o->http.per_ip_connections, "open connections per client address (0: any)")
+      ->check(CLI::Range(0u, 65536u));
+  sub->add_option("--idle-timeout", o->http.idle_timeout_s, "seconds a silent connection stays open")
+      ->check(CLI::Range(1u, 3600u));
+  sub->add_option("--header-memory", o->http.header_memory, "bytes per connection for the request line and headers")
+      ->check(CLI::Range(size_t{4096}, size_t{1} << 20));
   sub->callback([o] { serve_main(*o); });
 }
 
