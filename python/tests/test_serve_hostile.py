@@ -350,3 +350,24 @@ def test_python_never_blocks_on_or_replaces_special_files(tmp_path):
     t.start()
     t.join(20)
     assert done.get("ok"), "a load or save blocked, or failed its checks"
+
+
+def test_a_folder_that_cannot_be_written_turns_spills_into_drops(tmp_path):
+    spill = tmp_path / "spill"
+    s = Server(*CACHE, "--cache-budget", "60000", "--cache-dir", str(spill))
+    try:
+        prompts = [[(i * 13 + j) % 240 + 4 for j in range(160)] for i in range(6)]
+        for p in prompts[:3]:
+            assert s.post("/v1/completions", {"prompt": p, "max_tokens": 2}).ok
+        # The folder goes away and a file takes its place: writes and read-backs fail.
+        for f in spill.iterdir():
+            f.unlink()
+        spill.rmdir()
+        spill.write_text("not a folder")
+        for p in prompts:
+            r = s.post("/v1/completions", {"prompt": p, "max_tokens": 2})
+            assert r.status_code == 200
+        m = s.metrics()
+        assert m["anchorkv_prefix_disk_errors_total"] >= 1 and m["anchorkv_server_errors_total"] == 0, m
+    finally:
+        assert s.stop() == 0
