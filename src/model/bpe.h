@@ -1,7 +1,8 @@
 // GPT-2 style byte-level BPE helpers (tokenizer.ggml.model = "gpt2"):
 // the byte <-> printable-character map, and the regex pre-tokenizers named
-// by tokenizer.ggml.pre, run with ICU's regex engine (\p{L}, \p{N}, \s and
-// look-ahead as the reference tokenizers define them).
+// by tokenizer.ggml.pre, run with ICU's regex engine (\p{L}, \p{N}, \p{P},
+// \p{M}, \p{S}, Unicode white space and look-ahead as the reference
+// tokenizers define them).
 #pragma once
 
 #include <memory>
@@ -18,23 +19,27 @@ int char_to_byte(const std::string& utf8_char);
 
 class PreTokenizer {
  public:
-  // `name` is tokenizer.ggml.pre: "default"/"gpt2" (and "" for files without
-  // the key), "qwen2" (single digits), "llama-bpe"/"llama3" (digits in runs of
-  // up to 3). Throws Error(kUnsupported) for other names.
+  // `name` is tokenizer.ggml.pre (bpe.cc lists the families; "" for files
+  // without the key is GPT-2's). Throws Error(kUnsupported) for other names.
   explicit PreTokenizer(const std::string& name);
   ~PreTokenizer();
   PreTokenizer(const PreTokenizer&) = delete;
   PreTokenizer& operator=(const PreTokenizer&) = delete;
 
-  // Splits text into chunks whose concatenation is text. Valid UTF-8 runs go
-  // through the pattern; each byte of an ill-formed sequence is a chunk.
+  // Splits text into chunks whose concatenation is text. Each valid UTF-8 run
+  // goes through the family's split patterns in turn, each splitting every
+  // chunk of the one before into its matches and the gaps between them (the
+  // reference tokenizers' Sequence of Split(Isolated)); each byte of an
+  // ill-formed sequence is a chunk of its own.
   std::vector<std::string> split(const std::string& text) const;
-  const std::string& pattern() const { return pattern_; }
+  // A chunk that is a vocabulary token is that token, without BPE merges
+  // (the reference's ignore_merges: Llama 3 and a few others).
+  bool ignore_merges() const { return ignore_merges_; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::string pattern_;
+  bool ignore_merges_ = false;
 };
 
 }  // namespace anchorkv::model::bpe

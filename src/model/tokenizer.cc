@@ -1,5 +1,6 @@
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <queue>
@@ -31,7 +32,8 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
       bos_(bos),
       eos_(eos),
       unk_(unk),
-      escape_spaces_(escape_spaces) {
+      escape_spaces_(escape_spaces),
+      space_prefix_(escape_spaces) {
   const size_t n = pieces_.size();
   if (scores_.size() != n || types_.size() != n)
     core::fail(ErrorCode::kCorruptFile, kOp, "tokens, scores and token types differ in length");
@@ -56,14 +58,18 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
     }
     if (types_[i] == kNormal || types_[i] == kUserDefined || types_[i] == kUnused)
       index_.emplace(pieces_[i], static_cast<int32_t>(i));
+    if ((types_[i] == kControl || types_[i] == kUserDefined || types_[i] == kUnknown) && !pieces_[i].empty())
+      specials_.push_back(static_cast<int32_t>(i));
   }
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [&](int32_t a, int32_t b) { return pieces_[a].size() > pieces_[b].size(); });
 }
 
 Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
-  if (model != "llama" && model != "gpt2")
+  if (model != "llama" && model != "gpt2" && model != "gemma4")
     core::fail(ErrorCode::kUnsupported, kOp,
-               "tokenizer model '" + model + "' is not supported (llama, gpt2 are)");
+               "tokenizer model '" + model + "' is not supported (llama, gpt2, gemma4 are)");
   const auto& toks = f.get_array("tokenizer.ggml.tokens");
   std::vector<std::string> pieces;
   for (const auto& v : toks.items) {
@@ -98,7 +104,7 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
     if (!b) core::fail(ErrorCode::kCorruptFile, kOp, std::string(key) + " is not a bool");
     return *b;
   };
-  if (model == "gpt2") {
+  if (model == "gpt2" || model == "gemma4") {
     std::vector<std::string> merges;
     if (f.has("tokenizer.ggml.merges"))
       for (const auto& v : f.get_array("tokenizer.ggml.merges").items) {
@@ -106,22 +112,33 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
         if (!m) core::fail(ErrorCode::kCorruptFile, kOp, "tokenizer.ggml.merges holds a non-string");
         merges.push_back(*m);
       }
-    const std::string pre = f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
+    // Gemma 4: BPE merges over UTF-8 text whose spaces are U+2581 (no byte
+    // mapping), split only at newlines, <0xNN> tokens for what no merge covers.
+    const bool gemma4 = model == "gemma4";
+    const std::string pre = gemma4 ? "gemma4" : f.has("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
     Tokenizer t = byte_level_bpe(std::move(pieces), std::move(types), merges, pre,
                                  id("tokenizer.ggml.bos_token_id", -1), id("tokenizer.ggml.eos_token_id", -1),
                                  id("tokenizer.ggml.unknown_token_id", -1));
     t.add_bos_ = flag("tokenizer.ggml.add_bos_token", false);
+    t.byte_encode_ = !gemma4;
+    t.escape_spaces_ = gemma4;
     return t;
   }
+  // Spaces are escaped as U+2581 when the vocabulary uses it (a byte-only
+  // vocabulary keeps them as bytes); the space prefix follows add_space_prefix
+  // (default on; Gemma's vocabularies turn it off).
   bool escape = false;
   for (const auto& p : pieces) escape |= p.find(kSpace) != std::string::npos;
-  if (f.has("tokenizer.ggml.add_space_prefix")) {
-    if (const auto* b = std::get_if<bool>(&f.metadata().at("tokenizer.ggml.add_space_prefix")))
-      escape = escape || *b;
-  }
+  const bool prefix = flag("tokenizer.ggml.add_space_prefix", true);
+  escape = escape || (f.has("tokenizer.ggml.add_space_prefix") && prefix);
   Tokenizer t(std::move(pieces), std::move(scores), std::move(types), id("tokenizer.ggml.bos_token_id", 1),
               id("tokenizer.ggml.eos_token_id", 2), id("tokenizer.ggml.unknown_token_id", 0), escape);
+  t.space_prefix_ = escape && prefix;
   t.add_bos_ = flag("tokenizer.ggml.add_bos_token", true);
+  // llama.cpp strips the white space after Phi-3's special tokens (by model name).
+  std::string name = f.has("general.name") ? f.get_string("general.name") : "";
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  t.rstrip_specials_ = name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos;
   return t;
 }
 
@@ -140,21 +157,33 @@ Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector
                  "merge " + std::to_string(r) + " ('" + m + "') is not 'left right'");
     t.merge_rank_.emplace(m, static_cast<int32_t>(r));  // first occurrence wins
   }
-  // Every byte must be reachable: its character is a token.
-  for (int b = 0; b < 256; ++b)
-    if (!t.index_.count(bpe::byte_to_char(static_cast<unsigned char>(b))) && t.unk_ < 0)
-      core::fail(ErrorCode::kCorruptFile, kOp,
-                 "byte-level vocabulary lacks the token for byte " + std::to_string(b) +
-                     " and has no unknown token");
+  // A byte whose character is no token (Falcon's vocabulary lacks a few) is
+  // the unknown token, or dropped without one, as llama.cpp does.
   return t;
 }
 
 std::vector<int32_t> Tokenizer::encode_bpe(const std::string& text) const {
   std::vector<int32_t> ids;
   std::vector<std::string> sym;
-  for (const std::string& chunk : pre_->split(text)) {
+  for (const std::string& chunk : pre_->split(escape_spaces_ ? escape(text) : text)) {
+    std::string mapped;
+    if (byte_encode_)
+      for (unsigned char c : chunk) mapped += bpe::byte_to_char(c);
+    else
+      mapped = chunk;
+    // Whole chunks that are tokens skip the merges: always where the family
+    // says so, and Gemma 4's runs of newlines.
+    if (pre_->ignore_merges() || (!byte_encode_ && chunk.find_first_not_of('\n') == std::string::npos))
+      if (auto it = index_.find(mapped); it != index_.end()) {
+        ids.push_back(it->second);
+        continue;
+      }
     sym.clear();
-    for (unsigned char c : chunk) sym.push_back(bpe::byte_to_char(c));
+    for (size_t i = 0; i < mapped.size();) {
+      const size_t l = std::min(utf8_len(static_cast<unsigned char>(mapped[i])), mapped.size() - i);
+      sym.push_back(mapped.substr(i, l));
+      i += l;
+    }
     while (sym.size() > 1) {
       int32_t best = -1;
       size_t at = 0;
@@ -175,11 +204,17 @@ std::vector<int32_t> Tokenizer::encode_bpe(const std::string& text) const {
         ids.push_back(it->second);
         continue;
       }
-      // Not a token (a merge whose result the vocabulary lacks): its characters.
+      // Not a token (a merge whose result the vocabulary lacks): its
+      // characters (byte-level), or its bytes' <0xNN> tokens (Gemma 4).
+      if (!byte_encode_) {
+        for (unsigned char c : s)
+          if (byte_token_[c] >= 0 || unk_ >= 0) ids.push_back(byte_token_[c] >= 0 ? byte_token_[c] : unk_);
+        continue;
+      }
       for (size_t i = 0; i < s.size();) {
         const size_t l = std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i);
         auto c = index_.find(s.substr(i, l));
-        ids.push_back(c != index_.end() ? c->second : unk_);
+        if (c != index_.end() || unk_ >= 0) ids.push_back(c != index_.end() ? c->second : unk_);
         i += l;
       }
     }
@@ -204,26 +239,65 @@ Tokenizer Tokenizer::bytes(int64_t vocab) {
   return Tokenizer(std::move(pieces), std::move(scores), std::move(types), 1, 2, 0, false);
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text_in, bool add_bos) const {
-  if (pre_) {
-    std::vector<int32_t> ids;
-    if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
-    const std::vector<int32_t> body = encode_bpe(text_in);
-    ids.insert(ids.end(), body.begin(), body.end());
-    return ids;
-  }
-  std::string text;
-  if (escape_spaces_) {
-    text = kSpace;
-    for (char c : text_in) {
-      if (c == ' ')
-        text += kSpace;
-      else
-        text += c;
+std::vector<Tokenizer::Fragment> Tokenizer::partition(const std::string& text, bool parse_special) const {
+  std::vector<Fragment> parts = {{-1, text}};
+  for (int32_t id : specials_) {
+    if (!parse_special && types_[id] != kUserDefined) continue;
+    const std::string& needle = pieces_[id];
+    const bool rstrip = rstrip_specials_ && types_[id] != kUnknown && id != bos_;
+    std::vector<Fragment> next;
+    for (Fragment& f : parts) {
+      if (f.token >= 0) {
+        next.push_back(std::move(f));
+        continue;
+      }
+      size_t at = 0;
+      for (size_t hit; (hit = f.text.find(needle, at)) != std::string::npos;) {
+        if (hit > at) next.push_back({-1, f.text.substr(at, hit - at)});
+        next.push_back({id, {}});
+        at = hit + needle.size();
+        if (rstrip)
+          while (at < f.text.size() && std::isspace(static_cast<unsigned char>(f.text[at]))) ++at;
+      }
+      if (at < f.text.size()) next.push_back({-1, f.text.substr(at)});
     }
-  } else {
-    text = text_in;
+    parts = std::move(next);
   }
+  return parts;
+}
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
+  std::vector<int32_t> ids;
+  if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
+  if (text.empty()) return ids;  // no space prefix either: the reference gives no tokens
+  bool after_special = true;     // SentencePiece's space prefix: at the start and after each special token
+  for (const Fragment& f : partition(text, parse_special)) {
+    if (f.token >= 0) {
+      ids.push_back(f.token);
+      after_special = true;
+      continue;
+    }
+    const std::vector<int32_t> part =
+        pre_ ? encode_bpe(f.text) : encode_spm(space_prefix_ && after_special ? " " + f.text : f.text);
+    ids.insert(ids.end(), part.begin(), part.end());
+    after_special = false;
+  }
+  return ids;
+}
+
+std::string Tokenizer::escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == ' ')
+      out += kSpace;
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_spm(const std::string& text_in) const {
+  const std::string text = escape_spaces_ ? escape(text_in) : text_in;
   // Symbols: UTF-8 characters in a doubly linked list.
   struct Sym {
     size_t start, len;
@@ -266,7 +340,6 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text_in, bool add_bos)
     try_pair(b.left, l.next);
   }
   std::vector<int32_t> ids;
-  if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
   for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) {
     const std::string s = text.substr(sym[i].start, sym[i].len);
     auto it = index_.find(s);
@@ -287,7 +360,7 @@ std::string Tokenizer::piece(int32_t id) const {
   }
   if (types_[id] == kControl || types_[id] == kUnknown) return "";
   const std::string& s = pieces_[id];
-  if (pre_) {  // byte-level: each character back to its byte (user-defined text stays as is)
+  if (pre_ && byte_encode_) {  // byte-level: each character back to its byte (user-defined text stays as is)
     std::string out;
     for (size_t i = 0; i < s.size();) {
       const size_t l = std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i);
@@ -315,7 +388,7 @@ std::string Tokenizer::piece(int32_t id) const {
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) out += piece(id);
-  if (escape_spaces_ && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the added prefix
+  if (space_prefix_ && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the added prefix
   return out;
 }
 

@@ -60,7 +60,12 @@ class Tokenizer {
   // checkpoints here): ids 3 + byte, 1 = BOS, 2 = EOS.
   static Tokenizer bytes(int64_t vocab);
 
-  std::vector<int32_t> encode(const std::string& text, bool add_bos) const;
+  // Before either algorithm, the text is split at the vocabulary's
+  // user-defined tokens (and, with parse_special, its control tokens: the
+  // markers of a chat template), longest first, as llama.cpp and the Hugging
+  // Face tokenizers do; each becomes its token, the rest is encoded piece by
+  // piece (SentencePiece adds its space prefix after each such token).
+  std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special = false) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   std::string piece(int32_t id) const;  // one token's text (bytes for byte tokens)
   int32_t bos() const { return bos_; }
@@ -70,8 +75,18 @@ class Tokenizer {
 
  private:
   std::vector<int32_t> encode_bpe(const std::string& text) const;
+  std::vector<int32_t> encode_spm(const std::string& text) const;
+  static std::string escape(const std::string& text);  // ' ' -> U+2581
+  struct Fragment {
+    int32_t token = -1;  // >= 0: a special token; else text
+    std::string text;
+  };
+  std::vector<Fragment> partition(const std::string& text, bool parse_special) const;
+  std::vector<int32_t> specials_;  // control, user-defined and unknown tokens, longest text first
+  bool rstrip_specials_ = false;   // Phi-3: white space after a special token is dropped
   std::shared_ptr<const bpe::PreTokenizer> pre_;  // set for byte-level BPE
   std::unordered_map<std::string, int32_t> merge_rank_;
+  bool byte_encode_ = true;  // BPE over GPT-2's byte characters (not for Gemma 4)
   bool add_bos_ = true;
 
   std::vector<std::string> pieces_;
@@ -80,7 +95,8 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t> index_;
   int32_t byte_token_[256];
   int32_t bos_, eos_, unk_;
-  bool escape_spaces_;
+  bool escape_spaces_;  // ' ' -> U+2581
+  bool space_prefix_;   // a ' ' before the text (SentencePiece's add_space_prefix)
 };
 
 }  // namespace anchorkv::model

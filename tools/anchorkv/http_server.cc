@@ -255,8 +255,7 @@ void HttpServer::start(const std::string& host, int port) {
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, limits_.per_ip_connections,                //
       MHD_OPTION_CONNECTION_TIMEOUT, limits_.idle_timeout_s,                         //
       MHD_OPTION_NOTIFY_COMPLETED, &Dispatch::on_completed, nullptr,                 //
-      MHD_OPTION_LISTENING_ADDRESS_REUSE, 0u,  // never SO_REUSEPORT: a second server on the port fails
-      MHD_OPTION_END);
+      MHD_OPTION_END);  // SO_REUSEADDR only, never SO_REUSEPORT: a second server on the port fails
   if (!daemon_)
     core::fail(ErrorCode::kIo, kOp,
                "cannot listen on " + host + ":" + std::to_string(port) + " (" + std::strerror(errno) +

@@ -481,7 +481,7 @@ void register_serve(CLI::App& app) {
   sub->add_option("--max-queue", o->engine.max_queue, "requests waiting for a slot; more get 503")
       ->check(CLI::Range(0, 100000));
   sub->add_option("--request-timeout", o->request_timeout_s, "seconds a generation may take")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(CLI::Range(0.01, 86400.0));
   sub->add_option("--max-connections", o->http.max_connections, "open connections at once")
       ->check(CLI::Range(8u, 65536u));
   sub->add_option("--max-connections-per-ip", o->http.per_ip_connections, "open connections per client address (0: any)")
