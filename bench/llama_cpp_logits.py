@@ -10,7 +10,7 @@ reports the largest difference relative to the largest logit, and top-1 agreemen
     /usr/bin/python3 bench/llama_cpp_logits.py --peer-dir /path/to/scratch --variants /tmp/variants
 
 --variants DIR writes the synthetic files of python/tests/test_model_files.py (RoPE scaling, biases,
-fused QKV) into DIR and checks each of them.
+fused QKV, Qwen3, Gemma 3 with sliding-window layers, Phi-3 with long RoPE) into DIR and checks each.
 """
 
 import argparse
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   llama_model* model = llama_model_load_from_file(argv[1], mp);
   if (!model) return 1;
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = toks.size() + 16;
+  cp.n_ctx = 0;  // the trained context, as anchorkv runs (Phi-3 picks its RoPE factors by it)
   cp.n_batch = cp.n_ubatch = toks.size();
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.n_threads = cp.n_threads_batch = 2;
@@ -124,6 +124,17 @@ def write_variants(folder):
         "biases": dict(biases=("qkv", "o", "ffn")),
         "fused_qkv": dict(biases=("qkv", "o", "ffn"), fused_qkv=True),
         "qwen2_out_bias": dict(arch="qwen2", biases=("qkv", "out")),
+        "qwen3": dict(arch="qwen3", qk_norm=True),
+        "gemma3_swa": dict(arch="gemma3", qk_norm=True, post_norms=True, layers=6,
+                           meta_extra={"gemma3.attention.sliding_window": (ggufw.U32, 7),
+                                       "gemma3.rope.freq_base": (ggufw.F32V, 1e6),
+                                       "gemma3.rope.scaling.type": (ggufw.STR, "linear"),
+                                       "gemma3.rope.scaling.factor": (ggufw.F32V, 8.0)}),
+        "phi3_longrope": dict(arch="phi3", fused_qkv=True, fused_gate_up=True,
+                              rope_factors=(np.linspace(1, 6, HD // 2), np.linspace(1, 1.5, HD // 2)),
+                              meta_extra={"phi3.context_length": (ggufw.U32, 4096),
+                                          "phi3.rope.scaling.original_context_length": (ggufw.U32, 256),
+                                          "phi3.rope.scaling.attn_factor": (ggufw.F32V, 1.19)}),
     }
     paths = {}
     for name, kw in variants.items():

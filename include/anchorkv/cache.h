@@ -97,6 +97,20 @@ class FullKVCache final : public KVCache {
   void trim(int64_t n);
 };
 
+// The last `window` positions of every row, exact fp16: the cache of a
+// sliding-window attention layer (Gemma 3's local layers attend only that far
+// back), a ring that never grows past the window. Older positions are dropped;
+// attention sees the kept ones in position order.
+class SlidingWindowKVCache final : public KVCache {
+ public:
+  // Throws Error(kInvalidConfig) unless 1 <= window <= 2^30.
+  explicit SlidingWindowKVCache(int64_t window);
+  int64_t window() const { return window_; }
+
+ private:
+  int64_t window_;
+};
+
 // AnchorKV anchor-residual cache (docs/spec.md). Never evicts.
 class AnchorKVCache final : public KVCache {
  public:

@@ -22,15 +22,18 @@ TOKENS = [3, 77, 200, 5, 100, 255, 17, 250, 42, 9, 60, 61, 62, 63, 64, 120] * 2
 
 
 def write_model(path, arch="llama", meta_extra=None, rope_freqs=None, biases=(), fused_qkv=False,
-                extra_tensors=(), seed=11):
-    """A 2-layer model with a byte-level GPT-2 vocabulary; returns (W, cfg) for numpy_llama."""
+                extra_tensors=(), seed=11, layers=LAYERS, qk_norm=False, post_norms=False, fused_gate_up=False,
+                rope_factors=None):
+    """A small model with a byte-level GPT-2 vocabulary; returns (W, cfg) for numpy_llama.
+    qk_norm / post_norms: Qwen3's and Gemma 3's extra norms; fused_gate_up: Phi-3's ffn_up holding gate
+    then up rows; rope_factors: Phi-3's (long, short) per-pair divisors."""
     rng = np.random.default_rng(seed)
     pieces = [B2U[b] for b in range(256)] + ["<|end|>"]
     V = len(pieces)
     a = arch
     meta = {
         "general.architecture": (ggufw.STR, a),
-        a + ".embedding_length": (ggufw.U32, D), a + ".block_count": (ggufw.U32, LAYERS),
+        a + ".embedding_length": (ggufw.U32, D), a + ".block_count": (ggufw.U32, layers),
         a + ".attention.head_count": (ggufw.U32, HQ), a + ".attention.head_count_kv": (ggufw.U32, HK),
         a + ".feed_forward_length": (ggufw.U32, HIDDEN), a + ".context_length": (ggufw.U32, 256),
         a + ".rope.freq_base": (ggufw.F32V, 10000.0), a + ".attention.layer_norm_rms_epsilon": (ggufw.F32V, 1e-5),
@@ -54,8 +57,11 @@ def write_model(path, arch="llama", meta_extra=None, rope_freqs=None, biases=(),
         W["out_b"] = add("output.bias", rng.normal(0, 0.5, V))
     if rope_freqs is not None:
         add("rope_freqs.weight", np.asarray(rope_freqs, np.float64))
+    if rope_factors is not None:
+        add("rope_factors_long.weight", np.asarray(rope_factors[0], np.float64))
+        add("rope_factors_short.weight", np.asarray(rope_factors[1], np.float64))
     q, kv = HQ * HD, HK * HD
-    for l in range(LAYERS):
+    for l in range(layers):
         p, L = f"blk.{l}.", {}
         L["attn_norm"] = add(p + "attn_norm.weight", 1 + rng.normal(0, 0.1, D))
         wq, wk, wv = rng.normal(0, 0.15, (q, D)), rng.normal(0, 0.15, (kv, D)), rng.normal(0, 0.1, (kv, D))
@@ -71,13 +77,23 @@ def write_model(path, arch="llama", meta_extra=None, rope_freqs=None, biases=(),
             if "qkv" in biases:
                 L["bq"], L["bk"] = add(p + "attn_q.bias", bq), add(p + "attn_k.bias", bk)
                 L["bv"] = add(p + "attn_v.bias", bv)
+        if qk_norm:
+            L["q_norm"] = add(p + "attn_q_norm.weight", 1 + rng.normal(0, 0.2, HD))
+            L["k_norm"] = add(p + "attn_k_norm.weight", 1 + rng.normal(0, 0.2, HD))
         L["wo"] = add(p + "attn_output.weight", rng.normal(0, 0.1, (D, q)))
         if "o" in biases:
             L["bo"] = add(p + "attn_output.bias", rng.normal(0, 0.3, D))
         L["ffn_norm"] = add(p + "ffn_norm.weight", 1 + rng.normal(0, 0.1, D))
-        L["w_gate"] = add(p + "ffn_gate.weight", rng.normal(0, 0.1, (HIDDEN, D)))
-        L["w_up"] = add(p + "ffn_up.weight", rng.normal(0, 0.1, (HIDDEN, D)))
+        gate, up = rng.normal(0, 0.1, (HIDDEN, D)), rng.normal(0, 0.1, (HIDDEN, D))
+        if fused_gate_up:
+            both = add(p + "ffn_up.weight", np.concatenate([gate, up]))
+            L["w_gate"], L["w_up"] = both[:HIDDEN], both[HIDDEN:]
+        else:
+            L["w_gate"], L["w_up"] = add(p + "ffn_gate.weight", gate), add(p + "ffn_up.weight", up)
         L["w_down"] = add(p + "ffn_down.weight", rng.normal(0, 0.08, (D, HIDDEN)))
+        if post_norms:
+            L["post_attn_norm"] = add(p + "post_attention_norm.weight", 1 + rng.normal(0, 0.2, D))
+            L["post_ffn_norm"] = add(p + "post_ffw_norm.weight", 1 + rng.normal(0, 0.2, D))
         if "ffn" in biases:
             L["b_gate"] = add(p + "ffn_gate.bias", rng.normal(0, 0.3, HIDDEN))
             L["b_up"] = add(p + "ffn_up.bias", rng.normal(0, 0.3, HIDDEN))
@@ -87,7 +103,7 @@ def write_model(path, arch="llama", meta_extra=None, rope_freqs=None, biases=(),
         add(name, x)
     ggufw.write(path, meta, tensors)
     cfg = dict(dim=D, heads=HQ, kv_heads=HK, hd=HD, eps=1e-5, base=10000.0,
-               style="neox" if arch == "qwen2" else "normal")
+               style="normal" if arch in ("llama", "mistral") else "neox")
     return W, cfg
 
 

@@ -97,6 +97,7 @@ std::unique_ptr<KVCache> cache_from_config(cache::ByteReader& r, const std::stri
   if (api_name == "anchorkv::StreamingLLMCache") return streamingllm_cache_from_config(r);
   if (api_name == "anchorkv::SnapKVCache") return snapkv_cache_from_config(r);
   if (api_name == "anchorkv::H2OCache") return h2o_cache_from_config(r);
+  if (api_name == "anchorkv::SlidingWindowKVCache") return window_cache_from_config(r);
   r.fail("class", "unknown cache class '" + api_name + "'");
 }
 

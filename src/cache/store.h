@@ -70,6 +70,7 @@ std::unique_ptr<KVCache> kivi_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> streamingllm_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> snapkv_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> h2o_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> window_cache_from_config(cache::ByteReader& r);
 
 // Runs `make` and turns an invalid-config error into a corrupt-file error on `field`.
 template <class F>

@@ -398,6 +398,14 @@ void swiglu_ref(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], 88.0f))) * up[i];
 }
 
+void geglu_tanh(float* gate, const float* up, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = gate[i];
+    gate[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x))) * up[i];
+  }
+}
+
 void fwht_simd(float* x, int64_t n) {
   if (HWY_DYNAMIC_DISPATCH(FwhtSupported)(n)) return HWY_DYNAMIC_DISPATCH(Fwht)(x, n);
   fwht_ref(x, n);

@@ -69,6 +69,9 @@ void matmul_nn_ref(const float* A, int64_t n, int64_t lda, const float* B, int64
 // exponent capped at 88). SIMD exp within a few ulp of the twin's std::exp.
 void swiglu(float* gate, const float* up, int64_t n);
 void swiglu_ref(float* gate, const float* up, int64_t n);
+// gate[i] = gelu(gate[i]) * up[i] with GELU's tanh form (GeGLU, Gemma):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Scalar (no SIMD twin).
+void geglu_tanh(float* gate, const float* up, int64_t n);
 
 // y[i] = exp(x[i]) for x[i] <= 88 by the attention kernels' vector exp
 // (softmax shifts: core/simd-inl.h ExpNonPositive), within 2.1 ulp of

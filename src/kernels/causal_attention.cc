@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/convert.h"
+#include "core/half.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
 
@@ -87,10 +88,17 @@ struct BlockScratch {
   std::vector<float> q, s, acc, pv, m, l, alpha;
 };
 
-// Query block [t0, t0 + nq) of head h against keys [0, t0 + nq); kt is the
-// head's keys transposed [hd, T], v16 its values [T, hd].
-void query_block(const float* q, const float* kt, const float* v16, int64_t T, int64_t hd, float scale,
-                 int64_t t0, int64_t nq, float* out, BlockScratch& w) {
+// The keys query i of a chunk attends: [first, last] (causal_attention.h).
+struct Visible {
+  int64_t before, window;  // keys before the chunk; 0: no window
+  int64_t last(int64_t i) const { return before + i; }
+  int64_t first(int64_t i) const { return window > 0 ? std::max<int64_t>(0, before + i - window + 1) : 0; }
+};
+
+// Query block [t0, t0 + nq) of head h against the keys it sees; kt is the
+// head's keys transposed [hd, N], v16 its values [N, hd].
+void query_block(const float* q, const float* kt, const float* v16, int64_t N, int64_t hd, float scale,
+                 const Visible& vis, int64_t t0, int64_t nq, float* out, BlockScratch& w) {
   w.q.resize(static_cast<size_t>(kBlock * hd));
   w.s.resize(static_cast<size_t>(kBlock * kBlock));
   w.acc.assign(static_cast<size_t>(kBlock * hd), 0.0f);
@@ -99,12 +107,15 @@ void query_block(const float* q, const float* kt, const float* v16, int64_t T, i
   w.l.assign(kBlock, 0.0f);
   w.alpha.resize(kBlock);
   for (int64_t i = 0; i < nq * hd; ++i) w.q[static_cast<size_t>(i)] = q[t0 * hd + i] * scale;
-  for (int64_t k0 = 0; k0 < t0 + nq; k0 += kBlock) {
-    const int64_t nk = std::min(kBlock, t0 + nq - k0);
-    core::matmul_nn(w.q.data(), nq, hd, kt + k0, T, hd, nk, w.s.data(), kBlock);
+  const int64_t end = vis.last(t0 + nq - 1) + 1;
+  for (int64_t k0 = vis.first(t0); k0 < end; k0 += kBlock) {
+    const int64_t nk = std::min(kBlock, end - k0);
+    core::matmul_nn(w.q.data(), nq, hd, kt + k0, N, hd, nk, w.s.data(), kBlock);
     for (int64_t i = 0; i < nq; ++i) {
       float* s = &w.s[static_cast<size_t>(i * kBlock)];
-      for (int64_t j = std::max<int64_t>(0, t0 + i + 1 - k0); j < nk; ++j) s[j] = -HUGE_VALF;  // future keys
+      const int64_t lo = vis.first(t0 + i) - k0, hi = vis.last(t0 + i) - k0;  // visible: [lo, hi]
+      for (int64_t j = 0; j < std::min(lo, nk); ++j) s[j] = -HUGE_VALF;    // out of the window
+      for (int64_t j = std::max<int64_t>(0, hi + 1); j < nk; ++j) s[j] = -HUGE_VALF;  // future keys
       w.alpha[static_cast<size_t>(i)] = HWY_DYNAMIC_DISPATCH(SoftmaxUpdate)(
           s, nk, &w.m[static_cast<size_t>(i)], &w.l[static_cast<size_t>(i)]);
     }
@@ -124,29 +135,65 @@ void query_block(const float* q, const float* kt, const float* v16, int64_t T, i
 
 void causal_attention(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T,
                       int64_t hd, float scale, float* out, int threads) {
-  if (Hq <= 0 || Hk <= 0 || T <= 0 || hd <= 0) return;
-  const int64_t group = Hq / Hk, kv = Hk * T * hd;
+  causal_attention(q, k, v, Hq, Hk, T, T, hd, scale, 0, out, threads);
+}
+
+void causal_attention(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T, int64_t N,
+                      int64_t hd, float scale, int64_t window, float* out, int threads) {
+  if (Hq <= 0 || Hk <= 0 || T <= 0 || N < T || hd <= 0) return;
+  const int64_t group = Hq / Hk, kv = Hk * N * hd;
   // K and V rounded to fp16 as the cache holds them; K transposed per head.
   std::vector<float> k16(static_cast<size_t>(kv)), v16(static_cast<size_t>(kv)), kt(static_cast<size_t>(kv));
   core::round_to_f16_n(k, k16.data(), kv);
   core::round_to_f16_n(v, v16.data(), kv);
   constexpr int64_t kTile = 32;  // transposed in tiles that stay in L1
-  core::parallel_for(Hk * ((T + kTile - 1) / kTile), threads, [&](int64_t task) {
-    const int64_t h = task / ((T + kTile - 1) / kTile), t0 = task % ((T + kTile - 1) / kTile) * kTile;
+  const int64_t tiles = (N + kTile - 1) / kTile;
+  core::parallel_for(Hk * tiles, threads, [&](int64_t task) {
+    const int64_t h = task / tiles, t0 = task % tiles * kTile;
     for (int64_t d = 0; d < hd; ++d)
-      for (int64_t t = t0; t < std::min(T, t0 + kTile); ++t)
-        kt[static_cast<size_t>((h * hd + d) * T + t)] = k16[static_cast<size_t>((h * T + t) * hd + d)];
+      for (int64_t t = t0; t < std::min(N, t0 + kTile); ++t)
+        kt[static_cast<size_t>((h * hd + d) * N + t)] = k16[static_cast<size_t>((h * N + t) * hd + d)];
   });
   // Tasks from the last query blocks (the most keys) to the first, so the
   // long ones start early and the short ones fill the end.
+  const Visible vis{N - T, window};
   const int64_t blocks = (T + kBlock - 1) / kBlock;
   core::parallel_for(Hq * blocks, threads, [&](int64_t task) {
     thread_local BlockScratch w;
     const int64_t b = blocks - 1 - task / Hq, h = task % Hq, kh = h / group;
     const int64_t t0 = b * kBlock;
-    query_block(q + h * T * hd, &kt[static_cast<size_t>(kh * hd * T)], &v16[static_cast<size_t>(kh * T * hd)],
-                T, hd, scale, t0, std::min(kBlock, T - t0), out + h * T * hd, w);
+    query_block(q + h * T * hd, &kt[static_cast<size_t>(kh * hd * N)], &v16[static_cast<size_t>(kh * N * hd)], N,
+                hd, scale, vis, t0, std::min(kBlock, T - t0), out + h * T * hd, w);
   });
+}
+
+void causal_attention_ref(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T,
+                          int64_t N, int64_t hd, float scale, int64_t window, float* out) {
+  const int64_t group = Hq / Hk;
+  const Visible vis{N - T, window};
+  auto f16 = [](float x) { return core::half_to_float(core::float_to_half(x)); };
+  std::vector<double> s;
+  for (int64_t h = 0; h < Hq; ++h)
+    for (int64_t i = 0; i < T; ++i) {
+      const float* qi = q + (h * T + i) * hd;
+      const float* kh = k + h / group * N * hd;
+      const float* vh = v + h / group * N * hd;
+      const int64_t lo = vis.first(i), hi = vis.last(i);
+      s.assign(static_cast<size_t>(hi - lo + 1), 0.0);
+      double mx = -HUGE_VAL, sum = 0;
+      for (int64_t j = lo; j <= hi; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < hd; ++d) dot += static_cast<double>(qi[d] * scale) * f16(kh[j * hd + d]);
+        s[static_cast<size_t>(j - lo)] = dot;
+        mx = std::max(mx, dot);
+      }
+      for (double& x : s) sum += x = std::exp(x - mx);
+      for (int64_t d = 0; d < hd; ++d) {
+        double acc = 0;
+        for (int64_t j = lo; j <= hi; ++j) acc += s[static_cast<size_t>(j - lo)] * f16(vh[j * hd + d]);
+        out[(h * T + i) * hd + d] = static_cast<float>(acc / sum);
+      }
+    }
 }
 
 }  // namespace anchorkv::kernels

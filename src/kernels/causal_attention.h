@@ -18,4 +18,14 @@ namespace anchorkv::kernels {
 void causal_attention(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T,
                       int64_t hd, float scale, float* out, int threads);
 
+// The same over N >= T keys per KV head, k and v [Hk, N, hd]: the first N - T
+// are positions before the chunk (a sliding-window layer's ring), the last T
+// the chunk's own. Query i sits at key N - T + i and attends keys
+// (N - T + i - window, N - T + i] (window 0: from key 0).
+void causal_attention(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T, int64_t N,
+                      int64_t hd, float scale, int64_t window, float* out, int threads);
+// Its scalar twin: every score, then one softmax per query, in double.
+void causal_attention_ref(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hk, int64_t T,
+                          int64_t N, int64_t hd, float scale, int64_t window, float* out);
+
 }  // namespace anchorkv::kernels

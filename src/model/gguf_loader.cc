@@ -100,22 +100,61 @@ std::vector<float> slice(const std::vector<float>& v, int64_t at, int64_t n) {
   return {v.begin() + at, v.begin() + at + n};
 }
 
-// What differs between the supported architectures.
+// What differs between the supported architectures (llama.cpp's graphs of
+// the same names).
 struct Arch {
-  RopeStyle rope_style;
-  bool rope_freqs;     // a rope_freqs.weight tensor may scale the frequencies
-  bool ffn_and_o_bias;  // optional attn_output / ffn biases
+  RopeStyle rope_style = RopeStyle::kNeox;
+  bool rope_freqs = false;      // rope_freqs.weight may scale the frequencies (Llama 3.1)
+  bool ffn_and_o_bias = false;  // optional attn_output and FFN biases
+  bool output_bias = false;     // optional output.bias
+  bool qk_norm = false;         // per-head RMSNorm of Q and K before RoPE (attn_q_norm, attn_k_norm)
+  bool post_norms = false;      // attn_post_norm and ffn_post_norm
+  bool fused_gate_up = false;   // ffn_up holds gate then up rows: [dim, 2 hidden], no ffn_gate
+  bool long_rope = false;       // rope_factors_long / rope_factors_short
+  bool gemma = false;           // sqrt(dim) embedding scale, GeGLU, query scale, sliding windows
+  std::set<std::string> keys;   // `{arch}.` keys of its own, beyond the common ones
 };
 const Arch* find_arch(const std::string& a) {
-  static const Arch kLlama{RopeStyle::kNormal, true, true}, kQwen2{RopeStyle::kNeox, false, false};
+  static const Arch kLlama = [] {
+    Arch x;
+    x.rope_style = RopeStyle::kNormal;
+    x.rope_freqs = x.ffn_and_o_bias = true;
+    return x;
+  }();
+  static const Arch kQwen2 = [] {
+    Arch x;
+    x.output_bias = true;
+    return x;
+  }();
+  static const Arch kQwen3 = [] {
+    Arch x;
+    x.qk_norm = true;
+    return x;
+  }();
+  static const Arch kGemma3 = [] {
+    Arch x;
+    x.qk_norm = x.post_norms = x.gemma = true;
+    x.keys = {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa",
+              "final_logit_softcapping"};
+    return x;
+  }();
+  static const Arch kPhi3 = [] {
+    Arch x;
+    x.fused_gate_up = x.long_rope = true;
+    x.keys = {"attention.sliding_window"};  // llama.cpp runs Phi-3 without its window; so does this
+    return x;
+  }();
   if (a == "llama" || a == "mistral") return &kLlama;
   if (a == "qwen2") return &kQwen2;
+  if (a == "qwen3") return &kQwen3;
+  if (a == "gemma3") return &kGemma3;
+  if (a == "phi3") return &kPhi3;
   return nullptr;
 }
 
 // The `{arch}.` keys: those read here, and those known not to change the
 // arithmetic. Any other is an error naming it.
-void check_keys(const io::GgufFile& f, const std::string& a, const std::string& path) {
+void check_keys(const io::GgufFile& f, const std::string& a, const Arch& arch, const std::string& path) {
   static const std::set<std::string> kKnown = {
       "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
       "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
@@ -126,7 +165,7 @@ void check_keys(const io::GgufFile& f, const std::string& a, const std::string& 
   const std::string prefix = a + ".";
   for (const auto& [key, value] : f.metadata()) {
     if (key.rfind(prefix, 0) != 0) continue;
-    if (!kKnown.count(key.substr(prefix.size())))
+    if (!kKnown.count(key.substr(prefix.size())) && !arch.keys.count(key.substr(prefix.size())))
       core::fail(ErrorCode::kUnsupported, kLoad,
                  "'" + path + "': key '" + key + "' is not supported (running without it could give other results)");
   }
@@ -222,19 +261,76 @@ void read_config(const io::GgufFile& f, const std::string& path, LlamaConfig& c)
 
 // RoPE as this file's model turns it: base, pairing, scaled frequencies (the
 // scaling keys and rope_freqs.weight), and the factor on the scores.
+// Per-pair frequency divisors from a [head_dim / 2] f32 tensor, each finite and > 0.
+std::vector<float> freq_factors(const io::GgufTensor& t, const std::string& path) {
+  std::vector<float> v = to_f32(t);
+  for (float x : v)
+    if (!(x > 0.0f) || !std::isfinite(x))
+      core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': tensor '" + t.name + "' must be finite and > 0");
+  return v;
+}
+
+// RoPE as this file's model turns it: base, pairing, scaled frequencies (the
+// scaling keys, rope_freqs.weight, Phi-3's long or short factors), and the
+// factor on the scores.
 void read_rope(const io::GgufFile& f, const std::string& path, const Arch& arch, Tensors& tensors, LlamaConfig& c) {
   RopeScaling s = read_rope_scaling(f, c.architecture, c, path);
+  const std::vector<int64_t> pairs = {c.head_dim / 2};
   if (arch.rope_freqs)
-    if (const io::GgufTensor* t = tensors.optional("rope_freqs.weight", {c.head_dim / 2})) {
-      s.freq_factors = to_f32(*t);
-      for (float x : s.freq_factors)
-        if (!(x > 0.0f) || !std::isfinite(x))
-          core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': rope_freqs.weight must be finite and > 0");
-    }
+    if (const io::GgufTensor* t = tensors.optional("rope_freqs.weight", pairs)) s.freq_factors = freq_factors(*t, path);
+  if (arch.long_rope) {
+    // llama.cpp's choice for a context the size the model was trained for:
+    // the long factors when it exceeds the original context.
+    const io::GgufTensor* lng = tensors.optional("rope_factors_long.weight", pairs);
+    const io::GgufTensor* shrt = tensors.optional("rope_factors_short.weight", pairs);
+    const io::GgufTensor* use = c.context > s.original_context ? lng : shrt;
+    if (use) s.freq_factors = freq_factors(*use, path);
+  }
   c.rope.enabled = true;
   c.rope.style = arch.rope_style;
   c.rope.freq_scale = rope_freq_scale(s, c.head_dim, c.rope.base);
   c.score_factor = rope_score_factor(s);
+  c.rope_local = c.rope;  // local layers: their own base, unscaled (llama.cpp's *_swa hparams)
+  c.rope_local.base = f.has(c.architecture + ".rope.freq_base_swa") ? f.get_float(c.architecture + ".rope.freq_base_swa")
+                                                                  : 10000.0;
+  c.rope_local.freq_scale.clear();
+  if (!(c.rope_local.base > 1.0) || !std::isfinite(c.rope_local.base))
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': rope.freq_base_swa must be finite and > 1");
+}
+
+// Gemma 3: the embedding scale, GeGLU, the query scale, the logit soft-cap and
+// which layers are local (every `pattern`-th layer is global; default 6).
+void read_gemma(const io::GgufFile& f, const std::string& path, LlamaConfig& c) {
+  const std::string a = c.architecture + ".";
+  c.embedding_scale = std::sqrt(static_cast<double>(c.dim));
+  c.ffn = LlamaConfig::Ffn::kGeGluTanh;
+  // Queries scaled by 1/sqrt(head_dim), or 1/sqrt(dim / heads) for the 27B
+  // model (62 layers), as llama.cpp does; the factor is relative to 1/sqrt(hd).
+  const double query_scale = c.n_layers == 62 ? 1.0 / std::sqrt(static_cast<double>(c.dim / c.n_heads))
+                                              : 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  c.score_factor *= query_scale * std::sqrt(static_cast<double>(c.head_dim));
+  if (f.has(a + "final_logit_softcapping")) c.final_softcap = f.get_float(a + "final_logit_softcapping");
+  if (!std::isfinite(c.final_softcap) || c.final_softcap < 0)
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': final_logit_softcapping must be finite and >= 0");
+  if (!f.has(a + "attention.sliding_window") || f.get_uint(a + "attention.sliding_window") == 0) return;
+  c.sliding_window = static_cast<int64_t>(f.get_uint(a + "attention.sliding_window"));
+  if (c.sliding_window > (int64_t{1} << 30))
+    core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': attention.sliding_window is out of range");
+  c.local_layers.assign(static_cast<size_t>(c.n_layers), 0);
+  const std::string key = a + "attention.sliding_window_pattern";
+  if (f.has(key) && std::holds_alternative<std::shared_ptr<io::GgufArray>>(f.metadata().at(key))) {
+    const auto& items = f.get_array(key).items;  // one flag per layer: true for local
+    if (static_cast<int64_t>(items.size()) != c.n_layers)
+      core::fail(ErrorCode::kCorruptFile, kLoad, "'" + path + "': sliding_window_pattern needs one flag per layer");
+    for (size_t l = 0; l < items.size(); ++l) {
+      const auto* flag = std::get_if<bool>(&items[l]);
+      const auto* num = std::get_if<uint64_t>(&items[l]);
+      c.local_layers[l] = flag ? *flag : num ? *num != 0 : 0;
+    }
+    return;
+  }
+  const int64_t period = f.has(key) ? static_cast<int64_t>(f.get_uint(key)) : 6;
+  for (int64_t l = 0; l < c.n_layers; ++l) c.local_layers[l] = period == 0 || l % period < period - 1;
 }
 
 // Q, K and V of a layer: three tensors, or one fused attn_qkv split by rows.
@@ -264,6 +360,20 @@ void read_qkv(Tensors& t, const std::string& p, const LlamaConfig& c, LlamaLayer
   L.bv = bias("attn_v.bias", kv);
 }
 
+// The FFN's three matrices: gate and up apart, or fused in ffn_up (Phi-3).
+void read_ffn(Tensors& t, const std::string& p, const Arch& arch, const LlamaConfig& c, LlamaLayer& L) {
+  const int64_t D = c.dim, H = c.hidden;
+  if (arch.fused_gate_up) {
+    const io::GgufTensor& up = t.required(p + "ffn_up.weight", {D, 2 * H});
+    L.w_gate = weight_rows(up, 0, H);
+    L.w_up = weight_rows(up, H, H);
+  } else {
+    L.w_gate = weight(t.required(p + "ffn_gate.weight", {D, H}));
+    L.w_up = weight(t.required(p + "ffn_up.weight", {D, H}));
+  }
+  L.w_down = weight(t.required(p + "ffn_down.weight", {H, D}));
+}
+
 LlamaLayer read_layer(Tensors& t, int64_t l, const Arch& arch, const LlamaConfig& c) {
   const std::string p = "blk." + std::to_string(l) + ".";
   const int64_t D = c.dim, q = c.n_heads * c.head_dim;
@@ -271,18 +381,25 @@ LlamaLayer read_layer(Tensors& t, int64_t l, const Arch& arch, const LlamaConfig
     const io::GgufTensor* b = arch.ffn_and_o_bias ? t.optional(p + name, {n}) : nullptr;
     return b ? to_f32(*b) : std::vector<float>();
   };
+  auto norm = [&](const char* name, int64_t n) { return to_f32(t.required(p + name, {n})); };
   LlamaLayer L;
-  L.attn_norm = to_f32(t.required(p + "attn_norm.weight", {D}));
+  L.attn_norm = norm("attn_norm.weight", D);
   read_qkv(t, p, c, L);
+  if (arch.qk_norm) {
+    L.q_norm = norm("attn_q_norm.weight", c.head_dim);
+    L.k_norm = norm("attn_k_norm.weight", c.head_dim);
+  }
   L.wo = weight(t.required(p + "attn_output.weight", {q, D}));
   L.bo = bias("attn_output.bias", D);
-  L.ffn_norm = to_f32(t.required(p + "ffn_norm.weight", {D}));
-  L.w_gate = weight(t.required(p + "ffn_gate.weight", {D, c.hidden}));
-  L.w_up = weight(t.required(p + "ffn_up.weight", {D, c.hidden}));
-  L.w_down = weight(t.required(p + "ffn_down.weight", {c.hidden, D}));
+  L.ffn_norm = norm("ffn_norm.weight", D);
+  read_ffn(t, p, arch, c, L);
   L.b_gate = bias("ffn_gate.bias", c.hidden);
   L.b_up = bias("ffn_up.bias", c.hidden);
   L.b_down = bias("ffn_down.bias", D);
+  if (arch.post_norms) {
+    L.post_attn_norm = norm("post_attention_norm.weight", D);
+    L.post_ffn_norm = norm("post_ffw_norm.weight", D);
+  }
   return L;
 }
 
@@ -297,11 +414,12 @@ LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
   const Arch* arch = find_arch(c.architecture);
   if (!arch)
     core::fail(ErrorCode::kUnsupported, kLoad,
-               "architecture '" + c.architecture + "' is not supported (llama, mistral, qwen2 are)");
-  check_keys(f, c.architecture, path);
+               "architecture '" + c.architecture + "' is not supported (llama, mistral, qwen2, qwen3, gemma3, phi3 are)");
+  check_keys(f, c.architecture, *arch, path);
   read_config(f, path, c);
   Tensors t(f, path);
   read_rope(f, path, *arch, t, c);
+  if (arch->gemma) read_gemma(f, path, c);
   const auto& emb = f.tensor("token_embd.weight");
   c.vocab = emb.dims.size() == 2 ? emb.dims[1] : 0;
   if (f.has(c.architecture + ".vocab_size") &&
@@ -311,7 +429,7 @@ LlamaWeights load_gguf(const io::GgufFile& f, const std::string& path) {
   w.embeddings = weight(t.required("token_embd.weight", {D, c.vocab}));
   w.final_norm = to_f32(t.required("output_norm.weight", {D}));
   if (const io::GgufTensor* out = t.optional("output.weight", {D, c.vocab})) w.output_weight = weight(*out);
-  if (c.architecture == "qwen2")
+  if (arch->output_bias)
     if (const io::GgufTensor* b = t.optional("output.bias", {c.vocab})) w.output_bias = to_f32(*b);
   for (int64_t l = 0; l < c.n_layers; ++l) w.layers.push_back(read_layer(t, l, *arch, c));
   t.check_all_used(c.architecture);

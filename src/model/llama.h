@@ -45,11 +45,26 @@ struct LlamaConfig {
   // frequency scales of its RoPE scaling (position_offset 0: cache position 0
   // is token position 0).
   RopeOptions rope{true, 10000.0, RopeStyle::kNormal, 0, {}};
-  // Every q.k score is multiplied by this (YaRN's magnitude scale squared;
-  // 1 otherwise), applied to the queries after RoPE.
+  // Every q.k score is multiplied by this (YaRN's magnitude scale squared,
+  // Gemma's query scale relative to 1/sqrt(head_dim); 1 otherwise), applied
+  // to the queries.
   double score_factor = 1.0;
   double rms_eps = 1e-5;
   std::string architecture;
+  enum class Ffn : uint8_t { kSwiGlu, kGeGluTanh };
+  Ffn ffn = Ffn::kSwiGlu;
+  double embedding_scale = 1.0;  // token embeddings times this (Gemma: sqrt(dim))
+  double final_softcap = 0.0;    // > 0: logits -> cap * tanh(logits / cap)
+  // Sliding-window ("local") layers attend only the last `sliding_window`
+  // positions, with RoPE `rope_local`; the others are global. A local layer's
+  // cache is a SlidingWindowKVCache whatever cache the model is given.
+  int64_t sliding_window = 0;
+  std::vector<uint8_t> local_layers;  // per layer, 1 for local; empty: none
+  RopeOptions rope_local{true, 10000.0, RopeStyle::kNormal, 0, {}};
+  bool is_local(int64_t layer) const {
+    return sliding_window > 0 && layer < static_cast<int64_t>(local_layers.size()) && local_layers[layer];
+  }
+  const RopeOptions& rope_of(int64_t layer) const { return is_local(layer) ? rope_local : rope; }
 };
 
 // A weight matrix [rows, cols] (row-major: a row's cols are contiguous) in its
@@ -74,6 +89,10 @@ struct LlamaLayer {
   Weight wq, wk, wv, wo, w_gate, w_up, w_down;
   // Biases added after their matmuls; each empty when the file has none.
   std::vector<float> bq, bk, bv, bo, b_gate, b_up, b_down;
+  // Optional norms (empty when absent): RMSNorm of each query and key head
+  // before RoPE [head_dim] (Qwen3, Gemma 3), of the attention output and of
+  // the FFN output before they join the residual [dim] (Gemma 3).
+  std::vector<float> q_norm, k_norm, post_attn_norm, post_ffn_norm;
 };
 
 struct LlamaWeights {
@@ -156,6 +175,15 @@ class LlamaModel {
   int64_t observation_window() const { return observe_; }
 
  private:
+  struct Pass;      // one forward call's activations (llama_model.cc)
+  struct RopeRows;  // one call's cos/sin rows for one RoPE
+  void attention_block(int64_t layer, Pass& p);
+  void ffn_block(int64_t layer, Pass& p);
+  void rotate_qk(const RopeOptions& rope, RopeRows& rows, const Pass& p, float* q, float* k) const;
+  Tensor attend_layer(int64_t layer, Pass& p, const float* q_att, const float* k_rot);
+  std::vector<float> output_logits(Pass& p, bool all_logits);
+  void mm(const float* x, int64_t T, const Weight& W, float* y) const;
+
   LayerObserver observer_;
   const LlamaWeights& w_;
   std::vector<std::unique_ptr<KVCache>> caches_;
@@ -177,5 +205,10 @@ void matmul(const float* x, int64_t T, const Weight& W, float* y, int threads,
 // The same with scalar loops (reference; matmul_int8_ref for the integer path).
 void matmul_ref(const float* x, int64_t T, const Weight& W, float* y,
                 Activations activations = Activations::kInt8);
+// y_i = W_i x for matrices that share their input (Q, K, V; gate, up): one
+// integer batch (one activation quantization, one synchronization) when all
+// take the integer path, else one matmul each (matmul_ref with `reference`).
+void matmul_shared(const float* x, int64_t T, const std::vector<const Weight*>& Ws, const std::vector<float*>& ys,
+                   int threads, Activations activations, bool reference);
 
 }  // namespace anchorkv::model

@@ -4,6 +4,7 @@
 #include <hwy/targets.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "../test_util.h"
 #include "anchorkv/anchorkv.h"
@@ -12,6 +13,7 @@
 #include "compress/segment.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/causal_attention.h"
+#include "anchorkv/cachefile.h"
 
 namespace anchorkv {
 namespace {
@@ -266,6 +268,72 @@ TEST(Attention, BlockedCausalPrefillMatchesDenseReferenceAndAttend) {
   EXPECT_LE(worst, 1e-5);
   // Query 0 sees key 0 only: its output is value 0 exactly.
   for (int64_t d = 0; d < D; ++d) EXPECT_FLOAT_EQ(y1[d], V[d]);
+}
+
+// Sliding-window layers: keys before the chunk (the ring) and a window. The
+// blocked kernel equals its scalar twin and is the same for 1 and 2 threads;
+// a window as long as every key changes nothing; query i of the chunk sees
+// exactly the `window` keys ending at its own.
+TEST(Attention, WindowedCausalPrefillMatchesItsScalarTwin) {
+  const int64_t H = 2, Hq = 4, D = 32;
+  for (auto [T, before, window] : {std::tuple{150, 0, 40}, std::tuple{70, 37, 64}, std::tuple{200, 90, 1},
+                                   std::tuple{64, 10, 1000}}) {
+    const int64_t N = before + T;
+    const auto K = random_kv(1, H, N, D, 7), V = random_kv(1, H, N, D, 8), q = random_kv(1, Hq, T, D, 9);
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> y1(q.size()), y2(q.size()), ref(q.size()), open(q.size()), open_ref(q.size());
+    kernels::causal_attention(q.data(), K.data(), V.data(), Hq, H, T, N, D, scale, window, y1.data(), 1);
+    kernels::causal_attention(q.data(), K.data(), V.data(), Hq, H, T, N, D, scale, window, y2.data(), 2);
+    kernels::causal_attention_ref(q.data(), K.data(), V.data(), Hq, H, T, N, D, scale, window, ref.data());
+    auto wide = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    EXPECT_EQ(y1, y2) << "thread count changed the bits";
+    EXPECT_LE(nmse(wide(ref), y1), 1e-10) << T << " " << before << " " << window;
+    kernels::causal_attention(q.data(), K.data(), V.data(), Hq, H, T, N, D, scale, 0, open.data(), 1);
+    kernels::causal_attention_ref(q.data(), K.data(), V.data(), Hq, H, T, N, D, scale, N, open_ref.data());
+    EXPECT_LE(nmse(wide(open_ref), open), 1e-10);
+    if (window >= N) EXPECT_LE(nmse(wide(open), y1), 1e-12);
+    if (window == 1)  // each query sees its own key only: its value, exactly
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t d = 0; d < D; ++d) ASSERT_FLOAT_EQ(y1[i * D + d], V[(before + i) * D + d]);
+  }
+}
+
+// The sliding-window cache keeps the last `window` positions in order (a
+// ring past the window), its bytes are those it keeps, decode attention reads
+// them, and a cache file round-trips it.
+TEST(Attention, SlidingWindowCacheKeepsTheLastWindowPositions) {
+  const int64_t H = 2, D = 16, W = 50;
+  SlidingWindowKVCache ring(W);
+  FullKVCache full;
+  int64_t call = 0;
+  for (int64_t S : {30, 1, 1, 40, 1, 70, 1}) {
+    const auto K = random_kv(1, H, S, D, 100 + call), V = random_kv(1, H, S, D, 200 + call);
+    for (KVCache* c : std::vector<KVCache*>{&ring, &full})
+      c->update(TensorView::f32(K.data(), {1, H, S, D}), TensorView::f32(V.data(), {1, H, S, D}));
+    ++call;
+  }
+  const int64_t seen = full.offset(), kept = std::min(seen, W);
+  EXPECT_EQ(ring.offset(), seen);
+  EXPECT_EQ(ring.tokens_kept(), H * kept);
+  EXPECT_EQ(ring.nbytes(), H * kept * D * 4);
+  const KVPair r = ring.fetch(), f = full.fetch();
+  ASSERT_EQ(r.keys.shape()[2], kept);
+  const auto rk = r.keys.to_f32(), fk = f.keys.to_f32(), rv = r.values.to_f32(), fv = f.values.to_f32();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < kept; ++t)
+      for (int64_t d = 0; d < D; ++d) {
+        ASSERT_EQ(rk[(h * kept + t) * D + d], fk[(h * seen + seen - kept + t) * D + d]);
+        ASSERT_EQ(rv[(h * kept + t) * D + d], fv[(h * seen + seen - kept + t) * D + d]);
+      }
+  const auto q = random_kv(1, 4, 1, D, 300);
+  const auto y = attend(TensorView::f32(q.data(), {1, 4, 1, D}), ring).to_f32();
+  const auto ref = dense_reference(q, rk, rv, 1, H, 4, 1, kept, D);
+  EXPECT_LE(nmse(ref, y), 1e-9);
+  const auto bytes = serialize_caches({&ring});
+  LoadedCaches back = load_caches_from_memory(bytes.data(), bytes.size());
+  EXPECT_EQ(back.caches[0]->fetch().keys.to_f32(), rk);
+  EXPECT_EQ(serialize_caches({back.caches[0].get()}), bytes);
+  EXPECT_THROW(SlidingWindowKVCache(0), Error);
 }
 
 // A cache whose store only knows how to fetch: attention reads its dense

@@ -172,7 +172,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   struct Sample {
     std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
     double ratio = 1;
-    int64_t bytes = 0;
+    int64_t bytes = 0, full = 0;
   };
   std::map<std::string, Sample> samples;
   const bool tty = isatty(fileno(stderr));
@@ -198,6 +198,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
       s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
       s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
       s.bytes = t.bytes;
+      s.full = t.full;
       s.ratio = t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0;
       if (tty) std::fprintf(stderr, "[rep %d/%d] %-24s\r", rep + 1, o.reps, c.c_str());
     }
@@ -209,29 +210,40 @@ void bench_runtime(const RuntimeBenchOptions& o) {
       "{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
       o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
       o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
-  fmt::print("  {:<21} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", "ratio", "prefill t/s", "vs full",
-             "decode t/s", "vs full", "1st step ms");
+  fmt::print("  {:<21} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", "KV MiB", "ratio", "prefill t/s",
+             "vs full", "decode t/s", "vs full", "1st step ms");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& c : o.caches) {
     const Sample& s = samples[c];
     const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
-    fmt::print("  {:<21} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c, s.ratio, p,
+    fmt::print("  {:<21} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c,
+               static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
                full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first);
     rows.push_back({{"cache", c},
                     {"compression_ratio_after_prefill", s.ratio},
                     {"bytes_after_prefill", s.bytes},
+                    {"fp16_bytes_every_layer_every_position", s.full},
                     {"prefill_tok_s", p},
                     {"decode_tok_s", d},
                     {"first_decode_step_ms", first},
                     {"prefill_samples", s.prefill},
                     {"decode_samples", s.decode}});
   }
+  int64_t local = 0;
+  for (int64_t l = 0; l < w.config.n_layers; ++l) local += w.config.is_local(l);
+  if (local > 0 && !samples.empty())
+    fmt::print("\n  {} of {} layers attend a {}-position window and hold it as a ring (any cache); every layer\n"
+               "  holding every position in fp16 would take {:.2f} MiB (ratio column: against that)\n",
+               local, w.config.n_layers, w.config.sliding_window,
+               static_cast<double>(samples.begin()->second.full) / (1 << 20));
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     f << nlohmann::json{{"model", o.model},
+                        {"local_layers", local},
+                        {"sliding_window", w.config.sliding_window},
                         {"prompt_tokens", o.ctx},
                         {"decode_tokens", o.n},
                         {"theta", o.theta},
