@@ -63,6 +63,22 @@ Tokenizer::Tokenizer(std::vector<std::string> pieces, std::vector<float> scores,
   }
   std::stable_sort(specials_.begin(), specials_.end(),
                    [&](int32_t a, int32_t b) { return pieces_[a].size() > pieces_[b].size(); });
+  static const char* const kEndOfTurn[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                           "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"};
+  for (int32_t id : specials_)
+    for (const char* t : kEndOfTurn)
+      if (types_[id] == kControl && pieces_[id] == t) end_of_generation_.push_back(id);
+  if (eos_ >= 0) end_of_generation_.push_back(eos_);
+}
+
+int32_t Tokenizer::special_token(const std::string& text) const {
+  for (int32_t id : specials_)
+    if (types_[id] != kUnknown && pieces_[id] == text) return id;
+  return -1;
+}
+
+bool Tokenizer::ends_generation(int32_t id) const {
+  return std::find(end_of_generation_.begin(), end_of_generation_.end(), id) != end_of_generation_.end();
 }
 
 Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
@@ -120,6 +136,8 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
                                  id("tokenizer.ggml.bos_token_id", -1), id("tokenizer.ggml.eos_token_id", -1),
                                  id("tokenizer.ggml.unknown_token_id", -1));
     t.add_bos_ = flag("tokenizer.ggml.add_bos_token", false);
+    if (const int32_t eot = id("tokenizer.ggml.eot_token_id", -1); eot >= 0 && eot < t.size())
+      t.end_of_generation_.push_back(eot);
     t.byte_encode_ = !gemma4;
     t.escape_spaces_ = gemma4;
     return t;
@@ -135,6 +153,8 @@ Tokenizer Tokenizer::from_gguf(const io::GgufFile& f) {
               id("tokenizer.ggml.eos_token_id", 2), id("tokenizer.ggml.unknown_token_id", 0), escape);
   t.space_prefix_ = escape && prefix;
   t.add_bos_ = flag("tokenizer.ggml.add_bos_token", true);
+  if (const int32_t eot = id("tokenizer.ggml.eot_token_id", -1); eot >= 0 && eot < t.size())
+    t.end_of_generation_.push_back(eot);
   // llama.cpp strips the white space after Phi-3's special tokens (by model name).
   std::string name = f.has("general.name") ? f.get_string("general.name") : "";
   for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

@@ -70,6 +70,13 @@ class Tokenizer {
   std::string piece(int32_t id) const;  // one token's text (bytes for byte tokens)
   int32_t bos() const { return bos_; }
   int32_t eos() const { return eos_; }
+  bool adds_bos() const { return add_bos_ && bos_ >= 0; }  // encode(text, true) starts with BOS
+  // The control or user-defined token whose text is exactly `text`, or -1.
+  int32_t special_token(const std::string& text) const;
+  // Whether generation ends at `id`: EOS, EOT (tokenizer.ggml.eot_token_id),
+  // or a control token with an end-of-turn text (<|im_end|>, <|eot_id|>,
+  // <end_of_turn>, <|end|>, ...), as llama.cpp's end-of-generation set.
+  bool ends_generation(int32_t id) const;
   int64_t size() const { return static_cast<int64_t>(pieces_.size()); }
   bool is_bpe() const { return pre_ != nullptr; }
 
@@ -83,6 +90,7 @@ class Tokenizer {
   };
   std::vector<Fragment> partition(const std::string& text, bool parse_special) const;
   std::vector<int32_t> specials_;  // control, user-defined and unknown tokens, longest text first
+  std::vector<int32_t> end_of_generation_;
   bool rstrip_specials_ = false;   // Phi-3: white space after a special token is dropped
   std::shared_ptr<const bpe::PreTokenizer> pre_;  // set for byte-level BPE
   std::unordered_map<std::string, int32_t> merge_rank_;

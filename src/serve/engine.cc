@@ -189,7 +189,7 @@ void Engine::decode(const GenerateRequest& req, model::LlamaModel& m, std::vecto
       break;
     }
     const int32_t next = sampler.sample(logits.data(), weights_.config.vocab);
-    if (next == tok_.eos()) {
+    if (tok_.ends_generation(next)) {
       res.finish_reason = "stop";
       break;
     }

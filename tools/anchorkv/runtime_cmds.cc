@@ -116,7 +116,7 @@ void run(const RunOptions& o) {
   int64_t generated = 0;
   for (; generated < o.n; ++generated) {
     const int32_t next = sampler.sample(logits.data(), w.config.vocab);
-    if (tok && next == tok->eos()) break;
+    if (tok && tok->ends_generation(next)) break;
     if (tok)
       std::fputs(tok->piece(next).c_str(), stdout);
     else

@@ -211,7 +211,7 @@ std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat) const {
     if (chat_ == serve::ChatTemplate::kNone)
       throw ApiError{400, "the model has no known chat template; start the server with --chat-template", "messages"};
     check_text_bytes(bytes, "messages");
-    ids = tok_.encode(serve::render_chat(chat_, msgs), serve::chat_adds_bos(chat_));
+    ids = serve::encode_chat(chat_, msgs, tok_);
   } else {
     if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt"};
     const json& p = body["prompt"];
@@ -471,7 +471,8 @@ void register_serve(CLI::App& app) {
   sub->add_option("--cache-budget", o->cache_budget, "bytes of pooled prompt prefixes in memory, e.g. 2GiB");
   sub->add_option("--cache-dir", o->engine.cache_dir,
                   "spill prefixes evicted from memory here as cache files, and load them back on a hit");
-  sub->add_option("--chat-template", o->chat_template, "chatml, llama3 or mistral (default: detected from the GGUF)");
+  sub->add_option("--chat-template", o->chat_template,
+                  "chatml, qwen3, llama3, mistral, gemma or phi3 (default: detected from the GGUF)");
   sub->add_option("--max-body", o->http.max_body, "largest request body, bytes (chunked or not)")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
   sub->add_option("--max-prompt", o->max_prompt, "largest prompt, tokens (default: the context, at most 8192)")
