@@ -1,4 +1,4 @@
-// libFuzzer target for the server's restore path (eval::restore_prompt, what
+// libFuzzer target for the server's restore path (runtime::restore_prompt, what
 // serve::Engine does with a pooled or spilled prefix): a valid prompt file of
 // a small random model, damaged by the input (edits, truncation, its logits
 // dropped or cut short, the prompt equal to its tokens or longer), must be
@@ -15,7 +15,7 @@
 
 #include "anchorkv/anchorkv.h"
 #include "core/rng.h"
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 #include "eval/tasks.h"
 #include "model/llama.h"
 
@@ -58,10 +58,10 @@ model::LlamaWeights tiny_weights() {
 
 struct Base {
   model::LlamaWeights weights = tiny_weights();
-  eval::PromptCacheKey key{"fuzz-model", kSpec, kTheta};
+  runtime::PromptCacheKey key{"fuzz-model", kSpec, kTheta};
   std::vector<int32_t> tokens;
   std::vector<float> logits;
-  model::LlamaModel model = eval::make_model(weights, kSpec, kTheta, 1);
+  model::LlamaModel model = runtime::make_model(weights, kSpec, kTheta, 1);
   Base() {
     for (int i = 0; i < 40; ++i) tokens.push_back((i * 7 + 3) % 24);
     logits = model.forward(tokens);
@@ -81,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> logits = b.logits;
   if (variant & 1) logits.clear();
   if ((variant & 2) && !logits.empty()) logits.pop_back();
-  std::vector<uint8_t> file = eval::prompt_file(b.key, b.model, b.tokens, logits);
+  std::vector<uint8_t> file = runtime::prompt_file(b.key, b.model, b.tokens, logits);
   if ((variant & 8) && size > 1) file.resize(file.size() * data[1] / 256);
   for (size_t i = 2; i + 3 <= size && !file.empty(); i += 3) {
     uint16_t at;
@@ -90,10 +90,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::vector<int32_t> prompt = b.tokens;
   if (!(variant & 4)) prompt.insert(prompt.end(), {5, 6, 7});
-  model::LlamaModel m = eval::make_model(b.weights, kSpec, kTheta, 1);
-  const eval::Restored r = eval::restore_prompt(file.data(), file.size(), "fuzz.akvc", b.key, prompt, m);
+  model::LlamaModel m = runtime::make_model(b.weights, kSpec, kTheta, 1);
+  const runtime::Restored r = runtime::restore_prompt(file.data(), file.size(), "fuzz.akvc", b.key, prompt, m);
   // Used or not, the model must continue: what it holds plus the rest of the prompt, then one step.
-  if (r.outcome == eval::Restore::kUsed && static_cast<size_t>(r.tokens) == prompt.size() &&
+  if (r.outcome == runtime::Restore::kUsed && static_cast<size_t>(r.tokens) == prompt.size() &&
       static_cast<int64_t>(r.logits.size()) != b.weights.config.vocab)
     __builtin_trap();  // a full restore must bring the next token's logits
   const int64_t have = m.position();

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "cache/registry.h"
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/sampler.h"
@@ -20,21 +20,6 @@ int32_t argmax(const std::vector<float>& logits) {
 }
 }  // namespace
 
-std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const model::LlamaConfig& config,
-                                          double theta, int threads) {
-  return spec.key_rope ? model::with_key_rope(spec.make(theta, threads), config) : spec.make(theta, threads);
-}
-
-model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
-  const cache::CacheSpec c = cache::parse_cache_spec(spec);
-  model::LlamaModel m(
-      w,
-      [c, theta, threads, &w](int64_t) { return make_layer_cache(c, w.config, theta, threads); },
-      threads, c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
-  m.set_observation_window(c.observation_window());
-  return m;
-}
-
 std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& specs,
                                                        const std::vector<double>& thetas) {
   std::vector<std::pair<std::string, double>> runs;
@@ -47,15 +32,6 @@ std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::st
   return runs;
 }
 
-CacheTotals cache_totals(const model::LlamaModel& m) {
-  CacheTotals t;
-  for (const auto& c : m.caches()) {
-    t.bytes += c->nbytes();
-    t.full += c->full_seq_bytes();
-  }
-  return t;
-}
-
 Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
                           const std::string& spec, double theta, int threads, const PrefixFiles* files) {
   model::LlamaModel m = make_model(w, spec, theta, threads);
@@ -64,8 +40,9 @@ Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_
   const std::vector<int32_t> prefix(toks.begin(), toks.begin() + P);
   std::vector<float> logits;
   if (files) {
-    CachedPrefill pre =
-        prefill_through(prompt_cache_path(files->stem, spec, theta), files->identity, spec, theta, prefix, m);
+    runtime::CachedPrefill pre =
+        runtime::prefill_through(runtime::prompt_cache_path(files->stem, spec, theta), files->identity, spec, theta,
+                                 prefix, m);
     logits = std::move(pre.logits);
     c.prefill_s = pre.forward_s;
     c.prefix_from_file = pre.hit.tokens;

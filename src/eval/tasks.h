@@ -12,27 +12,20 @@
 #include "cache/registry.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "runtime/session.h"
 
 namespace anchorkv::eval {
 
-// One layer's cache of `spec` for a model of `config` (:keyrope: the model's
-// RoPE passed to AnchorKV, model::with_key_rope).
-std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const model::LlamaConfig& config,
-                                          double theta, int threads);
-
-// A model whose every layer holds the cache `spec` ("NAME[:pre]", cache/registry.h).
-model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads);
+using runtime::cache_totals;
+using runtime::CacheTotals;
+using runtime::make_layer_cache;
+using runtime::make_model;
 
 // (cache spec, theta) pairs to run: caches without a byte budget run once
 // (theta 0). Every spec is validated before any work starts.
 std::vector<std::pair<std::string, double>> cache_runs(const std::vector<std::string>& specs,
                                                        const std::vector<double>& thetas);
 
-struct CacheTotals {
-  int64_t bytes = 0, full = 0;  // stored bytes, fp16 bytes for the same tokens (all layers)
-  double ratio() const { return bytes > 0 ? static_cast<double>(full) / static_cast<double>(bytes) : 1.0; }
-};
-CacheTotals cache_totals(const model::LlamaModel& m);
 
 // Log-probabilities of every position after a prefix of P tokens: the prefix
 // is one prefill (compressed or evicted by the cache), then each later token
@@ -44,7 +37,7 @@ struct Continuation {
   CacheTotals bytes;                      // right after the prefix
 };
 // Optional prompt-cache files for the prefixes: one file per (spec, theta)
-// under `stem` (eval/prompt_cache.h), trusted only for the model `identity`.
+// under `stem` (runtime/prompt_cache.h), trusted only for the model `identity`.
 struct PrefixFiles {
   std::string stem, identity;
 };

@@ -6,8 +6,8 @@
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
-#include "eval/prompt_cache.h"
-#include "eval/tasks.h"
+#include "runtime/prompt_cache.h"
+#include "runtime/session.h"
 
 namespace anchorkv::serve {
 namespace {
@@ -65,10 +65,10 @@ class SlotGuard {
 
 // The tokens a spilled or pooled file covers, when it was written for `key`.
 std::optional<std::vector<int32_t>> pooled_tokens(const uint8_t* data, size_t size, const std::string& path,
-                                                  const eval::PromptCacheKey& key) {
+                                                  const runtime::PromptCacheKey& key) {
   try {
     LoadedCaches l = load_caches_from_memory(data, size, path);
-    if (eval::key_mismatch(l.meta.entries, key).empty() && !l.meta.tokens.empty()) return std::move(l.meta.tokens);
+    if (runtime::key_mismatch(l.meta.entries, key).empty() && !l.meta.tokens.empty()) return std::move(l.meta.tokens);
   } catch (const Error&) {
   }
   return std::nullopt;
@@ -122,7 +122,7 @@ TokenLogprob Engine::token_logprob(const std::vector<float>& logits, int32_t tok
 Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options)
     : weights_(weights),
       tok_(tokenizer),
-      opt_((eval::make_model(weights, options.cache, options.theta, 1), std::move(options))),  // validates the spec
+      opt_((runtime::make_model(weights, options.cache, options.theta, 1), std::move(options))),  // validates the spec
       pool_({opt_.pool_budget, opt_.cache_dir}, [this](const uint8_t* data, size_t size, const std::string& path) {
         return pooled_tokens(data, size, path, key());
       }) {}
@@ -133,15 +133,15 @@ std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, mo
   for (int attempt = 0; attempt < 4; ++attempt) {
     const std::optional<PrefixPool::Entry> hit = pool_.longest_prefix(prompt, limit);
     if (!hit) return {};
-    eval::Restored r = eval::restore_prompt(hit->file->data(), hit->file->size(), "prefix pool", key(), prompt, m);
-    if (r.outcome == eval::Restore::kUsed) {
+    runtime::Restored r = runtime::restore_prompt(hit->file->data(), hit->file->size(), "prefix pool", key(), prompt, m);
+    if (r.outcome == runtime::Restore::kUsed) {
       // Still a prefix of the prompt, so correct to use; but an entry whose
       // bytes cover other tokens than its index says is dropped.
       if (r.tokens != static_cast<int64_t>(hit->tokens.size())) pool_.discard(hit->tokens);
       res.reused_tokens = r.tokens;
       return std::move(r.logits);
     }
-    if (r.outcome == eval::Restore::kNoLogits) {
+    if (r.outcome == runtime::Restore::kNoLogits) {
       limit = hit->tokens.size() - 1;  // fine, but this prompt needs a shorter one
     } else {
       pool_.discard(hit->tokens);  // damaged, foreign, or not the tokens it was indexed as
@@ -161,7 +161,7 @@ void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, s
     logits = m.forward(std::vector<int32_t>(prompt.begin() + m.position(), prompt.begin() + end));
     if (end < opt_.min_prefix) return;
     std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
-    std::vector<uint8_t> file = eval::prompt_file(key(), m, tokens, logits);
+    std::vector<uint8_t> file = runtime::prompt_file(key(), m, tokens, logits);
     pool_.add(std::move(tokens), std::move(file));
   };
   const int64_t shared = pool_.shared_prefix(prompt);
@@ -245,7 +245,7 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
 }
 
 void Engine::run(const GenerateRequest& req, bool use_pool, GenerateResult& res) {
-  model::LlamaModel m = eval::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
+  model::LlamaModel m = runtime::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
   auto t0 = Clock::now();
   std::vector<float> logits = use_pool ? restore_prefix(req.prompt, m, res) : std::vector<float>();
   prefill(req.prompt, m, logits);

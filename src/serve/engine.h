@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 #include "model/llama.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -105,7 +105,7 @@ class Engine {
   void run(const GenerateRequest& req, bool use_pool, GenerateResult& res);
   void record(const GenerateResult& res);
   TokenLogprob token_logprob(const std::vector<float>& logits, int32_t token, int top) const;
-  eval::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }
+  runtime::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }
 
   const model::LlamaWeights& weights_;
   const model::Tokenizer& tok_;

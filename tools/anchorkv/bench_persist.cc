@@ -15,7 +15,7 @@
 #include "cache/registry.h"
 #include "commands.h"
 #include "core/rng.h"
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 #include "eval/tasks.h"
 #include "eval/workload.h"
 
@@ -74,7 +74,7 @@ nlohmann::json layer_rows(const PersistOptions& o, const std::string& dir) {
 // (time to the first token's logits), and the file per cache.
 nlohmann::json model_rows(const PersistOptions& o, const std::string& dir) {
   const model::LlamaWeights w = model::load_model(o.model);
-  const std::string identity = eval::model_identity(o.model, w);
+  const std::string identity = runtime::model_identity(o.model, w);
   core::Rng rng(7);
   std::vector<int32_t> prompt;
   for (int64_t i = 0; i < o.ctx; ++i) prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(w.config.vocab)));
@@ -86,16 +86,16 @@ nlohmann::json model_rows(const PersistOptions& o, const std::string& dir) {
     const std::string path = dir + "/prompt.akvc";
     std::vector<double> prefill_ms, restore_ms, save_ms;
     for (int r = 0; r < o.reps; ++r) {
-      model::LlamaModel m = eval::make_model(w, spec, o.theta, 0);
+      model::LlamaModel m = runtime::make_model(w, spec, o.theta, 0);
       auto t0 = Clock::now();
       const std::vector<float> logits = m.forward(prompt);
       prefill_ms.push_back(ms_since(t0));
       t0 = Clock::now();
-      eval::save_prompt(path, identity, spec, o.theta, prompt, logits, m);
+      runtime::save_prompt(path, identity, spec, o.theta, prompt, logits, m);
       save_ms.push_back(ms_since(t0));
-      model::LlamaModel fresh = eval::make_model(w, spec, o.theta, 0);
+      model::LlamaModel fresh = runtime::make_model(w, spec, o.theta, 0);
       t0 = Clock::now();
-      const eval::PromptCacheHit hit = eval::try_restore(path, identity, spec, o.theta, prompt, fresh);
+      const runtime::PromptCacheHit hit = runtime::try_restore(path, identity, spec, o.theta, prompt, fresh);
       restore_ms.push_back(ms_since(t0));
       if (!hit.used || hit.logits != logits) throw std::runtime_error("prompt cache did not restore the prefill");
     }

@@ -26,7 +26,7 @@ struct Options {
 
 void run(const Options& opt) {
   const model::LlamaWeights w = model::load_model(opt.model);
-  model::LlamaModel m = eval::make_model(w, opt.cache, opt.theta, opt.threads);
+  model::LlamaModel m = runtime::make_model(w, opt.cache, opt.theta, opt.threads);
   m.set_activations(opt.activations);
   std::vector<float> logits;
   if (opt.incremental) {  // one token at a time (decode path)

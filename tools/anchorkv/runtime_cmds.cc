@@ -21,7 +21,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "eval/error_analysis.h"
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
 #include "io/kvdump.h"
@@ -86,8 +86,8 @@ Prefill prefill(const RunOptions& o, const model::LlamaWeights& w, const std::ve
     std::vector<float> logits = m.forward(prompt);
     return {std::move(logits), since(t0), static_cast<int64_t>(prompt.size())};
   }
-  const std::string identity = eval::model_identity(o.model, w);
-  eval::CachedPrefill c = eval::prefill_through(o.prompt_cache, identity, o.cache, o.theta, prompt, m);
+  const std::string identity = runtime::model_identity(o.model, w);
+  runtime::CachedPrefill c = runtime::prefill_through(o.prompt_cache, identity, o.cache, o.theta, prompt, m);
   if (c.hit.used)
     std::fprintf(stderr, "[prompt cache] loaded %lld tokens from %s (%lld bytes on disk) in %.2f ms\n",
                  static_cast<long long>(c.hit.tokens), o.prompt_cache.c_str(),
@@ -107,7 +107,7 @@ void run(const RunOptions& o) {
   if (is_gguf(o.model))
     tok = std::make_unique<model::Tokenizer>(model::Tokenizer::from_gguf(io::GgufFile::open(o.model)));
   const std::vector<int32_t> prompt = prompt_tokens(o.model, o.prompt, o.prompt_file, o.tokens, tok.get());
-  model::LlamaModel m = eval::make_model(w, o.cache, o.theta, o.threads);
+  model::LlamaModel m = runtime::make_model(w, o.cache, o.theta, o.threads);
   m.set_activations(o.activations);
   model::Sampler sampler(o.sampler);
   Prefill pre = prefill(o, w, prompt, m);
@@ -126,7 +126,7 @@ void run(const RunOptions& o) {
     logits = m.forward({next});
   }
   const double decode_s = since(t0);
-  const eval::CacheTotals t = eval::cache_totals(m);
+  const runtime::CacheTotals t = runtime::cache_totals(m);
   std::fprintf(stderr,
                "\n\n[%s cache] prompt %zu tokens, %lld prefilled: %.1f tok/s; generated %lld tokens: decode "
                "%.1f tok/s\n"
@@ -178,12 +178,12 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   const bool tty = isatty(fileno(stderr));
   for (int rep = 0; rep < o.reps; ++rep)
     for (const auto& c : o.caches) {
-      model::LlamaModel m = eval::make_model(w, c, o.theta, o.threads);
+      model::LlamaModel m = runtime::make_model(w, c, o.theta, o.threads);
       m.set_activations(o.activations);
       auto t0 = Clock::now();
       std::vector<float> logits = m.forward(prompt);
       const double pre_s = since(t0);
-      const eval::CacheTotals t = eval::cache_totals(m);
+      const runtime::CacheTotals t = runtime::cache_totals(m);
       t0 = Clock::now();
       double first_s = 0;
       for (int64_t i = 0; i < o.n; ++i) {
@@ -298,7 +298,7 @@ void evaluate(const EvalOptions& o) {
   const bool tty = isatty(fileno(stderr));
   const auto runs = eval::cache_runs(o.caches, o.thetas);
   eval::PrefixFiles files;
-  if (!o.prompt_cache.empty()) files = {o.prompt_cache, eval::model_identity(o.model, w)};
+  if (!o.prompt_cache.empty()) files = {o.prompt_cache, runtime::model_identity(o.model, w)};
   const eval::PrefixFiles* pf = o.prompt_cache.empty() ? nullptr : &files;
   const eval::Continuation ref = eval::continuation(w, toks, P, "full", 0, o.threads, pf);
   if (copy)
@@ -536,7 +536,7 @@ void dump_kv(const DumpOptions& o) {
   d.rope_base = c.rope.base;
   d.rope_style = c.rope.style == RopeStyle::kNeox ? 1u : 0u;
   d.layers.resize(static_cast<size_t>(c.n_layers));
-  model::LlamaModel m = eval::make_model(w, "full", 0, o.threads);
+  model::LlamaModel m = runtime::make_model(w, "full", 0, o.threads);
   const int64_t T = static_cast<int64_t>(toks.size()), hd = c.head_dim;
   // [T, H, hd] token-major -> [H, T, hd]
   auto head_major = [&](const float* x, int64_t H) {

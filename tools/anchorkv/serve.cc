@@ -16,7 +16,7 @@
 
 #include "anchorkv/status.h"
 #include "commands.h"
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 #include "http_server.h"
 #include "io/gguf.h"
 #include "model/llama.h"
@@ -433,7 +433,7 @@ void settle_limits(ServeOptions& o, const model::LlamaWeights& w) {
 void serve_main(ServeOptions o) {
   const model::LlamaWeights w = model::load_model(o.model);
   settle_limits(o, w);
-  o.engine.model_identity = eval::model_identity(o.model, w);
+  o.engine.model_identity = runtime::model_identity(o.model, w);
   const io::GgufFile f = io::GgufFile::open(o.model);
   const model::Tokenizer tok = model::Tokenizer::from_gguf(f);
   const serve::ChatTemplate chat = serve::pick_chat_template(

@@ -11,7 +11,7 @@
 
 #include "model/llama.h"
 
-namespace anchorkv::eval {
+namespace anchorkv::runtime {
 
 // Architecture, dimensions and an xxHash64 of the tensor metadata (names,
 // types, shapes) and tokenizer (a GGUF's metadata; a llama2.c checkpoint's
@@ -83,4 +83,4 @@ CachedPrefill prefill_through(const std::string& path, const std::string& identi
 // The file for one (spec, theta) under `stem`: "<stem>-<spec>-<theta>.akvc" (':' -> '_').
 std::string prompt_cache_path(const std::string& stem, const std::string& spec, double theta);
 
-}  // namespace anchorkv::eval
+}  // namespace anchorkv::runtime

@@ -1,4 +1,4 @@
-#include "eval/prompt_cache.h"
+#include "runtime/prompt_cache.h"
 
 #include <chrono>
 #include <filesystem>
@@ -13,7 +13,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace anchorkv::eval {
+namespace anchorkv::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -199,4 +199,4 @@ std::string prompt_cache_path(const std::string& stem, const std::string& spec, 
   return p;
 }
 
-}  // namespace anchorkv::eval
+}  // namespace anchorkv::runtime

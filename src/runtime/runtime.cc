@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
-#include "eval/tasks.h"
+#include "runtime/session.h"
 #include "io/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -27,7 +27,7 @@ Runtime Runtime::load(const std::string& model_path, const std::string& cache, d
   impl->weights = model::load_model(model_path);
   const bool gguf = model_path.size() >= 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
   if (gguf) impl->tokenizer = model::Tokenizer::from_gguf(io::GgufFile::open(model_path));
-  impl->model = std::make_unique<model::LlamaModel>(eval::make_model(impl->weights, cache, theta, threads));
+  impl->model = std::make_unique<model::LlamaModel>(runtime::make_model(impl->weights, cache, theta, threads));
   return Runtime(std::move(impl));
 }
 
@@ -46,7 +46,7 @@ std::string Runtime::detokenize(const std::vector<int32_t>& tokens) const {
 std::vector<float> Runtime::forward(const std::vector<int32_t>& tokens) { return impl_->model->forward(tokens); }
 int64_t Runtime::position() const { return impl_->model->position(); }
 int64_t Runtime::vocab() const { return impl_->weights.config.vocab; }
-int64_t Runtime::cache_bytes() const { return eval::cache_totals(*impl_->model).bytes; }
-int64_t Runtime::cache_full_bytes() const { return eval::cache_totals(*impl_->model).full; }
+int64_t Runtime::cache_bytes() const { return runtime::cache_totals(*impl_->model).bytes; }
+int64_t Runtime::cache_full_bytes() const { return runtime::cache_totals(*impl_->model).full; }
 
 }  // namespace anchorkv
