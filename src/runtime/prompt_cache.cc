@@ -39,11 +39,13 @@ std::string theta_string(double theta) {
   return os.str();
 }
 
-uint64_t gguf_hash(const std::string& path) {
-  const io::GgufFile f = io::GgufFile::open(path);
+// Metadata (with the tokenizer's vocabulary and merges), tensor infos and the
+// tensors' bytes: two files that differ in any weight (two fine-tunes of one
+// shape) never share an identity.
+uint64_t gguf_hash(const io::GgufFile& f) {
   XXH64_state_t* h = XXH64_createState();
   XXH64_reset(h, 0);
-  for (const auto& [key, value] : f.metadata()) {  // includes the tokenizer's vocabulary and merges
+  for (const auto& [key, value] : f.metadata()) {
     XXH64_update(h, key.data(), key.size());
     hash_value(h, value);
   }
@@ -51,30 +53,34 @@ uint64_t gguf_hash(const std::string& path) {
     XXH64_update(h, t.name.data(), t.name.size());
     XXH64_update(h, &t.type, sizeof(t.type));
     XXH64_update(h, t.dims.data(), t.dims.size() * sizeof(int64_t));
-    XXH64_update(h, &t.offset, sizeof(t.offset));
+    XXH64_update(h, t.data, static_cast<size_t>(t.n_bytes));
   }
   const uint64_t out = XXH64_digest(h);
   XXH64_freeState(h);
   return out;
 }
 
-}  // namespace
-
-std::string model_identity(const std::string& model_path, const model::LlamaWeights& w) {
+std::string identity_string(const model::LlamaWeights& w, uint64_t h) {
   const auto& c = w.config;
-  const bool gguf = model_path.size() >= 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
-  uint64_t h = 0;
-  if (gguf) {
-    h = gguf_hash(model_path);
-  } else {  // llama2.c: the header is the config; the size pins the rest
-    const uint64_t size = std::filesystem::file_size(model_path);
-    h = XXH64(&size, sizeof(size), 0);
-  }
   std::ostringstream os;
   os << (c.architecture.empty() ? "llama" : c.architecture) << " layers=" << c.n_layers << " dim=" << c.dim
      << " heads=" << c.n_heads << "/" << c.n_kv_heads << " head_dim=" << c.head_dim << " vocab=" << c.vocab
      << " rope_base=" << c.rope.base << " hash=" << std::hex << h;
   return os.str();
+}
+
+}  // namespace
+
+std::string model_identity(const io::GgufFile& f, const model::LlamaWeights& w) {
+  return identity_string(w, gguf_hash(f));
+}
+
+std::string model_identity(const std::string& model_path, const model::LlamaWeights& w) {
+  const bool gguf = model_path.size() >= 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
+  if (gguf) return model_identity(io::GgufFile::open(model_path), w);
+  // llama2.c: the header is the config, the bytes are the weights.
+  const core::MappedFile f = core::MappedFile::open(model_path, "anchorkv::model_identity");
+  return identity_string(w, XXH64(f.data(), f.size(), 0));
 }
 
 Restored restore_prompt(const uint8_t* data, size_t size, const std::string& name, const PromptCacheKey& key,

@@ -9,14 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "io/gguf.h"
 #include "model/llama.h"
 
 namespace anchorkv::runtime {
 
-// Architecture, dimensions and an xxHash64 of the tensor metadata (names,
-// types, shapes) and tokenizer (a GGUF's metadata; a llama2.c checkpoint's
-// header and size).
+// Architecture, dimensions and an xxHash64 of everything the file holds: a
+// GGUF's metadata (the tokenizer with it), tensor infos and tensor bytes; a
+// llama2.c checkpoint's bytes.
 std::string model_identity(const std::string& model_path, const model::LlamaWeights& w);
+std::string model_identity(const io::GgufFile& file, const model::LlamaWeights& w);
 
 // What a prompt-cache file is written for and trusted for.
 struct PromptCacheKey {

@@ -323,9 +323,7 @@ void run_rope(const RopeBenchOptions& opt) {
 
 }  // namespace
 
-void register_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks measured side by side in one run");
-  bench->require_subcommand(1);
+void register_bench(CLI::App* bench) {
   auto opt = std::make_shared<Options>();
   CLI::App* att = bench->add_subcommand("attention", "Compressed vs dense fp16 decode attention");
   att->add_option("--seq", opt->seqs, "sequence lengths")->delimiter(',');

@@ -118,9 +118,9 @@ void bench_persist(const PersistOptions& o) {
 
 }  // namespace
 
-void register_bench_persist(CLI::App& app) {
+void register_bench_persist(CLI::App* bench) {
   auto o = std::make_shared<PersistOptions>();
-  CLI::App* sub = app.get_subcommand("bench")->add_subcommand("persist", "Cache files: bytes on disk, save / load time");
+  CLI::App* sub = bench->add_subcommand("persist", "Cache files: bytes on disk, save / load time");
   sub->add_option("--caches", o->caches, "caches")->delimiter(',');
   sub->add_option("--seq", o->seq, "tokens of the synthetic layer")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   sub->add_option("--theta", o->theta, "byte budget of the budgeted caches");

@@ -9,14 +9,20 @@
 #include "model/llama.h"
 
 namespace anchorkv::cli {
+// One file per command (cmd_*.cc and the others named alike); `bench` is
+// the `anchorkv bench` command the benchmarks add themselves to.
 void register_demo(CLI::App& app);
 void register_codec_mse(CLI::App& app);
-void register_bench(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_logits(CLI::App& app);
-void register_runtime(CLI::App& app);
-void register_bench_persist(CLI::App& app);  // after register_bench
+void register_run(CLI::App& app);  // run and tokenize
+void register_eval(CLI::App& app);
+void register_analyze(CLI::App& app);
+void register_dump_kv(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_bench(CLI::App* bench);  // attention, rope
+void register_bench_runtime(CLI::App* bench);
+void register_bench_persist(CLI::App* bench);
 
 // Help for an option naming caches: every cache name and every modifier.
 inline std::string cache_option_help(const std::string& lead) {

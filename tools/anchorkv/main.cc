@@ -11,14 +11,21 @@ int main(int argc, char** argv) {
   CLI::App app{"anchorkv: AnchorKV anchor-residual KV-cache compression"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "anchorkv 0.1.0");
-  anchorkv::cli::register_demo(app);
-  anchorkv::cli::register_codec_mse(app);
-  anchorkv::cli::register_bench(app);
-  anchorkv::cli::register_bench_persist(app);
-  anchorkv::cli::register_serve(app);
-  anchorkv::cli::register_compare(app);
-  anchorkv::cli::register_logits(app);
-  anchorkv::cli::register_runtime(app);
+  namespace cli = anchorkv::cli;
+  cli::register_demo(app);
+  cli::register_codec_mse(app);
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks measured side by side in one run");
+  bench->require_subcommand(1);
+  cli::register_bench(bench);
+  cli::register_bench_persist(bench);
+  cli::register_bench_runtime(bench);
+  cli::register_serve(app);
+  cli::register_compare(app);
+  cli::register_logits(app);
+  cli::register_run(app);
+  cli::register_eval(app);
+  cli::register_analyze(app);
+  cli::register_dump_kv(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -16,7 +16,7 @@
 
 #include "anchorkv/status.h"
 #include "commands.h"
-#include "runtime/prompt_cache.h"
+#include "runtime/model_file.h"
 #include "http_server.h"
 #include "io/gguf.h"
 #include "model/llama.h"
@@ -431,13 +431,12 @@ void settle_limits(ServeOptions& o, const model::LlamaWeights& w) {
 }
 
 void serve_main(ServeOptions o) {
-  const model::LlamaWeights w = model::load_model(o.model);
+  const runtime::ModelFile mf = runtime::ModelFile::open(o.model);
+  const model::LlamaWeights& w = mf.weights;
   settle_limits(o, w);
-  o.engine.model_identity = runtime::model_identity(o.model, w);
-  const io::GgufFile f = io::GgufFile::open(o.model);
-  const model::Tokenizer tok = model::Tokenizer::from_gguf(f);
-  const serve::ChatTemplate chat = serve::pick_chat_template(
-      o.chat_template, f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : "");
+  o.engine.model_identity = mf.identity;
+  const model::Tokenizer& tok = mf.tok("anchorkv serve");
+  const serve::ChatTemplate chat = serve::pick_chat_template(o.chat_template, mf.chat_template);
   // SIGINT / SIGTERM stop the server gracefully: blocked here (threads
   // inherit the mask), taken by the waiting main thread.
   sigset_t signals;

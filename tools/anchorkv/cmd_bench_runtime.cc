@@ -1,0 +1,159 @@
+// `anchorkv bench runtime`: prefill and decode speed of a real model with each cache, side by side.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "anchorkv/anchorkv.h"
+#include "cache/registry.h"
+#include "commands.h"
+#include "core/error.h"
+#include "inputs.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "runtime/model_file.h"
+#include "runtime/session.h"
+
+namespace anchorkv::cli {
+namespace {
+
+// ---------------------------------------------------------------- bench runtime
+
+struct RuntimeBenchOptions {
+  std::string model, text;
+  int64_t ctx = 1024, n = 128;
+  std::vector<std::string> caches = {"full",         "anchorkv", "anchorkv_compact", "anchorkv:pre", "snapkv",
+                                     "streamingllm", "kivi2"};
+  double theta = 0.1;
+  int reps = 3, threads = 0;
+  std::string json_path;
+  model::Activations activations = model::Activations::kInt8;
+};
+
+// Prefill and greedy-decode speed with each cache, caches interleaved within
+// each repetition (same machine state), medians over repetitions.
+void bench_runtime(const RuntimeBenchOptions& o) {
+  const runtime::ModelFile mf = runtime::ModelFile::open(o.model);
+  const model::LlamaWeights& w = mf.weights;
+  std::vector<int32_t> prompt;
+  if (!o.text.empty()) prompt = mf.tok("anchorkv bench runtime").encode(read_file(o.text), true);
+  core::Rng rng(7);
+  while (static_cast<int64_t>(prompt.size()) < o.ctx)  // pad (or fill) with seeded random tokens
+    prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(w.config.vocab)));
+  prompt.resize(static_cast<size_t>(o.ctx));
+  for (const auto& c : o.caches) cache::parse_cache_spec(c);
+  struct Sample {
+    std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
+    double ratio = 1;
+    int64_t bytes = 0, full = 0;
+  };
+  std::map<std::string, Sample> samples;
+  const bool tty = isatty(fileno(stderr));
+  for (int rep = 0; rep < o.reps; ++rep)
+    for (const auto& c : o.caches) {
+      model::LlamaModel m = runtime::make_model(w, c, o.theta, o.threads);
+      m.set_activations(o.activations);
+      auto t0 = Clock::now();
+      std::vector<float> logits = m.forward(prompt);
+      const double pre_s = since(t0);
+      const runtime::CacheTotals t = runtime::cache_totals(m);
+      t0 = Clock::now();
+      double first_s = 0;
+      for (int64_t i = 0; i < o.n; ++i) {
+        const auto next =
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        logits = m.forward({next});
+        if (i == 0) first_s = since(t0);
+      }
+      const double dec_s = since(t0);
+      Sample& s = samples[c];
+      s.first_ms.push_back(1e3 * first_s);
+      s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
+      s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
+      s.bytes = t.bytes;
+      s.full = t.full;
+      s.ratio = t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0;
+      if (tty) std::fprintf(stderr, "[rep %d/%d] %-24s\r", rep + 1, o.reps, c.c_str());
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  fmt::print(
+      "{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
+      o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
+      o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
+  fmt::print("  {:<21} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", "KV MiB", "ratio", "prefill t/s",
+             "vs full", "decode t/s", "vs full", "1st step ms");
+  const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
+  const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& c : o.caches) {
+    const Sample& s = samples[c];
+    const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
+    fmt::print("  {:<21} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c,
+               static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
+               full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
+               full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first);
+    rows.push_back({{"cache", c},
+                    {"compression_ratio_after_prefill", s.ratio},
+                    {"bytes_after_prefill", s.bytes},
+                    {"fp16_bytes_every_layer_every_position", s.full},
+                    {"prefill_tok_s", p},
+                    {"decode_tok_s", d},
+                    {"first_decode_step_ms", first},
+                    {"prefill_samples", s.prefill},
+                    {"decode_samples", s.decode}});
+  }
+  int64_t local = 0;
+  for (int64_t l = 0; l < w.config.n_layers; ++l) local += w.config.is_local(l);
+  if (local > 0 && !samples.empty())
+    fmt::print("\n  {} of {} layers attend a {}-position window and hold it as a ring (any cache); every layer\n"
+               "  holding every position in fp16 would take {:.2f} MiB (ratio column: against that)\n",
+               local, w.config.n_layers, w.config.sliding_window,
+               static_cast<double>(samples.begin()->second.full) / (1 << 20));
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << nlohmann::json{{"model", o.model},
+                        {"local_layers", local},
+                        {"sliding_window", w.config.sliding_window},
+                        {"prompt_tokens", o.ctx},
+                        {"decode_tokens", o.n},
+                        {"theta", o.theta},
+                        {"threads", core::resolve_threads(o.threads)},
+                        {"reps", o.reps},
+                        {"activations", o.activations == model::Activations::kInt8 ? "int8" : "f32"},
+                        {"results", rows}}
+             .dump(2);
+  }
+}
+
+}  // namespace
+
+void register_bench_runtime(CLI::App* bench) {
+  auto rb = std::make_shared<RuntimeBenchOptions>();
+  CLI::App* rbc =
+      bench->add_subcommand("runtime", "Prefill and decode speed of a real model with each cache");
+  rbc->add_option("--model,-m", rb->model, "model file")->required();
+  rbc->add_option("--text", rb->text, "prompt text (padded with random tokens to --ctx)");
+  rbc->add_option("--ctx", rb->ctx, "prompt tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  rbc->add_option("-n", rb->n, "decode steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  rbc->add_option("--caches", rb->caches, cache_option_help("caches"))->delimiter(',');
+  rbc->add_option("--theta", rb->theta, "byte budget of the budgeted caches");
+  rbc->add_option("--reps", rb->reps, "repetitions (median)")->check(CLI::Range(1, 100));
+  rbc->add_option("--threads", rb->threads, "threads (0 = all cores)");
+  rbc->add_option("--json", rb->json_path, "write JSON here");
+  add_matmul_options(rbc, &rb->activations);
+  rbc->callback([rb] { bench_runtime(*rb); });
+
+}
+
+}  // namespace anchorkv::cli
