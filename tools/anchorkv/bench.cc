@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <tuple>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -215,15 +216,36 @@ struct RopeBenchOptions {
 
 // Post-RoPE storage (the seed's) vs pre-RoPE storage with RoPE applied in
 // attention (the paper's): accuracy against exact attention, and speed.
+// One way of storing the keys: its attention error against exact attention,
+// its time and dense attention's over the same keys, its ratio.
+struct RopeArm {
+  const char* label;
+  double error = 0, compressed_s = 0, dense_s = 0, ratio = 0;
+  nlohmann::json json() const {
+    return {{"relative_error", error}, {"compressed_ms", compressed_s * 1e3}, {"dense_ms", dense_s * 1e3},
+            {"compression_ratio", ratio}};
+  }
+};
+
+// Mean over query heads of ||y - exact|| / ||exact||.
+double rel_error(const Tensor& y, const std::vector<double>& exact, int64_t Hq, int64_t D) {
+  const std::vector<float> v = y.to_f32();
+  double sum = 0;
+  for (int64_t hq = 0; hq < Hq; ++hq) {
+    double e = 0, n = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      e += (v[hq * D + d] - exact[hq * D + d]) * (v[hq * D + d] - exact[hq * D + d]);
+      n += exact[hq * D + d] * exact[hq * D + d];
+    }
+    sum += std::sqrt(e / n);
+  }
+  return sum / static_cast<double>(Hq);
+}
+
 void run_rope(const RopeBenchOptions& opt) {
   const int64_t H = opt.heads, G = opt.group, Hq = H * G, D = opt.dim, S = opt.seq;
   eval::SyntheticSpec spec;
-  spec.B = 1;
-  spec.H = H;
-  spec.S = S;
-  spec.D = D;
-  spec.n_queries = G;
-  spec.clusters = opt.clusters;
+  spec.B = 1, spec.H = H, spec.S = S, spec.D = D, spec.n_queries = G, spec.clusters = opt.clusters;
   spec.query_position = S - 1;  // attend() places the query at the last cached position
   spec.rope = true;
   const eval::Workload post = eval::make_synthetic(spec);
@@ -231,31 +253,14 @@ void run_rope(const RopeBenchOptions& opt) {
   const eval::Workload pre = eval::make_synthetic(spec);
   const TensorView q_post = TensorView::f32(post.Q.data(), {1, Hq, 1, D});
   const TensorView q_pre = TensorView::f32(pre.Q.data(), {1, Hq, 1, D});
-
   // Exact attention over the post-RoPE keys (identical to RoPE applied to pre-RoPE ones).
   std::vector<double> exact(static_cast<size_t>(Hq * D));
   for (int64_t hq = 0; hq < Hq; ++hq)
     eval::attention_reference(&post.Q[hq * D], &post.K[(hq / G) * S * D], &post.V[(hq / G) * S * D], S, D,
                               &exact[hq * D]);
-  auto rel_error = [&](const Tensor& y) {
-    const std::vector<float> v = y.to_f32();
-    double sum = 0;
-    for (int64_t hq = 0; hq < Hq; ++hq) {
-      double e = 0, n = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        e += (v[hq * D + d] - exact[hq * D + d]) * (v[hq * D + d] - exact[hq * D + d]);
-        n += exact[hq * D + d] * exact[hq * D + d];
-      }
-      sum += std::sqrt(e / n);
-    }
-    return sum / static_cast<double>(Hq);
-  };
-
   AttentionOptions plain, roped;
   plain.threads = roped.threads = opt.threads;
-  roped.rope.enabled = true;
-  roped.rope.base = spec.rope_base;
-  roped.rope.style = RopeStyle::kNormal;
+  roped.rope = {true, spec.rope_base, RopeStyle::kNormal, 0, {}};
   AnchorKVConfig cfg;
   cfg.theta = opt.theta;
   cfg.threads = opt.threads;
@@ -264,60 +269,36 @@ void run_rope(const RopeBenchOptions& opt) {
   AnchorKVCache c_post(cfg), c_pre(cfg), c_keyrope(at_positions);
   FullKVCache f_post, f_pre;
   c_post.update(post.keys(), post.values());
-  c_pre.update(pre.keys(), pre.values());
-  c_keyrope.update(pre.keys(), pre.values());
   f_post.update(post.keys(), post.values());
-  f_pre.update(pre.keys(), pre.values());
-  const double err_post = rel_error(attend(q_post, c_post, plain));
-  const double err_pre = rel_error(attend(q_pre, c_pre, roped));
-  const double err_keyrope = rel_error(attend(q_pre, c_keyrope, roped));
-  const double err_dense_pre = rel_error(attend(q_pre, f_pre, roped));
-  const auto [dense_post_s, comp_post_s] = median_pair(
-      opt.reps, [&] { attend(q_post, f_post, plain); }, [&] { attend(q_post, c_post, plain); });
-  const auto [dense_pre_s, comp_pre_s] = median_pair(
-      opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_pre, roped); });
-  const auto [dense_pre2_s, comp_keyrope_s] = median_pair(
-      opt.reps, [&] { attend(q_pre, f_pre, roped); }, [&] { attend(q_pre, c_keyrope, roped); });
-  nlohmann::json j = {{"benchmark", "rope"},
-                      {"S", S},
-                      {"H", H},
-                      {"Hq", Hq},
-                      {"D", D},
-                      {"theta", opt.theta},
-                      {"rope_base", spec.rope_base},
-                      {"clusters", opt.clusters},
-                      {"post_rope",
-                       {{"relative_error", err_post},
-                        {"compressed_ms", comp_post_s * 1e3},
-                        {"dense_ms", dense_post_s * 1e3},
-                        {"compression_ratio", c_post.compression_ratio()}}},
-                      {"pre_rope",
-                       {{"relative_error", err_pre},
-                        {"compressed_ms", comp_pre_s * 1e3},
-                        {"dense_ms", dense_pre_s * 1e3},
-                        {"compression_ratio", c_pre.compression_ratio()},
-                        {"dense_relative_error", err_dense_pre}}},
-                      {"pre_rope_keyrope",
-                       {{"relative_error", err_keyrope},
-                        {"compressed_ms", comp_keyrope_s * 1e3},
-                        {"dense_ms", dense_pre2_s * 1e3},
-                        {"compression_ratio", c_keyrope.compression_ratio()}}},
-                      {"threads", core::resolve_threads(opt.threads)}};
+  for (KVCache* c : std::vector<KVCache*>{&c_pre, &c_keyrope, &f_pre}) c->update(pre.keys(), pre.values());
+  auto arm = [&](const char* label, const TensorView& q, const KVCache& comp, const KVCache& dense,
+                 const AttentionOptions& ao) {
+    RopeArm r{label};
+    r.error = rel_error(attend(q, comp, ao), exact, Hq, D);
+    std::tie(r.dense_s, r.compressed_s) =
+        median_pair(opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, comp, ao); });
+    r.ratio = comp.compression_ratio();
+    return r;
+  };
+  const RopeArm arms[] = {arm("post-RoPE", q_post, c_post, f_post, plain), arm("pre-RoPE", q_pre, c_pre, f_pre, roped),
+                          arm(":keyrope", q_pre, c_keyrope, f_pre, roped)};
+  const double err_dense_pre = rel_error(attend(q_pre, f_pre, roped), exact, Hq, D);
   if (opt.json) {
+    nlohmann::json pre_json = arms[1].json();
+    pre_json["dense_relative_error"] = err_dense_pre;
+    const nlohmann::json j = {{"benchmark", "rope"}, {"S", S}, {"H", H}, {"Hq", Hq}, {"D", D}, {"theta", opt.theta},
+                              {"rope_base", spec.rope_base}, {"clusters", opt.clusters},
+                              {"post_rope", arms[0].json()}, {"pre_rope", pre_json},
+                              {"pre_rope_keyrope", arms[2].json()}, {"threads", core::resolve_threads(opt.threads)}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  fmt::print(
-      "Pre- vs post-RoPE key storage: B=1 H={} Hq={} S={} D={} theta {} (RoPE base {:.0f}), {} threads\n\n",
-      H, Hq, S, D, opt.theta, spec.rope_base, core::resolve_threads(opt.threads));
-  fmt::print("  {:<10} {:>14} {:>15} {:>10} {:>8}\n", "keys", "rel. error", "compressed ms", "dense ms",
-             "ratio");
-  fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "post-RoPE", err_post, comp_post_s * 1e3,
-             dense_post_s * 1e3, c_post.compression_ratio());
-  fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", "pre-RoPE", err_pre, comp_pre_s * 1e3,
-             dense_pre_s * 1e3, c_pre.compression_ratio());
-  fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", ":keyrope", err_keyrope, comp_keyrope_s * 1e3,
-             dense_pre2_s * 1e3, c_keyrope.compression_ratio());
+  fmt::print("Pre- vs post-RoPE key storage: B=1 H={} Hq={} S={} D={} theta {} (RoPE base {:.0f}), {} threads\n\n",
+             H, Hq, S, D, opt.theta, spec.rope_base, core::resolve_threads(opt.threads));
+  fmt::print("  {:<10} {:>14} {:>15} {:>10} {:>8}\n", "keys", "rel. error", "compressed ms", "dense ms", "ratio");
+  for (const RopeArm& r : arms)
+    fmt::print("  {:<10} {:>14.4f} {:>15.3f} {:>10.3f} {:>7.1f}x\n", r.label, r.error, r.compressed_s * 1e3,
+               r.dense_s * 1e3, r.ratio);
   fmt::print("\n  (dense fp16 attention with RoPE applied in attention: rel. error {:.2e})\n", err_dense_pre);
 }
 

@@ -40,57 +40,55 @@ struct RuntimeBenchOptions {
 
 // Prefill and greedy-decode speed with each cache, caches interleaved within
 // each repetition (same machine state), medians over repetitions.
-void bench_runtime(const RuntimeBenchOptions& o) {
-  const runtime::ModelFile mf = runtime::ModelFile::open(o.model);
-  const model::LlamaWeights& w = mf.weights;
+struct Sample {
+  std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
+  double ratio = 1;
+  int64_t bytes = 0, full = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The prompt: --text's tokens, padded (or made) to --ctx with seeded random ids.
+std::vector<int32_t> bench_prompt(const RuntimeBenchOptions& o, const runtime::ModelFile& mf) {
   std::vector<int32_t> prompt;
   if (!o.text.empty()) prompt = mf.tok("anchorkv bench runtime").encode(read_file(o.text), true);
   core::Rng rng(7);
-  while (static_cast<int64_t>(prompt.size()) < o.ctx)  // pad (or fill) with seeded random tokens
-    prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(w.config.vocab)));
+  while (static_cast<int64_t>(prompt.size()) < o.ctx)
+    prompt.push_back(static_cast<int32_t>(rng.next() % static_cast<uint64_t>(mf.weights.config.vocab)));
   prompt.resize(static_cast<size_t>(o.ctx));
-  for (const auto& c : o.caches) cache::parse_cache_spec(c);
-  struct Sample {
-    std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
-    double ratio = 1;
-    int64_t bytes = 0, full = 0;
-  };
-  std::map<std::string, Sample> samples;
-  const bool tty = isatty(fileno(stderr));
-  for (int rep = 0; rep < o.reps; ++rep)
-    for (const auto& c : o.caches) {
-      model::LlamaModel m = runtime::make_model(w, c, o.theta, o.threads);
-      m.set_activations(o.activations);
-      auto t0 = Clock::now();
-      std::vector<float> logits = m.forward(prompt);
-      const double pre_s = since(t0);
-      const runtime::CacheTotals t = runtime::cache_totals(m);
-      t0 = Clock::now();
-      double first_s = 0;
-      for (int64_t i = 0; i < o.n; ++i) {
-        const auto next =
-            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        logits = m.forward({next});
-        if (i == 0) first_s = since(t0);
-      }
-      const double dec_s = since(t0);
-      Sample& s = samples[c];
-      s.first_ms.push_back(1e3 * first_s);
-      s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
-      s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
-      s.bytes = t.bytes;
-      s.full = t.full;
-      s.ratio = t.bytes > 0 ? static_cast<double>(t.full) / static_cast<double>(t.bytes) : 1.0;
-      if (tty) std::fprintf(stderr, "[rep %d/%d] %-24s\r", rep + 1, o.reps, c.c_str());
-    }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  fmt::print(
-      "{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
-      o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads),
-      o.activations == model::Activations::kInt8 ? "int8" : "f32", o.reps);
+  return prompt;
+}
+
+// One repetition of one cache: prefill, then o.n greedy steps.
+void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const std::string& cache,
+             const std::vector<int32_t>& prompt, Sample& s) {
+  model::LlamaModel m = runtime::make_model(w, cache, o.theta, o.threads);
+  m.set_activations(o.activations);
+  auto t0 = Clock::now();
+  std::vector<float> logits = m.forward(prompt);
+  const double pre_s = since(t0);
+  const runtime::CacheTotals t = runtime::cache_totals(m);
+  t0 = Clock::now();
+  double first_s = 0;
+  for (int64_t i = 0; i < o.n; ++i) {
+    const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    logits = m.forward({next});
+    if (i == 0) first_s = since(t0);
+  }
+  const double dec_s = since(t0);
+  s.first_ms.push_back(1e3 * first_s);
+  s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
+  s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
+  s.bytes = t.bytes;
+  s.full = t.full;
+  s.ratio = t.ratio();
+}
+
+// The table, and the JSON rows, against the full cache where it ran.
+nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample>& samples) {
   fmt::print("  {:<21} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", "KV MiB", "ratio", "prefill t/s",
              "vs full", "decode t/s", "vs full", "1st step ms");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
@@ -113,6 +111,25 @@ void bench_runtime(const RuntimeBenchOptions& o) {
                     {"prefill_samples", s.prefill},
                     {"decode_samples", s.decode}});
   }
+  return rows;
+}
+
+void bench_runtime(const RuntimeBenchOptions& o) {
+  const runtime::ModelFile mf = runtime::ModelFile::open(o.model);
+  const model::LlamaWeights& w = mf.weights;
+  const std::vector<int32_t> prompt = bench_prompt(o, mf);
+  for (const auto& c : o.caches) cache::parse_cache_spec(c);
+  std::map<std::string, Sample> samples;
+  const bool tty = isatty(fileno(stderr));
+  for (int rep = 0; rep < o.reps; ++rep)  // caches interleaved within each repetition (same machine state)
+    for (const auto& c : o.caches) {
+      measure(o, w, c, prompt, samples[c]);
+      if (tty) std::fprintf(stderr, "[rep %d/%d] %-24s\r", rep + 1, o.reps, c.c_str());
+    }
+  const char* activations = o.activations == model::Activations::kInt8 ? "int8" : "f32";
+  fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
+             o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads), activations, o.reps);
+  const nlohmann::json rows = report(o, samples);
   int64_t local = 0;
   for (int64_t l = 0; l < w.config.n_layers; ++l) local += w.config.is_local(l);
   if (local > 0 && !samples.empty())
@@ -120,20 +137,18 @@ void bench_runtime(const RuntimeBenchOptions& o) {
                "  holding every position in fp16 would take {:.2f} MiB (ratio column: against that)\n",
                local, w.config.n_layers, w.config.sliding_window,
                static_cast<double>(samples.begin()->second.full) / (1 << 20));
-  if (!o.json_path.empty()) {
-    std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", o.model},
-                        {"local_layers", local},
-                        {"sliding_window", w.config.sliding_window},
-                        {"prompt_tokens", o.ctx},
-                        {"decode_tokens", o.n},
-                        {"theta", o.theta},
-                        {"threads", core::resolve_threads(o.threads)},
-                        {"reps", o.reps},
-                        {"activations", o.activations == model::Activations::kInt8 ? "int8" : "f32"},
-                        {"results", rows}}
-             .dump(2);
-  }
+  if (o.json_path.empty()) return;
+  std::ofstream(o.json_path) << nlohmann::json{{"model", o.model},
+                                               {"local_layers", local},
+                                               {"sliding_window", w.config.sliding_window},
+                                               {"prompt_tokens", o.ctx},
+                                               {"decode_tokens", o.n},
+                                               {"theta", o.theta},
+                                               {"threads", core::resolve_threads(o.threads)},
+                                               {"reps", o.reps},
+                                               {"activations", activations},
+                                               {"results", rows}}
+                                    .dump(2);
 }
 
 }  // namespace

@@ -29,7 +29,17 @@ struct DemoOptions {
   bool json = false;
 };
 
-void run_demo(const DemoOptions& opt) {
+// Everything the demo prints, measured by one run.
+struct DemoRun {
+  AnchorKVConfig cfg;
+  CompressionStats stats;
+  eval::ErrorSummary err, err_fp16;
+  double gen_s = 0, update_s = 0, eval_s = 0;
+  int64_t full_bytes = 0, bytes = 0, kept = 0, total = 0, anchors = 0, residuals = 0;
+  double ratio = 1;
+};
+
+AnchorKVConfig demo_config(const DemoOptions& opt) {
   AnchorKVConfig cfg = opt.config;
   cfg.scale = opt.scale == "absmax" ? ResidualScale::kAbsMax : ResidualScale::kRms;
   cfg.allocation = opt.allocation == "per_head" ? ResidualAllocation::kPerHead : ResidualAllocation::kPooledAcrossHeads;
@@ -37,85 +47,107 @@ void run_demo(const DemoOptions& opt) {
                  : opt.metadata == "compact" ? MetadataLayout::kCompact
                                              : MetadataLayout::kSeed;
   cfg.validate();
-  const auto& sp = opt.spec;
-  using Clock = std::chrono::steady_clock;
+  return cfg;
+}
 
+DemoRun measure_demo(const DemoOptions& opt) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  const auto& sp = opt.spec;
+  DemoRun r;
+  r.cfg = demo_config(opt);
   auto t0 = Clock::now();
   const eval::Workload w = eval::make_synthetic(sp);
-  const double gen_s = std::chrono::duration<double>(Clock::now() - t0).count();
-
-  AnchorKVCache cache(cfg);
+  r.gen_s = seconds(t0);
+  AnchorKVCache cache(r.cfg);
   t0 = Clock::now();
-  KVPair out = cache.update_and_fetch(w.keys(), w.values());
-  const double update_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const CompressionStats& st = cache.last_compression_stats();
-
-  // Exact fp16 reference: what a full cache returns for the same tokens.
-  FullKVCache full;
-  KVPair ref = full.update_and_fetch(w.keys(), w.values());
-
+  const KVPair out = cache.update_and_fetch(w.keys(), w.values());
+  r.update_s = seconds(t0);
+  r.stats = cache.last_compression_stats();
+  FullKVCache full;  // exact fp16 reference: what a full cache returns for the same tokens
+  const KVPair ref = full.update_and_fetch(w.keys(), w.values());
   const int64_t rows = sp.B * sp.H;
   t0 = Clock::now();
   const std::vector<float> kh = out.keys.to_f32(), vh = out.values.to_f32();
   const std::vector<float> kf = ref.keys.to_f32(), vf = ref.values.to_f32();
-  const eval::ErrorSummary err =
-      eval::attention_error(w.Q.data(), sp.n_queries, w.K.data(), w.V.data(), kh.data(), vh.data(), rows, sp.S,
-                            sp.D, cfg.threads);
-  const eval::ErrorSummary err_fp16 =
-      eval::attention_error(w.Q.data(), sp.n_queries, w.K.data(), w.V.data(), kf.data(), vf.data(), rows, sp.S,
-                            sp.D, cfg.threads);
-  const double eval_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.err = eval::attention_error(w.Q.data(), sp.n_queries, w.K.data(), w.V.data(), kh.data(), vh.data(), rows, sp.S,
+                                sp.D, r.cfg.threads);
+  r.err_fp16 = eval::attention_error(w.Q.data(), sp.n_queries, w.K.data(), w.V.data(), kf.data(), vf.data(), rows,
+                                     sp.S, sp.D, r.cfg.threads);
+  r.eval_s = seconds(t0);
+  r.full_bytes = cache.full_seq_bytes();
+  r.bytes = cache.anchorkv_bytes();
+  r.kept = cache.tokens_kept();
+  r.total = cache.tokens_total();
+  r.anchors = cache.n_anchor_total();
+  r.residuals = cache.n_residual_total();
+  r.ratio = cache.compression_ratio();
+  return r;
+}
 
-  const double tok_heads_per_s = static_cast<double>(rows * sp.S) / st.total_s;
-  if (opt.json) {
-    nlohmann::json j;
-    j["workload"] = {{"B", sp.B}, {"H", sp.H}, {"S", sp.S}, {"D", sp.D}, {"queries_per_head", sp.n_queries},
-                     {"seed", sp.seed}};
-    j["config"] = cfg.to_string();
-    j["compression_ratio"] = cache.compression_ratio();
-    j["anchorkv_bytes"] = cache.anchorkv_bytes();
-    j["full_seq_bytes"] = cache.full_seq_bytes();
-    j["tokens_kept"] = cache.tokens_kept();
-    j["tokens_total"] = cache.tokens_total();
-    j["n_anchor_total"] = cache.n_anchor_total();
-    j["n_residual_total"] = cache.n_residual_total();
-    j["relative_error"] = err.mean;
-    j["relative_error_p95"] = err.p95;
-    j["relative_error_aggregate"] = err.aggregate;
-    j["cosine_similarity"] = err.mean_cosine;
-    j["fp16_relative_error"] = err_fp16.mean;
-    j["compress_s"] = st.total_s;
-    j["update_and_fetch_s"] = update_s;
-    j["stages_s"] = {{"scores", st.scores_s}, {"anchors", st.anchors_s}, {"assign_utility", st.assign_s},
-                     {"allocate", st.allocate_s}, {"encode", st.encode_s}};
-    j["token_heads_per_s"] = tok_heads_per_s;
-    j["threads"] = core::resolve_threads(cfg.threads);
-    j["simd_target"] = core::simd_target_name();
-    std::printf("%s\n", j.dump(2).c_str());
-    return;
-  }
+void print_demo_json(const DemoOptions& opt, const DemoRun& r) {
+  const auto& sp = opt.spec;
+  const CompressionStats& st = r.stats;
+  nlohmann::json j;
+  j["workload"] = {{"B", sp.B}, {"H", sp.H}, {"S", sp.S}, {"D", sp.D}, {"queries_per_head", sp.n_queries},
+                   {"seed", sp.seed}};
+  j["config"] = r.cfg.to_string();
+  j["compression_ratio"] = r.ratio;
+  j["anchorkv_bytes"] = r.bytes;
+  j["full_seq_bytes"] = r.full_bytes;
+  j["tokens_kept"] = r.kept;
+  j["tokens_total"] = r.total;
+  j["n_anchor_total"] = r.anchors;
+  j["n_residual_total"] = r.residuals;
+  j["relative_error"] = r.err.mean;
+  j["relative_error_p95"] = r.err.p95;
+  j["relative_error_aggregate"] = r.err.aggregate;
+  j["cosine_similarity"] = r.err.mean_cosine;
+  j["fp16_relative_error"] = r.err_fp16.mean;
+  j["compress_s"] = st.total_s;
+  j["update_and_fetch_s"] = r.update_s;
+  j["stages_s"] = {{"scores", st.scores_s}, {"anchors", st.anchors_s}, {"assign_utility", st.assign_s},
+                   {"allocate", st.allocate_s}, {"encode", st.encode_s}};
+  j["token_heads_per_s"] = static_cast<double>(sp.B * sp.H * sp.S) / st.total_s;
+  j["threads"] = core::resolve_threads(r.cfg.threads);
+  j["simd_target"] = core::simd_target_name();
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void print_demo_table(const DemoOptions& opt, const DemoRun& r) {
+  const auto& sp = opt.spec;
+  const CompressionStats& st = r.stats;
   fmt::print("AnchorKV demo: one synthetic layer B={} H={} S={} D={} ({} held-out queries per head)\n", sp.B, sp.H,
              sp.S, sp.D, sp.n_queries);
-  fmt::print("config: {}\n\n", cfg.to_string());
+  fmt::print("config: {}\n\n", r.cfg.to_string());
   auto row = [](const std::string& k, const std::string& v) { fmt::print("  {:<34} {}\n", k, v); };
-  row("fp16 K+V bytes (full_seq_bytes)", fmt::format("{:>14}", cache.full_seq_bytes()));
-  row("stored bytes (anchorkv_bytes)", fmt::format("{:>14}", cache.anchorkv_bytes()));
-  row("compression ratio", fmt::format("{:>14.2f}x", cache.compression_ratio()));
-  row("tokens kept / total", fmt::format("{:>14}", fmt::format("{} / {}", cache.tokens_kept(), cache.tokens_total())));
-  row("anchors (all heads)", fmt::format("{:>14}", cache.n_anchor_total()));
-  row("residuals K+V (all heads)", fmt::format("{:>14}", cache.n_residual_total()));
-  row("attention rel. error, mean", fmt::format("{:>14.4f}", err.mean));
-  row("attention rel. error, p95", fmt::format("{:>14.4f}", err.p95));
-  row("attention cosine similarity", fmt::format("{:>14.5f}", err.mean_cosine));
-  row("fp16 cache rel. error (reference)", fmt::format("{:>14.6f}", err_fp16.mean));
+  row("fp16 K+V bytes (full_seq_bytes)", fmt::format("{:>14}", r.full_bytes));
+  row("stored bytes (anchorkv_bytes)", fmt::format("{:>14}", r.bytes));
+  row("compression ratio", fmt::format("{:>14.2f}x", r.ratio));
+  row("tokens kept / total", fmt::format("{:>14}", fmt::format("{} / {}", r.kept, r.total)));
+  row("anchors (all heads)", fmt::format("{:>14}", r.anchors));
+  row("residuals K+V (all heads)", fmt::format("{:>14}", r.residuals));
+  row("attention rel. error, mean", fmt::format("{:>14.4f}", r.err.mean));
+  row("attention rel. error, p95", fmt::format("{:>14.4f}", r.err.p95));
+  row("attention cosine similarity", fmt::format("{:>14.5f}", r.err.mean_cosine));
+  row("fp16 cache rel. error (reference)", fmt::format("{:>14.6f}", r.err_fp16.mean));
   row("compression time", fmt::format("{:>12.1f} ms", st.total_s * 1e3));
-  row("  scores / anchors+y / assign+util", fmt::format("{:.1f} / {:.1f} / {:.1f} ms", st.scores_s * 1e3,
-                                                         st.anchors_s * 1e3, st.assign_s * 1e3));
+  row("  scores / anchors+y / assign+util",
+      fmt::format("{:.1f} / {:.1f} / {:.1f} ms", st.scores_s * 1e3, st.anchors_s * 1e3, st.assign_s * 1e3));
   row("  allocate / encode", fmt::format("{:.1f} / {:.1f} ms", st.allocate_s * 1e3, st.encode_s * 1e3));
-  row("update_and_fetch (incl. dense out)", fmt::format("{:>12.1f} ms", update_s * 1e3));
-  row("throughput", fmt::format("{:>12.2f} M token-heads/s", tok_heads_per_s / 1e6));
-  row("threads / SIMD target", fmt::format("{} / {}", core::resolve_threads(cfg.threads), core::simd_target_name()));
-  fmt::print("\n  (workload generated in {:.0f} ms, error evaluated in {:.0f} ms)\n", gen_s * 1e3, eval_s * 1e3);
+  row("update_and_fetch (incl. dense out)", fmt::format("{:>12.1f} ms", r.update_s * 1e3));
+  row("throughput", fmt::format("{:>12.2f} M token-heads/s", static_cast<double>(sp.B * sp.H * sp.S) / st.total_s / 1e6));
+  row("threads / SIMD target",
+      fmt::format("{} / {}", core::resolve_threads(r.cfg.threads), core::simd_target_name()));
+  fmt::print("\n  (workload generated in {:.0f} ms, error evaluated in {:.0f} ms)\n", r.gen_s * 1e3, r.eval_s * 1e3);
+}
+
+void run_demo(const DemoOptions& opt) {
+  const DemoRun r = measure_demo(opt);
+  if (opt.json)
+    print_demo_json(opt, r);
+  else
+    print_demo_table(opt, r);
 }
 
 }  // namespace
