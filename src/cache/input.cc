@@ -35,8 +35,10 @@ void check_view(std::string_view op, const char* name, const TensorView& t) {
 std::string index_string(const Shape4& s, int64_t flat) {
   const int64_t d = flat % s[3], p = flat / s[3] % s[2], h = flat / (s[3] * s[2]) % s[1],
                 b = flat / (s[3] * s[2] * s[1]);
-  return "[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(p) + ", " +
-         std::to_string(d) + "]";
+  std::string out = "[";  // appended piece by piece: GCC 12 warns (-Wrestrict) on "[" + std::string
+  const int64_t at[4] = {b, h, p, d};
+  for (int i = 0; i < 4; ++i) (out += std::to_string(at[i])) += i == 3 ? "]" : ", ";
+  return out;
 }
 
 [[noreturn]] void reject_value(std::string_view op, const char* name, const Shape4& shape, int64_t flat,

@@ -51,8 +51,10 @@ void write_kvdump(const std::string& path, const KVDump& d) {
   Header h{{'A', 'K', 'V', 'D'}, v2 ? 2u : 1u, static_cast<uint32_t>(d.layers.size()), d.n_heads, d.n_kv_heads,
            d.head_dim, d.n_tokens, 0, 0, per * 4 * d.layers.size()};
   std::vector<uint8_t> bytes;
-  auto put = [&](const void* p, size_t n) {
-    bytes.insert(bytes.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  auto put = [&](const void* p, size_t n) {  // resize + memcpy: GCC 12 misreads vector::insert here
+    const size_t at = bytes.size();
+    bytes.resize(at + n);
+    if (n > 0) std::memcpy(bytes.data() + at, p, n);
   };
   put(&h, sizeof(h));
   if (v2) {

@@ -80,7 +80,7 @@ std::vector<std::vector<int32_t>> reference_ids(const fs::path& p) {
 
 std::string ids_text(const std::vector<int32_t>& v) {
   std::string s;
-  for (int32_t id : v) s += " " + std::to_string(id);
+  for (int32_t id : v) (s += ' ') += std::to_string(id);
   return s;
 }
 
