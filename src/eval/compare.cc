@@ -1,13 +1,37 @@
 #include "eval/compare.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
+#include "anchorkv/attention.h"
 #include "cache/registry.h"
 #include "core/error.h"
 #include "core/rope.h"
 
 namespace anchorkv::eval {
+namespace {
+
+// A decode step's attention over the cache as stored: each head's first
+// held-out query, attend() as the runtime calls it, median of five.
+double attend_ms(const Workload& w, const KVCache& cache, int threads) {
+  const auto& sp = w.spec;
+  std::vector<float> q(static_cast<size_t>(sp.B * sp.H * sp.D));
+  for (int64_t r = 0; r < sp.B * sp.H; ++r)
+    std::copy_n(&w.Q[static_cast<size_t>(r * sp.n_queries * sp.D)], sp.D, &q[static_cast<size_t>(r * sp.D)]);
+  AttentionOptions ao;
+  ao.threads = threads;
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attend(TensorView::f32(q.data(), {sp.B, sp.H, 1, sp.D}), cache, ao);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[2];
+}
+
+}  // namespace
 
 std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& thetas,
                                 const std::vector<std::string>& methods, int threads,
@@ -19,7 +43,7 @@ std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& th
   int done = 0;
   for (double theta : thetas) {
     for (const std::string& m : methods) {
-      auto cache = cache::make_cache(m, theta, threads);
+      auto cache = cache::parse_cache_spec(m).make(theta, threads);  // NAME or NAME:auto
       const auto t0 = std::chrono::steady_clock::now();
       KVPair kv = cache->update_and_fetch(w.keys(), w.values());
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -53,6 +77,7 @@ std::vector<CompareRow> compare(const Workload& w, const std::vector<double>& th
       r.error = attention_error(w.Q.data(), sp.n_queries, w.keys_pre_rope ? w.K_exact.data() : w.K.data(), w.V.data(),
                                 kh.data(), vh.data(), rows, sp.S, sp.D, threads, kept);
       r.compress_ms = ms;
+      r.attend_ms = w.keys_pre_rope ? 0.0 : attend_ms(w, *cache, threads);
       out.push_back(r);
       if (progress) progress(++done, total, m + " theta=" + std::to_string(theta));
     }

@@ -24,6 +24,7 @@ struct CompareRow {
   int64_t tokens_kept = 0, tokens_total = 0;
   ErrorSummary error;
   double compress_ms = 0;  // the prefill's update_and_fetch
+  double attend_ms = 0;    // one decode step's attention (every head, one query each) on what it stores, median of 5
 };
 
 // Runs every (theta, method) pair on the workload; progress(i, n, label) after each.

@@ -31,7 +31,7 @@
 namespace anchorkv::serve {
 
 struct EngineOptions {
-  std::string cache = "anchorkv_compact:pre";  // cache spec per layer (cache/registry.h)
+  std::string cache = "anchorkv_tight:pre:obs:auto";  // cache spec per layer (cache/registry.h); the recommended one
   double theta = 0.05;
   int threads = 0;                    // per request's model
   int slots = 1;                      // requests generating at once

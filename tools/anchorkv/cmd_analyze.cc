@@ -24,7 +24,7 @@ namespace anchorkv::cli {
 namespace {
 
 struct AnalyzeOptions {
-  std::string model, text, cache = "anchorkv_compact", json_path;
+  std::string model, text, cache = "anchorkv_tight:pre:obs:auto", json_path;
   int64_t ctx = 1024, stride = 1;
   double theta = 0.05, prefix_frac = 0.5;
   int threads = 0;

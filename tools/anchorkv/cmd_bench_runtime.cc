@@ -30,8 +30,8 @@ namespace {
 struct RuntimeBenchOptions {
   std::string model, text;
   int64_t ctx = 1024, n = 128;
-  std::vector<std::string> caches = {"full",         "anchorkv", "anchorkv_compact", "anchorkv:pre", "snapkv",
-                                     "streamingllm", "kivi2"};
+  std::vector<std::string> caches = {"full",   "anchorkv_tight:pre:obs:auto", "anchorkv", "anchorkv_compact",
+                                     "anchorkv:pre", "snapkv", "streamingllm", "kivi2"};
   double theta = 0.1;
   int reps = 3, threads = 0;
   std::string json_path;

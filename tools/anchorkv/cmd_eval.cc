@@ -34,7 +34,8 @@ struct EvalOptions {
   int64_t passage = 128;  // copy task
   int questions = 8;      // multiquery task
   double prefix_frac = 0.5;
-  std::vector<std::string> caches = {"full", "anchorkv", "snapkv", "h2o", "streamingllm", "kivi2"};
+  std::vector<std::string> caches = {"full", "anchorkv_tight:pre:obs:auto", "anchorkv", "snapkv:obs", "h2o",
+                                     "streamingllm", "kivi2"};
   std::vector<double> thetas = {0.05, 0.1, 0.2};
   int threads = 0;
   std::string prompt_cache;  // file stem: one prompt cache per (cache, theta) for the prefix

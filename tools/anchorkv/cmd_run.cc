@@ -28,7 +28,7 @@ namespace {
 // ---------------------------------------------------------------- run
 
 struct RunOptions {
-  std::string model, prompt, prompt_file, cache = "full";
+  std::string model, prompt, prompt_file, cache = "anchorkv_tight:pre:obs:auto";  // the recommended setting
   std::vector<int32_t> tokens;
   double theta = 0.05;
   int64_t n = 128;
