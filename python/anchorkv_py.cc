@@ -335,6 +335,10 @@ PYBIND11_MODULE(_core, m) {
   kv.def(py::init<int, int64_t, int64_t>(), py::arg("bits") = 2, py::arg("group") = 32,
          py::arg("residual") = 32);
   bind_common(kv, "anchorkv::KIVICache::update_and_fetch");
+  py::class_<TurboQuantCache, KVCache> tq(m, "TurboQuantCache");
+  tq.def(py::init<double, double, uint64_t>(), py::arg("key_bits") = 4.0, py::arg("value_bits") = 4.0,
+         py::arg("seed") = uint64_t{0x7475726271ULL});
+  bind_common(tq, "anchorkv::TurboQuantCache::update_and_fetch");
   py::class_<H2OCache, KVCache> h2o(m, "H2OCache");
   h2o.def(py::init<double, double>(), py::arg("theta") = 0.05, py::arg("recent_share") = 0.5);
   bind_common(h2o, "anchorkv::H2OCache::update_and_fetch");

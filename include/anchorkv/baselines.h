@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "anchorkv/cache.h"
 
@@ -32,6 +33,26 @@ class QuantizedKVCache final : public KVCache {
 class KIVICache final : public KVCache {
  public:
   explicit KIVICache(int bits = 2, int64_t group = 32, int64_t residual = 32);  // bits 2 or 4
+};
+
+// TurboQuant (Zandieh et al., 2025; its MSE quantizer): every token's key and
+// value rotated by a seeded orthogonal transform (randomized Hadamard for
+// power-of-two sizes), each rotated coordinate coded on its own with the
+// Lloyd-Max levels of N(0, 1) after dividing by the vector's RMS, which is kept
+// in fp16. Key and value widths are chosen separately, 1 to 4 bits in steps of
+// 0.25: a fractional width gives round(frac * D) channels (those the first
+// tokens show largest) one bit more, as a second group with its own rotation
+// and scale (the paper's outlier split: 2.5 bits = half the channels at 3, half
+// at 2). Every token, decode included, is coded on append; attention scores
+// the codes against the rotated query and never rebuilds fp16 K/V. Keys are
+// stored as given (attention refuses RoPE inside it). Size is fixed by the widths.
+class TurboQuantCache final : public KVCache {
+ public:
+  explicit TurboQuantCache(double key_bits = 4, double value_bits = 4, uint64_t seed = 0x7475726271ULL);
+  // Bytes one token of one row and side takes: the codes and one fp16 scale per channel group.
+  static int64_t token_side_bytes(int64_t D, double bits);
+  // "k4v3", "k2.5v2": the widths as the registry's modifier writes them.
+  static std::string width_name(double key_bits, double value_bits);
 };
 
 // StreamingLLM: `sinks` attention-sink tokens plus the most recent tokens,

@@ -32,6 +32,7 @@ __all__ = [
     "StreamingLLMCache",
     "SnapKVCache",
     "KIVICache",
+    "TurboQuantCache",
     "H2OCache",
     "attend",
     "save_prompt_cache",
@@ -350,6 +351,19 @@ class KIVICache(_BaselineCache):
         super().__init__(bits, group, residual)
 
 
+class TurboQuantCache(_BaselineCache):
+    """TurboQuant: each token rotated, every coordinate coded with Lloyd-Max levels, fp16 norm.
+
+    key_bits / value_bits: 1 to 4 in steps of 0.25 (fractions give the largest channels one bit more).
+    Keys are stored as given (post-RoPE); attention scores the codes directly.
+    """
+
+    _native_type = _core.TurboQuantCache
+
+    def __init__(self, key_bits: float = 4.0, value_bits: float = 4.0, seed: int = 0x7475726271):
+        super().__init__(key_bits, value_bits, seed)
+
+
 class H2OCache(_BaselineCache):
     """H2O: heavy hitters by accumulated (key-as-query) attention plus a recent window."""
 
@@ -455,5 +469,6 @@ _WRAPPERS.update({
     _core.StreamingLLMCache: StreamingLLMCache,
     _core.SnapKVCache: SnapKVCache,
     _core.KIVICache: KIVICache,
+    _core.TurboQuantCache: TurboQuantCache,
     _core.H2OCache: H2OCache,
 })

@@ -394,6 +394,16 @@ def test_baseline_caches():
     K, V = kv2.update_and_fetch(k, v)
     assert K.shape == k.shape and kv2.tokens_kept == kv2.tokens_total
     assert np.array_equal(K[:, :, -16:], k[:, :, -16:].astype(np.float16))  # fp16 window
+    tq = anchorkv.TurboQuantCache(key_bits=2.5, value_bits=2)
+    K, V = tq.update_and_fetch(k, v)
+    assert K.shape == k.shape and tq.name == "turboquant:k2.5v2"
+    assert tq.nbytes == 2 * 400 * ((8 + 2 + 12 + 2) + (16 + 2)) + 2 * 2 * 64 * 4  # codes, scales, channel orders
+    err = np.linalg.norm(K.astype(np.float32) - k) / np.linalg.norm(k)
+    assert err < 0.35
+    y = anchorkv.attend(np.ones((1, 2, 1, 64), np.float32), tq)
+    assert y.shape == (1, 2, 1, 64) and np.isfinite(y).all()
+    with pytest.raises(ValueError, match="bits"):
+        anchorkv.TurboQuantCache(key_bits=5)
     h = anchorkv.H2OCache(theta=0.1)
     K, V = h.update_and_fetch(k, v)
     assert K.shape[2] < 400 and h.nbytes <= 0.1 * h.full_seq_bytes

@@ -13,13 +13,18 @@
 #include "cache/input.h"
 #include "compress/codec.h"
 #include "compress/segment.h"
+#include "compress/token_coder.h"
 
 namespace anchorkv::cache {
 
-// Exact fp16 tokens: per row, K and V [n, D] at positions pos0 .. pos0 + n - 1.
+// Every token of positions pos0 .. pos0 + n - 1, each kept whole: per row
+// either exact fp16 K and V [n, D] (k, v), or codes of whole tokens (coded:
+// TurboQuant's, scored in their rotated domain; k and v then empty).
 struct DenseRegion {
-  std::vector<const uint16_t*> k, v;  // [rows]
+  std::vector<const uint16_t*> k, v;             // [rows]
+  std::vector<compress::CodedRowView> coded;     // [rows]
   int64_t n = 0, pos0 = 0;
+  bool is_coded() const { return !coded.empty(); }
 };
 
 // A compressed prefill segment: one CompressedRow per row, `tokens` positions

@@ -94,6 +94,7 @@ std::unique_ptr<KVCache> cache_from_config(cache::ByteReader& r, const std::stri
   if (api_name == "anchorkv::AnchorKVCache") return anchorkv_cache_from_config(r);
   if (api_name == "anchorkv::QuantizedKVCache") return quantized_cache_from_config(r);
   if (api_name == "anchorkv::KIVICache") return kivi_cache_from_config(r);
+  if (api_name == "anchorkv::TurboQuantCache") return turboquant_cache_from_config(r);
   if (api_name == "anchorkv::StreamingLLMCache") return streamingllm_cache_from_config(r);
   if (api_name == "anchorkv::SnapKVCache") return snapkv_cache_from_config(r);
   if (api_name == "anchorkv::H2OCache") return h2o_cache_from_config(r);

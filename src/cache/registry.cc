@@ -1,5 +1,8 @@
 #include "cache/registry.h"
 
+#include <cctype>
+#include <exception>
+
 #include "anchorkv/baselines.h"
 #include "core/error.h"
 
@@ -33,6 +36,50 @@ CacheKind eviction_kind(std::string name, std::string description, int64_t obser
           [](double theta, int) { return std::make_unique<Cache>(theta); }, observation_window, {}};
 }
 
+// "kXvY": key and value bits (1 to 4 in steps of 0.25), e.g. k4v3, k2.5v2.
+std::unique_ptr<KVCache> make_turboquant(const std::string& param) {
+  auto bad = [&] {
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+               "turboquant:" + param + ": expected kXvY, key and value bits 1 to 4 in steps of 0.25 (e.g. k4v3)");
+  };
+  const size_t v = param.find('v');
+  if (param.size() < 4 || param[0] != 'k' || v == std::string::npos) bad();
+  auto number = [&](const std::string& text) {
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(text, &used);
+    } catch (const std::exception&) {
+      bad();
+    }
+    if (used != text.size() || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) bad();
+    return x;
+  };
+  const double kb = number(param.substr(1, v - 1)), vb = number(param.substr(v + 1));
+  try {
+    return std::make_unique<TurboQuantCache>(kb, vb);
+  } catch (const Error&) {
+    bad();
+  }
+  return nullptr;
+}
+
+CacheKind turboquant_kind() {
+  CacheKind k{"turboquant",
+              "TurboQuant: rotated tokens, Lloyd-Max codes per coordinate, fp16 norm (4-bit keys and values; "
+              ":kXvY sets the widths, e.g. turboquant:k2.5v2)",
+              false,
+              false,
+              [](double, int) { return std::make_unique<TurboQuantCache>(4, 4); },
+              0,
+              {}};
+  k.make_param = make_turboquant;
+  k.param_help = "turboquant:kXvY key and value bits, 1 to 4 in steps of 0.25 (fractions give the largest "
+                 "channels one bit more)";
+  k.post_rope_only = true;
+  return k;
+}
+
 std::vector<CacheKind> build_kinds() {
   std::vector<CacheKind> k;
   k.push_back({"full", "exact fp16 K/V (the reference)", false, false,
@@ -49,6 +96,7 @@ std::vector<CacheKind> build_kinds() {
   k.push_back(fixed_kind<QuantizedKVCache>("quantized2", "2-bit group quantization of every token", 2));
   k.push_back(fixed_kind<KIVICache>("kivi4", "KIVI 4-bit (keys per channel, values per token, fp16 window)", 4));
   k.push_back(fixed_kind<KIVICache>("kivi2", "KIVI 2-bit", 2));
+  k.push_back(turboquant_kind());
   k.push_back(eviction_kind<StreamingLLMCache>("streamingllm", "attention sinks + recent window (evicts)", 0));
   k.push_back(eviction_kind<SnapKVCache>("snapkv", "observation-window scoring at prefill (evicts)", 32));
   k.push_back(eviction_kind<H2OCache>("h2o", "heavy hitters + recent window (evicts)", -1));
@@ -95,6 +143,13 @@ CacheSpec parse_cache_spec(const std::string& spec) {
                  : mod == "auto"    ? &c.auto_anchors
                  : mod == "keyrope" ? &c.key_rope
                                     : nullptr;
+    if (!flag && c.kind->make_param) {  // the kind's own parameter, checked by building the cache once
+      if (!c.param.empty()) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' has two parameters");
+      c.kind->make_param(mod);
+      c.param = mod;
+      at = next;
+      continue;
+    }
     if (!flag)
       core::fail(ErrorCode::kInvalidArgument, op,
                  "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs, :auto, :keyrope)");
@@ -105,6 +160,10 @@ CacheSpec parse_cache_spec(const std::string& spec) {
   if (c.pre_rope && c.kind->evicts)
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': " + name + " evicts tokens and loses their positions, so it needs post-RoPE keys");
+  if (c.pre_rope && c.kind->post_rope_only)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': " + name + " scores keys in a rotated domain RoPE would leave, so it needs "
+               "post-RoPE keys");
   if (c.observe && c.kind->observation_window == 0)
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': " + name + " ranks no token by attention, so it takes no observation queries");
@@ -124,12 +183,19 @@ std::string cache_modifier_help() {
   std::string tuned;
   for (const auto& k : cache_kinds())
     if (k.make_auto) tuned += (tuned.empty() ? "" : ", ") + k.name;
+  std::string params;
+  for (const auto& k : cache_kinds())
+    if (k.make_param) {
+      params += "; ";
+      params += k.param_help;
+    }
   return "NAME:pre stores keys before RoPE (not for caches that evict); NAME:obs hands the cache the real "
          "queries of the prompt's last positions for scoring (" +
          obs + "); NAME:auto chooses the anchor count per layer within the byte budget (" + tuned +
          "); NAME:pre:keyrope (AnchorKV) codes key residuals after RoPE at their positions, so decode "
          "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); modifiers combine, e.g. "
-         "anchorkv_compact:pre:obs:auto";
+         "anchorkv_compact:pre:obs:auto" +
+         params;
 }
 
 }  // namespace anchorkv::cache

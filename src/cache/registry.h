@@ -23,6 +23,13 @@ struct CacheKind {
   int64_t observation_window = 0;
   // The cache under ":auto" (AnchorCount::kAuto); empty where it has no anchors to tune.
   std::function<std::unique_ptr<KVCache>(double theta, int threads)> make_auto;
+  // The cache under a parameter modifier (turboquant:k4v3), which it parses,
+  // throwing Error(kInvalidArgument) for a bad one; empty where it takes none.
+  std::function<std::unique_ptr<KVCache>(const std::string& param)> make_param = {};
+  std::string param_help = {};  // e.g. ":kXvY key and value bits, 1 to 4 in steps of 0.25"
+  // Scores keys in a domain RoPE at each position would leave (TurboQuant's
+  // rotation): its keys must be stored after RoPE.
+  bool post_rope_only = false;
 };
 
 // In the order the tools list them.
@@ -39,6 +46,7 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 //   :auto AnchorKV chooses its anchor count per layer (AnchorCount::kAuto)
 //   :keyrope with :pre, AnchorKV codes key residuals after RoPE at their
 //         positions (AnchorKVConfig::key_rope, set by the runtime, which knows the RoPE)
+//   :PARAM a kind's own parameter (CacheKind::make_param), e.g. turboquant:k2.5v2
 // Throws Error(kInvalidArgument).
 struct CacheSpec {
   const CacheKind* kind = nullptr;
@@ -46,8 +54,10 @@ struct CacheSpec {
   bool observe = false;
   bool auto_anchors = false;
   bool key_rope = false;
-  std::string spec;  // as written
+  std::string param;  // the kind's parameter modifier, or empty
+  std::string spec;   // as written
   std::unique_ptr<KVCache> make(double theta, int threads) const {
+    if (!param.empty()) return kind->make_param(param);
     return auto_anchors ? kind->make_auto(theta, threads) : kind->make(theta, threads);
   }
   // The queries a runtime passes with each update (CacheKind::observation_window, or 0).

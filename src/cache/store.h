@@ -67,6 +67,7 @@ std::unique_ptr<KVCache> full_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> anchorkv_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> quantized_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> kivi_cache_from_config(cache::ByteReader& r);
+std::unique_ptr<KVCache> turboquant_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> streamingllm_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> snapkv_cache_from_config(cache::ByteReader& r);
 std::unique_ptr<KVCache> h2o_cache_from_config(cache::ByteReader& r);

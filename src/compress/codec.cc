@@ -93,6 +93,19 @@ void ResidualCodec::decode_levels(const uint8_t* codes, float* out, uint8_t* scr
   for (int64_t i = 0; i < dim_; ++i) out[i] = levels_[scratch[i]];
 }
 
+void ResidualCodec::decode_levels_run(const uint8_t* codes, int64_t n, float* out, uint8_t* scratch) const {
+  if (dim_ * bits_ % 8 != 0) {
+    for (int64_t i = 0; i < n; ++i) decode_levels(codes + i * code_bytes(), out + i * dim_, scratch);
+    return;
+  }
+  // Byte-aligned codes: the run is one stream of n * D codes.
+  const int64_t total = n * dim_;
+  if (bits_ == 2)
+    core::decode_codes_2bit(codes, levels_.data(), total, out);
+  else
+    core::decode_codes(codes, bits_, levels_.data(), total, out);
+}
+
 void ResidualCodec::decode(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const {
   decode_rotated(codes, scale, out, scratch);
   rotation_.inverse(out, out);

@@ -31,6 +31,10 @@ class ResidualCodec {
   void decode_rotated(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const;
   // out = level[code] (unscaled, rotated domain); the caller applies the scale.
   void decode_levels(const uint8_t* codes, float* out, uint8_t* scratch) const;
+  // The same for n codes stored one after another (out [n, D]): one SIMD pass
+  // over the run where each code ends on a byte (D * bits % 8 == 0), else one
+  // decode_levels per code. scratch: D bytes.
+  void decode_levels_run(const uint8_t* codes, int64_t n, float* out, uint8_t* scratch) const;
   // out = R^T (s * level[code]). scratch: D bytes.
   void decode(const uint8_t* codes, uint16_t scale, float* out, uint8_t* scratch) const;
 

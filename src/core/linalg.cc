@@ -286,6 +286,46 @@ void Decode2Bit(const uint8_t* HWY_RESTRICT codes, const float* HWY_RESTRICT lev
   for (; i < D; ++i) out[i] = levels[(codes[i / 4] >> ((i % 4) * 2)) & 3];
 }
 
+// out[i] = levels[code i] for b-bit codes (b in 1..4) packed LSB first: eight
+// codes fill b bytes, so a vector of 8 or 16 lanes takes one or two b-byte
+// words, shifts each lane by b * (i % 8) and masks, then permutes the 2^b
+// levels (at most 16: one vector on 16 lanes; 8 lanes take b <= 3).
+void DecodeCodes(const uint8_t* HWY_RESTRICT codes, int bits, const float* HWY_RESTRICT levels, int64_t n,
+                 float* HWY_RESTRICT out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const uint32_t mask = (1u << bits) - 1;
+  int64_t i = 0;
+  if ((N == 8 || N == 16) && (int64_t{1} << bits) <= N) {
+    HWY_ALIGN float table[16] = {};
+    for (uint32_t k = 0; k <= mask; ++k) table[k] = levels[k];
+    const auto lv = hn::LoadU(df, table);
+    const auto lane = hn::Iota(du, 0);
+    const auto shifts = hn::Mul(hn::And(lane, hn::Set(du, 7u)), hn::Set(du, static_cast<uint32_t>(bits)));
+    const auto upper = hn::RebindMask(du, hn::Gt(hn::BitCast(di, lane), hn::Set(di, 7)));
+    const auto m = hn::Set(du, mask);
+    // One 8-byte load per vector holds its 2 b bytes (while 8 bytes are left).
+    const int64_t end = (n * bits + 7) / 8;
+    const uint64_t word_mask = (uint64_t{1} << (8 * bits)) - 1;  // b bytes: eight codes
+    for (; i + N <= n && i * bits / 8 + 8 <= end; i += N) {
+      uint64_t x;
+      std::memcpy(&x, codes + i * bits / 8, 8);
+      const auto w0 = static_cast<uint32_t>(x & word_mask), w1 = static_cast<uint32_t>((x >> (8 * bits)) & word_mask);
+      const auto w = hn::IfThenElse(upper, hn::Set(du, w1), hn::Set(du, w0));
+      const auto idx = hn::BitCast(di, hn::And(hn::Shr(w, shifts), m));
+      hn::StoreU(hn::TableLookupLanes(lv, hn::IndicesFromVec(df, idx)), df, out + i);
+    }
+  }
+  for (; i < n; ++i) {
+    const int64_t bit = i * bits;
+    uint32_t v = codes[bit / 8] >> (bit % 8);
+    if (bit % 8 + bits > 8) v |= static_cast<uint32_t>(codes[bit / 8 + 1]) << (8 - bit % 8);
+    out[i] = levels[v & mask];
+  }
+}
+
 // out[g, :] += sum_r W[g, r] * Z[r, :]; a block of up to 8 vectors of out stays
 // in registers across all r.
 void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_RESTRICT Z, int64_t n, int64_t nq,
@@ -339,6 +379,7 @@ HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
 HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(Decode2Bit);
+HWY_EXPORT(DecodeCodes);
 HWY_EXPORT(Fwht);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(ExpSpan);
@@ -441,6 +482,21 @@ void decode_codes_2bit(const uint8_t* codes, const float* levels, int64_t D, flo
 
 void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D, float* out) {
   for (int64_t i = 0; i < D; ++i) out[i] = levels[(codes[i / 4] >> ((i % 4) * 2)) & 3];
+}
+
+void decode_codes(const uint8_t* codes, int bits, const float* levels, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeCodes)(codes, bits, levels, n, out);
+}
+
+void decode_codes_ref(const uint8_t* codes, int bits, const float* levels, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t v = 0;
+    for (int b = 0; b < bits; ++b) {
+      const int64_t bit = i * bits + b;
+      v |= static_cast<uint32_t>((codes[bit / 8] >> (bit % 8)) & 1) << b;
+    }
+    out[i] = levels[v];
+  }
 }
 
 void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,

@@ -47,6 +47,10 @@ void fwht_simd(float* x, int64_t n);
 
 void decode_codes_2bit(const uint8_t* codes, const float* levels, int64_t D, float* out);
 void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D, float* out);
+// out[i] = levels[c_i] for n b-bit codes (b in 1..4) packed LSB first
+// (core/bitpack.h): code i in bits [i b, (i + 1) b) of the byte stream.
+void decode_codes(const uint8_t* codes, int bits, const float* levels, int64_t n, float* out);
+void decode_codes_ref(const uint8_t* codes, int bits, const float* levels, int64_t n, float* out);
 
 // out[g * ldo + :D] += sum_{r < n} W[g * ldw + r] * Z[r * D + :D] for g < nq
 // (the value side of attention over n rows at once).

@@ -59,6 +59,7 @@ Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_
     c.logp.push_back(model::log_softmax(logits.data(), V));
   }
   c.decode_s = since(t0);
+  c.bytes_end = cache_totals(m);
   return c;
 }
 

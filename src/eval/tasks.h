@@ -35,6 +35,7 @@ struct Continuation {
   double prefill_s = 0, decode_s = 0;     // prefill_s: forward time of the prefix (0 when restored)
   int64_t prefix_from_file = 0;           // prefix tokens restored from a prompt cache
   CacheTotals bytes;                      // right after the prefix
+  CacheTotals bytes_end;                  // after the last decoded token (the whole session)
 };
 // Optional prompt-cache files for the prefixes: one file per (spec, theta)
 // under `stem` (runtime/prompt_cache.h), trusted only for the model `identity`.

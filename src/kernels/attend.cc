@@ -23,6 +23,7 @@
 #include "core/parallel.h"
 #include "core/rope.h"
 #include "kernels/attention_kernels.h"
+#include "kernels/coded_attention.h"
 
 namespace anchorkv {
 namespace {
@@ -134,6 +135,16 @@ void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool
         "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
 }
 
+// Coded tokens (TurboQuant) are scored in their rotation's domain, which RoPE
+// at each position would leave: they hold keys as given, after RoPE.
+void check_no_coded(const cache::AttentionSource& src) {
+  for (const auto* regions : {&src.dense_before, &src.dense_after})
+    for (const auto& r : *regions)
+      if (r.is_coded())
+        core::fail(ErrorCode::kUnsupported, kOp,
+                   "RoPE inside attention over coded tokens (TurboQuant keeps keys as given: store them after RoPE)");
+}
+
 // A segment whose key residuals were coded after RoPE (AnchorKVConfig::key_rope)
 // is scored with the query rotated to its position, so attention must apply
 // the same RoPE at the same positions.
@@ -212,6 +223,7 @@ class AttendCall {
   void run_chunks();
   void run_anchors(int64_t r, kernels::PartialView out);
   void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
+  void merge_tile(const kernels::PartialView& t, kernels::PartialView out) const;
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_and_finish(Tensor& out);
   void merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* acc, float* w, float* rot);
@@ -466,6 +478,7 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
   const cache::DenseRegion& reg = *c.region;
   const float* q = row_queries(r);
   thread_local core::UninitVector<float> scratch, tm, tl, tacc;
+  thread_local kernels::CodedScratch coded;
   tm.resize(static_cast<size_t>(nq_));
   tl.resize(static_cast<size_t>(nq_));
   tacc.resize(static_cast<size_t>(nq_ * D_));
@@ -473,20 +486,31 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
       std::max(kTile * nq_ + kTile * D_ + 2 * D_, kernels::dense_rope_scratch(kTile, nq_, D_))));
   for (int64_t a = c.a; a < c.b; a += kTile) {
     const int64_t n = std::min(c.b, a + kTile) - a;
+    kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
+    if (reg.is_coded()) {
+      (opt_.reference ? kernels::coded_chunk_ref : kernels::coded_chunk)(q, qpos_.data(), nq_, reg.coded[r], a, n,
+                                                                         reg.pos0 + a, D_, t, coded);
+      merge_tile(t, out);
+      continue;
+    }
     const uint16_t* K = reg.k[r] + a * D_;
     const uint16_t* V = reg.v[r] + a * D_;
-    kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
     if (rope_)
       (opt_.reference ? kernels::dense_chunk_rope_ref : kernels::dense_chunk_rope)(
           q, qpos_.data(), nq_, K, V, n, reg.pos0 + a, D_, *rope_, *rtab_, t, scratch.data());
     else
       (opt_.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(q, qpos_.data(), nq_, K, V, n,
                                                                          reg.pos0 + a, D_, t, scratch.data());
-    for (int64_t g = 0; g < nq_; ++g)
-      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, has_c() ? out.w + g * k_max_ : nullptr,
-                             has_c() ? out.rot + g * D_ : nullptr, tm[g], tl[g], &tacc[g * D_], nullptr,
-                             nullptr, D_, k_max_);
+    merge_tile(t, out);
   }
+}
+
+// A dense tile's partial (m, l, acc only) folded into its chunk's.
+void AttendCall::merge_tile(const kernels::PartialView& t, kernels::PartialView out) const {
+  for (int64_t g = 0; g < nq_; ++g)
+    kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, has_c() ? out.w + g * k_max_ : nullptr,
+                           has_c() ? out.rot + g * D_ : nullptr, t.m[g], t.l[g], t.acc + g * D_, nullptr, nullptr,
+                           D_, k_max_);
 }
 
 void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out) {
@@ -634,6 +658,7 @@ Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches
   }
   check_query(query, src, opt);
   if (opt.rope.enabled) check_rope(opt.rope, src, evicts, evicting);
+  if (opt.rope.enabled) check_no_coded(src);
   check_key_rope(opt.rope, src);
   return AttendCall(query, src, opt).run(stats);
 }

@@ -172,14 +172,15 @@ std::vector<uint8_t> small_file() {
   AnchorKVCache tight_cache(tight);
   KIVICache kivi(2, 8, 8);
   H2OCache h2o(0.3);
-  for (KVCache* c : std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o}) {
+  TurboQuantCache turbo(2.5, 3);  // two channel groups for its keys
+  for (KVCache* c : std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o, &turbo}) {
     feed(*c, 1, 1, 48, 8, 1);
     feed(*c, 1, 1, 1, 8, 2);
   }
   PromptCacheMeta meta;
   meta.tokens = {5, 6};
   meta.entries = {{"model", "m"}};
-  return serialize_caches({&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o}, meta);
+  return serialize_caches({&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o, &turbo}, meta);
 }
 
 ErrorCode load_error(const std::vector<uint8_t>& bytes) {
@@ -195,7 +196,8 @@ ErrorCode load_error(const std::vector<uint8_t>& bytes) {
 // The fuzzer's seed corpus is small_file() as written once per format
 // (seed_mixed.akvc: format 2; seed_mixed_v3.akvc: format 3, with a tight
 // row; seed_mixed_v4.akvc: format 4, whose tight cache has key_rope;
-// seed_mixed_v5.akvc: format 5, its key_rope with scaled frequencies); every
+// seed_mixed_v5.akvc: format 5, its key_rope with scaled frequencies, and a
+// TurboQuant cache); every
 // one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR writes the
 // current format's anew.
 TEST(CacheFile, FuzzSeedsLoad) {

@@ -129,6 +129,7 @@ TEST(Concurrency, FullWritersAndReaders) {
 TEST(Concurrency, BaselinesWritersAndReaders) {
   hammer([] { return std::make_unique<KIVICache>(2); });
   hammer([] { return std::make_unique<QuantizedKVCache>(4); });
+  hammer([] { return std::make_unique<TurboQuantCache>(2.5, 2); });  // attends on its codes
 }
 
 // Errors under contention still leave the cache untouched.

@@ -111,5 +111,25 @@ TEST(Codec, LookupDecodeEqualsGenericUnpack) {
     }
 }
 
+TEST(Codec, RunDecodeEqualsOneCodeAtATime) {
+  // decode_levels_run: one stream where codes end on bytes, per code otherwise; the same levels either way.
+  for (int bits = 1; bits <= 4; ++bits)
+    for (int64_t D : {7, 12, 64, 80, 96, 128}) {
+      ResidualCodec codec(D, bits, ResidualScale::kRms, 5);
+      const int64_t n = 37, cb = codec.code_bytes();
+      core::Rng rng(static_cast<uint64_t>(bits * 100 + D));
+      std::vector<uint8_t> codes(static_cast<size_t>(D)), packed(static_cast<size_t>(n * cb)),
+          tmp(static_cast<size_t>(n * D));
+      for (int64_t t = 0; t < n; ++t) {
+        for (auto& c : codes) c = static_cast<uint8_t>(rng.below(1u << bits));
+        core::pack_codes(codes.data(), D, bits, &packed[t * cb]);
+      }
+      std::vector<float> one(static_cast<size_t>(n * D)), run(one.size());
+      for (int64_t t = 0; t < n; ++t) codec.decode_levels(&packed[t * cb], &one[t * D], tmp.data());
+      codec.decode_levels_run(packed.data(), n, run.data(), tmp.data());
+      ASSERT_EQ(run, one) << bits << " bits, D " << D;
+    }
+}
+
 }  // namespace
 }  // namespace anchorkv::compress

@@ -1,3 +1,4 @@
+#include "core/bitpack.h"
 #include "core/linalg.h"
 
 #include <gtest/gtest.h>
@@ -154,6 +155,23 @@ TEST(Linalg, Decode2BitMatchesReference) {
     // and the layout itself: element i from bits 2 (i % 4) of byte i / 4
     for (int64_t i = 0; i < D; ++i) ASSERT_EQ(ref[i], levels[(codes[i / 4] >> (2 * (i % 4))) & 3]);
   }
+}
+
+TEST(Linalg, DecodeCodesMatchesReferenceAndThePackedLayout) {
+  Rng rng(10);
+  float levels[16];
+  for (int k = 0; k < 16; ++k) levels[k] = static_cast<float>(k) * 0.375f - 2.0f;
+  for (int bits = 1; bits <= 4; ++bits)
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 64, 96, 128, 1000}) {
+      std::vector<uint8_t> raw(static_cast<size_t>(n)), packed(static_cast<size_t>(core::packed_bytes(n, bits)));
+      for (auto& c : raw) c = static_cast<uint8_t>(rng.below(1u << bits));
+      core::pack_codes(raw.data(), n, bits, packed.data());
+      std::vector<float> got(static_cast<size_t>(n)), ref(got.size());
+      decode_codes(packed.data(), bits, levels, n, got.data());
+      decode_codes_ref(packed.data(), bits, levels, n, ref.data());
+      ASSERT_EQ(got, ref) << bits << " bits, n=" << n;
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ref[i], levels[raw[i]]) << bits << " bits, i=" << i;
+    }
 }
 
 TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "anchorkv/anchorkv.h"
+#include "cache/registry.h"
 #include "commands.h"
 #include "core/buffer.h"
 #include "core/linalg.h"
@@ -78,6 +79,7 @@ struct Options {
   int64_t heads = 8, group = 4, dim = 128;
   double theta = 0.05;
   std::string metadata = "seed";
+  std::string peer = "turboquant:k2v2";  // a second cache timed beside dense ("" for none)
   int threads = 0;
   int reps = 9;
   bool json = false;
@@ -127,21 +129,37 @@ PreRopeTimes time_pre_rope(eval::SyntheticSpec spec, const Options& opt) {
   return {dense_s * 1e3, comp_s * 1e3, keyrope_s * 1e3};
 }
 
+// The peer cache over the same layer: {ms, ratio}, its calls alternated with dense ones.
+std::pair<double, double> time_peer(const eval::Workload& w, const TensorView& q, const FullKVCache& dense,
+                                    const Options& opt) {
+  auto peer = cache::parse_cache_spec(opt.peer).make(opt.theta, opt.threads);
+  peer->update(w.keys(), w.values());
+  AttentionOptions ao;
+  ao.threads = opt.threads;
+  attend(q, *peer, ao);  // warm up
+  const double s = median_pair(opt.reps, [&] { attend(q, dense, ao); }, [&] { attend(q, *peer, ao); }).second;
+  return {s * 1e3, peer->compression_ratio()};
+}
+
+void print_attention_header(const Options& opt, int threads, double machine) {
+  fmt::print(
+      "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} metadata, {} "
+      "threads, {}\n",
+      opt.heads, opt.heads * opt.group, opt.dim, opt.theta, opt.metadata, threads, core::simd_target_name());
+  fmt::print("machine read bandwidth (this run): {:.1f} GB/s\n\n", machine);
+  fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12} {:>13} {:>14} {:>14}", "S", "dense ms",
+             "compressed ms", "speedup", "dense GB/s", "of peak", "ratio", "compress ms", "pre dense ms",
+             "pre compr. ms", "pre keyrope ms");
+  if (!opt.peer.empty()) fmt::print(" {:>{}} {:>7}", opt.peer + " ms", std::max<size_t>(10, opt.peer.size() + 3), "ratio");
+  fmt::print("\n");
+}
+
 void run_attention(const Options& opt) {
   const int threads = core::resolve_threads(opt.threads);
   const int64_t H = opt.heads, Hq = opt.heads * opt.group, D = opt.dim;
   nlohmann::json rows = nlohmann::json::array();
   const double machine = machine_read_gbps(threads, int64_t{1} << 30);
-  if (!opt.json) {
-    fmt::print(
-        "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} metadata, {} "
-        "threads, {}\n",
-        H, Hq, D, opt.theta, opt.metadata, threads, core::simd_target_name());
-    fmt::print("machine read bandwidth (this run): {:.1f} GB/s\n\n", machine);
-    fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12} {:>13} {:>14} {:>14}\n", "S", "dense ms",
-               "compressed ms", "speedup", "dense GB/s", "of peak", "ratio", "compress ms", "pre dense ms",
-               "pre compr. ms", "pre keyrope ms");
-  }
+  if (!opt.json) print_attention_header(opt, threads, machine);
   for (int64_t S : opt.seqs) {
     eval::SyntheticSpec spec;
     spec.B = 1;
@@ -190,13 +208,21 @@ void run_attention(const Options& opt) {
     r["pre_rope_dense_ms"] = pre.dense_ms;
     r["pre_rope_compressed_ms"] = pre.compressed_ms;
     r["pre_rope_keyrope_compressed_ms"] = pre.keyrope_ms;
+    std::pair<double, double> peer{0, 0};
+    if (!opt.peer.empty()) {
+      peer = time_peer(w, q, dense, opt);
+      r["peer"] = {{"cache", opt.peer}, {"ms", peer.first}, {"compression_ratio", peer.second}};
+    }
     rows.push_back(r);
-    if (!opt.json)
-      fmt::print(
-          "  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f} {:>13.3f} "
-          "{:>14.3f} {:>14.3f}\n",
-          S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
-          compressed.compression_ratio(), compress_s * 1e3, pre.dense_ms, pre.compressed_ms, pre.keyrope_ms);
+    if (opt.json) continue;
+    fmt::print(
+        "  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f} {:>13.3f} "
+        "{:>14.3f} {:>14.3f}",
+        S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
+        compressed.compression_ratio(), compress_s * 1e3, pre.dense_ms, pre.compressed_ms, pre.keyrope_ms);
+    if (!opt.peer.empty())
+      fmt::print(" {:>{}.3f} {:>6.1f}x", peer.first, std::max<size_t>(10, opt.peer.size() + 3), peer.second);
+    fmt::print("\n");
   }
   if (opt.json)
     std::printf("%s\n",
@@ -316,6 +342,11 @@ void register_bench(CLI::App* bench) {
       ->check(CLI::IsMember({"seed", "compact", "tight"}));
   att->add_option("--threads", opt->threads, "threads (0 = all cores)");
   att->add_option("--reps", opt->reps, "timed repetitions (median)")->check(CLI::Range(1, 1000));
+  att->add_option("--peer", opt->peer, "another cache timed on the same layer, e.g. turboquant:k2v2, kivi2 ('' for none)")
+      ->check([](const std::string& s) {
+        if (!s.empty()) cache::parse_cache_spec(s);
+        return std::string();
+      });
   att->add_flag("--json", opt->json, "print JSON");
   att->callback([opt] { run_attention(*opt); });
 

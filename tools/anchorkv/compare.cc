@@ -96,7 +96,7 @@ void run(Options opt) {
   if (opt.keys == "pre" && opt.workload == "synthetic")
     core::fail(ErrorCode::kInvalidArgument, "anchorkv compare",
                "--keys pre needs a dump (the synthetic workload has its own --rope switch)");
-  for (const auto& m : opt.methods) cache::find_cache_kind(m);  // validates names up front
+  for (const auto& m : opt.methods) cache::parse_cache_spec(m);  // validates names up front
   const bool synthetic = opt.workload == "synthetic";
   std::string source = "Synthetic workload";
   eval::Workload w;

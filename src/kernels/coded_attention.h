@@ -1,0 +1,33 @@
+// Attention over tokens coded whole (compress::TokenCoder, TurboQuant's
+// quantizer), read as they are stored: each query is rotated into every key
+// group's domain once per call, a token's score is its scale times the dot of
+// its levels with the rotated query, and values accumulate in their rotated
+// domain, turned back once per query at the end. No fp16 K/V is rebuilt.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compress/token_coder.h"
+#include "kernels/attention_kernels.h"
+
+namespace anchorkv::kernels {
+
+// Buffers of one coded_chunk call, reused across calls (one per thread).
+struct CodedScratch {
+  std::vector<float> rq, s, levels, dots, w, acc, x, scale;
+  std::vector<uint8_t> bytes;
+};
+
+// Tokens a .. a + n - 1 of one row (token a at absolute position pos_a),
+// queries q [nq, D] pre-scaled, query g at position qpos[g] sees tokens at
+// positions <= qpos[g]. Writes out.m, out.l, out.acc [nq, D] (w, rot unused).
+// The SIMD form (levels decoded per token, dot products and value sums by the
+// core SIMD kernels) and its scalar twin (each token decoded back to its
+// channels, then plain loops); they agree to float rounding.
+void coded_chunk(const float* q, const int64_t* qpos, int64_t nq, const compress::CodedRowView& row, int64_t a,
+                 int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& scratch);
+void coded_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const compress::CodedRowView& row,
+                     int64_t a, int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& scratch);
+
+}  // namespace anchorkv::kernels
