@@ -89,15 +89,17 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
 
 // The table, and the JSON rows, against the full cache where it ran.
 nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample>& samples) {
-  fmt::print("  {:<21} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", "KV MiB", "ratio", "prefill t/s",
-             "vs full", "decode t/s", "vs full", "1st step ms");
+  size_t width = 21;  // the longest spec sets the first column
+  for (const auto& c : o.caches) width = std::max(width, c.size());
+  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", width, "KV MiB", "ratio",
+             "prefill t/s", "vs full", "decode t/s", "vs full", "1st step ms");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& c : o.caches) {
     const Sample& s = samples[c];
     const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
-    fmt::print("  {:<21} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c,
+    fmt::print("  {:<{}} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c, width,
                static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
                full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first);
