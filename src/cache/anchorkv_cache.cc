@@ -168,8 +168,8 @@ class AnchorKVStore final : public internal::CacheStore {
     cache::AttentionSource src{shape.B, shape.H, shape.D, st_.tokens_per_row()};
     if (st_.head.tokens > 0) src.dense_before.push_back(cache::dense_region(st_.head, 0));
     if (st_.compressed())
-      src.segment = cache::CompressedRegion{&st_.segment,    st_.codec.get(),    st_.segment_tokens,
-                                            st_.head.tokens, &st_.segment_slots, &st_.segment_anchor_pos};
+      src.segments.push_back(cache::CompressedRegion{&st_.segment, st_.codec.get(), st_.segment_tokens,
+                                                     st_.head.tokens, &st_.segment_slots, &st_.segment_anchor_pos});
     if (st_.tail.tokens > 0)
       src.dense_after.push_back(cache::dense_region(st_.tail, st_.head.tokens + st_.segment_tokens));
     return src;

@@ -44,8 +44,8 @@ void append_source(AttentionSource& into, AttentionSource&& next, const char* op
   }
   if (into.B != next.B || into.H != next.H || into.D != next.D)
     core::fail(ErrorCode::kShapeMismatch, op, "the caches differ in B, H or D");
-  if (next.segment)
-    core::fail(ErrorCode::kUnsupported, op, "only the first cache may hold a compressed segment");
+  if (!next.segments.empty())
+    core::fail(ErrorCode::kUnsupported, op, "only the first cache may hold compressed segments");
   for (auto* regions : {&next.dense_before, &next.dense_after})
     for (DenseRegion& r : *regions) {
       r.pos0 += into.n_total;

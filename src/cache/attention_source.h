@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "anchorkv/cache.h"
@@ -27,8 +26,7 @@ struct DenseRegion {
   bool is_coded() const { return !coded.empty(); }
 };
 
-// A compressed prefill segment: one CompressedRow per row, `tokens` positions
-// from pos0.
+// A compressed segment: one CompressedRow per row, `tokens` positions from pos0.
 struct CompressedRegion {
   const std::vector<compress::CompressedRow>* rows = nullptr;  // [rows]
   const compress::ResidualCodec* codec = nullptr;
@@ -45,9 +43,9 @@ struct AttentionSource {
   AttentionSource(int64_t b, int64_t h, int64_t d, int64_t n) : B(b), H(h), D(d), n_total(n) {}
   int64_t B = 0, H = 0, D = 0;
   int64_t n_total = 0;  // positions per row attention sees (kept tokens for evicting caches)
-  std::vector<DenseRegion> dense_before;  // regions before the segment, in position order
-  std::optional<CompressedRegion> segment;
-  std::vector<DenseRegion> dense_after;  // regions after the segment (all regions when there is none)
+  std::vector<DenseRegion> dense_before;        // regions before the segments, in position order
+  std::vector<CompressedRegion> segments;       // compressed segments, contiguous, in position order
+  std::vector<DenseRegion> dense_after;         // regions after them (all regions when there is none)
   // Dense copies the source points into, for caches with no kernel of their
   // own (the generic path); empty otherwise.
   std::vector<std::shared_ptr<const KVPair>> owned;
@@ -63,8 +61,9 @@ AttentionSource dense_source(KVPair fetched);
 
 // Appends `next`'s positions after `into`'s (the concatenation of two caches'
 // contents). An empty `into` becomes `next`. Throws Error(kShapeMismatch) when
-// B, H or D differ and Error(kUnsupported) when `next` holds a compressed
-// segment behind other positions (attention takes one segment, first).
+// B, H or D differ and Error(kUnsupported) when `next` holds compressed
+// segments behind other positions (attention takes the segments of the first
+// cache only).
 void append_source(AttentionSource& into, AttentionSource&& next, const char* op);
 
 }  // namespace anchorkv::cache

@@ -67,7 +67,8 @@ struct Chunk {
   enum Kind { kDense, kAnchors, kEntries } kind;
   const cache::DenseRegion* region = nullptr;  // kDense
   int64_t a = 0, b = 0;                        // token / entry range
-  int entry_chunk = 0;                         // kEntries: index among the entry chunks
+  int seg = -1;                                // kAnchors, kEntries: the segment
+  int entry_chunk = 0;                         // kEntries: index among its segment's entry chunks
 };
 
 // Per-row state of the compressed segment, computed once per call.
@@ -90,7 +91,7 @@ struct RowPrep {
 // calls attend once per token, and fresh pages cost more than the work.
 struct Workspace {
   core::UninitVector<float> Q, pm, pl, pacc, pw, prot;
-  std::vector<RowPrep> prep;  // per row of the compressed segment
+  std::vector<std::vector<RowPrep>> prep;  // per segment, per row
 };
 
 void check_query(const TensorView& query, const cache::AttentionSource& src, const AttentionOptions& opt) {
@@ -145,12 +146,18 @@ void check_no_coded(const cache::AttentionSource& src) {
                    "RoPE inside attention over coded tokens (TurboQuant keeps keys as given: store them after RoPE)");
 }
 
+void check_key_rope(const RopeOptions& rope, const cache::CompressedRegion& seg);
+
 // A segment whose key residuals were coded after RoPE (AnchorKVConfig::key_rope)
 // is scored with the query rotated to its position, so attention must apply
 // the same RoPE at the same positions.
 void check_key_rope(const RopeOptions& rope, const cache::AttentionSource& src) {
-  if (!src.segment || src.segment->rows->empty()) return;
-  const RopeOptions& kr = src.segment->rows->front().key_rope;
+  for (const cache::CompressedRegion& seg : src.segments) check_key_rope(rope, seg);
+}
+
+void check_key_rope(const RopeOptions& rope, const cache::CompressedRegion& seg) {
+  if (seg.rows->empty()) return;
+  const RopeOptions& kr = seg.rows->front().key_rope;
   if (!kr.enabled) return;
   auto name = [](const RopeOptions& r) {
     std::ostringstream os;
@@ -159,7 +166,7 @@ void check_key_rope(const RopeOptions& rope, const cache::AttentionSource& src) 
     return os.str();
   };
   RopeOptions at = rope;
-  at.position_offset += src.segment->pos0;
+  at.position_offset += seg.pos0;
   if (!rope.enabled || !core::same_angles(rope, kr) || rope.style != kr.style ||
       at.position_offset != kr.position_offset)
     core::fail(ErrorCode::kInvalidArgument, kOp,
@@ -176,7 +183,6 @@ class AttendCall {
         src_(src),
         opt_(opt),
         rope_(opt.rope.enabled ? &opt.rope : nullptr),
-        seg_(src.segment ? &*src.segment : nullptr),
         ws_(tls_workspace()),
         prep_(ws_.prep) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
@@ -189,7 +195,7 @@ class AttendCall {
     if (Sq_ == 0) return out;
     prepare_queries();
     plan_chunks();
-    if (seg_) prepare_segment();
+    if (has_c()) prepare_segments();
     run_chunks();
     if (stats) report(stats);
     merge_and_finish(out);
@@ -201,52 +207,59 @@ class AttendCall {
     thread_local Workspace ws;  // named once here: worker lambdas must see the caller's buffers
     return ws;
   }
-  bool has_c() const { return seg_ != nullptr; }
-  const compress::CompressedRow& seg_row(int64_t r) const { return (*seg_->rows)[static_cast<size_t>(r)]; }
+  int n_seg() const { return static_cast<int>(src_.segments.size()); }
+  bool has_c() const { return !src_.segments.empty(); }
+  const cache::CompressedRegion& seg(int s) const { return src_.segments[static_cast<size_t>(s)]; }
+  const compress::CompressedRow& seg_row(int s, int64_t r) const { return (*seg(s).rows)[static_cast<size_t>(r)]; }
   // Row r's residual slot index (every compressed source has one).
-  const std::vector<int64_t>& slot_index(int64_t r) const {
-    const int64_t blocks = (seg_row(r).n_other() + compress::kSlotIndexBlock - 1) / compress::kSlotIndexBlock;
-    if (!seg_->slot_index || seg_->slot_index->size() != seg_->rows->size() ||
-        static_cast<int64_t>((*seg_->slot_index)[static_cast<size_t>(r)].size()) != 2 * (blocks + 1))
+  const std::vector<int64_t>& slot_index(int s, int64_t r) const {
+    const cache::CompressedRegion& g = seg(s);
+    const int64_t blocks = (seg_row(s, r).n_other() + compress::kSlotIndexBlock - 1) / compress::kSlotIndexBlock;
+    if (!g.slot_index || g.slot_index->size() != g.rows->size() ||
+        static_cast<int64_t>((*g.slot_index)[static_cast<size_t>(r)].size()) != 2 * (blocks + 1))
       core::fail(ErrorCode::kInvalidState, "anchorkv::attend", "a compressed segment without its residual slot index");
-    return (*seg_->slot_index)[static_cast<size_t>(r)];
+    return (*g.slot_index)[static_cast<size_t>(r)];
   }
   const float* row_queries(int64_t r) const { return &ws_.Q[static_cast<size_t>(r * nq_ * D_)]; }
+  // Per-anchor weights a chunk's partial carries per query: its segment's largest anchor count.
+  int64_t chunk_k(const Chunk& c) const { return c.seg < 0 ? 0 : k_max_[static_cast<size_t>(c.seg)]; }
   kernels::PartialView partial(int64_t r, int64_t c);
-  kernels::CompressedQueries compressed_queries(int64_t r) const;
+  kernels::CompressedQueries compressed_queries(int s, int64_t r) const;
 
   void prepare_queries();
   void plan_chunks();
-  void prepare_segment();
-  void prepare_row(int64_t r);
-  const float* prepare_rope_row(const compress::CompressedRow& row, const float* q, RowPrep& p) const;
+  void plan_segment(int s);
+  void prepare_segments();
+  void prepare_row(int s, int64_t r);
+  const float* prepare_rope_row(int s, const compress::CompressedRow& row, const float* q, RowPrep& p) const;
   void run_chunks();
-  void run_anchors(int64_t r, kernels::PartialView out);
+  void run_anchors(int s, int64_t r, kernels::PartialView out);
   void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_tile(const kernels::PartialView& t, kernels::PartialView out) const;
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_and_finish(Tensor& out);
-  void merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* acc, float* w, float* rot);
-  void add_anchor_values(int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const;
-  void finish_query(int64_t r, int64_t g, float l, float* y, float* rot, Tensor& out) const;
+  void merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l, float* acc);
+  void add_anchor_values(int s, int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const;
+  void write_query(int64_t r, int64_t g, float l, float* y, Tensor& out) const;
   void report(AttentionStats* stats) const;
 
   const TensorView& query_;
   const cache::AttentionSource& src_;
   const AttentionOptions& opt_;
   const RopeOptions* rope_;
-  const cache::CompressedRegion* seg_;
   Workspace& ws_;
   std::shared_ptr<const core::RopeTable> rtab_;  // the angles of every key position
   int64_t B_, H_, D_, R_, Hq_, Sq_, G_, nq_;
   float scale_ = 1;
   std::vector<int64_t> qpos_;  // [nq] absolute position of each query of a row
   std::vector<Chunk> chunks_;
-  int64_t C_ = 0, k_max_ = 0;
-  bool masked_segment_ = false;
+  std::vector<int64_t> w_off_;  // per chunk: its weights' offset in a row's block of pw
+  int64_t C_ = 0, w_row_ = 0;   // chunks; floats of pw per row
+  std::vector<int64_t> k_max_;  // per segment: the most anchors of any of its rows
+  std::vector<char> masked_;    // per segment: some query sits inside it (causal mask)
   bool anchors_in_place_ = false;  // fp16 key anchors read in place (fast path, no RoPE)
   bool values_in_place_ = false;   // fp16 value anchors read in place (fast path)
-  std::vector<RowPrep>& prep_;     // the workspace's (buffers reused across calls)
+  std::vector<std::vector<RowPrep>>& prep_;  // the workspace's (buffers reused across calls)
 };
 
 // Queries per row, scaled (and rotated): [R, nq, D], g = (hq - h * G) * Sq + i.
@@ -283,50 +296,61 @@ void AttendCall::prepare_queries() {
       }
 }
 
-// Chunks in position order: dense regions before the segment, its anchors,
-// its entries (planned from the longest row; shorter rows see empty ranges),
-// then the regions after it.
+// Chunks in position order: dense regions before the segments, each segment's
+// anchors and entries (planned from its longest row; shorter rows see empty
+// ranges), then the regions after them.
 void AttendCall::plan_chunks() {
   auto add_dense = [&](const cache::DenseRegion& reg) {
     const int64_t c = chunk_size(reg.n);
-    for (int64_t a = 0; a < reg.n; a += c)
-      chunks_.push_back({Chunk::kDense, &reg, a, std::min(reg.n, a + c)});
+    for (int64_t a = 0; a < reg.n; a += c) chunks_.push_back({Chunk::kDense, &reg, a, std::min(reg.n, a + c)});
   };
   for (const auto& reg : src_.dense_before) add_dense(reg);
-  if (seg_) {
-    int64_t n_other_max = 0;
-    for (const auto& row : *seg_->rows) {
-      k_max_ = std::max(k_max_, row.n_anchor);
-      n_other_max = std::max(n_other_max, row.n_other());
-    }
-    chunks_.push_back({Chunk::kAnchors});
-    const int64_t c = entry_chunk_size(n_other_max, R_, rope_ != nullptr);
-    int entry_chunk = 0;
-    for (int64_t a = 0; a < n_other_max; a += c)
-      chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), entry_chunk++});
-    masked_segment_ = (src_.n_total - Sq_) < seg_->pos0 + seg_->tokens - 1;
-  }
+  k_max_.assign(src_.segments.size(), 0);
+  masked_.assign(src_.segments.size(), 0);
+  for (int s = 0; s < n_seg(); ++s) plan_segment(s);
   for (const auto& reg : src_.dense_after) add_dense(reg);
   C_ = static_cast<int64_t>(chunks_.size());
+  w_off_.resize(chunks_.size());
+  w_row_ = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    w_off_[c] = w_row_;
+    w_row_ += nq_ * chunk_k(chunks_[c]);
+  }
 }
 
-void AttendCall::prepare_segment() {
+void AttendCall::plan_segment(int s) {
+  const cache::CompressedRegion& g = seg(s);
+  int64_t n_other_max = 0;
+  for (const auto& row : *g.rows) {
+    k_max_[s] = std::max(k_max_[s], row.n_anchor);
+    n_other_max = std::max(n_other_max, row.n_other());
+  }
+  chunks_.push_back({Chunk::kAnchors, nullptr, 0, 0, s});
+  const int64_t c = entry_chunk_size(n_other_max, R_, rope_ != nullptr);
+  int entry_chunk = 0;
+  for (int64_t a = 0; a < n_other_max; a += c)
+    chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), s, entry_chunk++});
+  masked_[s] = (src_.n_total - Sq_) < g.pos0 + g.tokens - 1;
+}
+
+void AttendCall::prepare_segments() {
   values_in_place_ = !opt_.reference && kernels::f16_rows_supported(D_);
   anchors_in_place_ = values_in_place_ && !rope_;
-  prep_.resize(static_cast<size_t>(R_));
-  core::parallel_for(R_, opt_.threads, [&](int64_t r) { prepare_row(r); });
+  prep_.resize(src_.segments.size());
+  for (auto& rows : prep_) rows.resize(static_cast<size_t>(R_));
+  core::parallel_for(n_seg() * R_, opt_.threads, [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
 }
 
 // Pre-RoPE keys: the row's anchors rotated to their own positions (returned:
 // they score like any key), and what the entries' kernel reads: split rows
 // (fast path) or the pair products.
-const float* AttendCall::prepare_rope_row(const compress::CompressedRow& row, const float* q,
+const float* AttendCall::prepare_rope_row(int s, const compress::CompressedRow& row, const float* q,
                                           RowPrep& p) const {
   const int64_t k = row.n_anchor, D = D_;
   thread_local core::UninitVector<float> ak_rot;
   ak_rot = p.ak;
   for (int64_t j = 0; j < k; ++j)
-    rtab_->rotate(&ak_rot[j * D], rope_->style, seg_->pos0 + p.anchor_pos[j] + rope_->position_offset);
+    rtab_->rotate(&ak_rot[j * D], rope_->style, seg(s).pos0 + p.anchor_pos[j] + rope_->position_offset);
   if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
     p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
     if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
@@ -342,9 +366,10 @@ const float* AttendCall::prepare_rope_row(const compress::CompressedRow& row, co
   return ak_rot.data();
 }
 
-void AttendCall::prepare_row(int64_t r) {
-  const compress::CompressedRow& row = seg_row(r);
-  RowPrep& p = prep_[r];
+void AttendCall::prepare_row(int s, int64_t r) {
+  const compress::CompressedRow& row = seg_row(s, r);
+  const cache::CompressedRegion& g_seg = seg(s);
+  RowPrep& p = prep_[static_cast<size_t>(s)][static_cast<size_t>(r)];
   const int64_t k = row.n_anchor, D = D_;
   const float* q = row_queries(r);
   p.slot_k.clear();
@@ -367,11 +392,11 @@ void AttendCall::prepare_row(int64_t r) {
     p.av.resize(static_cast<size_t>(k * D));
     core::f16_to_f32_n(row.anchor_v.data(), p.av.data(), k * D);
   }
-  if (masked_segment_ || rope_) {
+  if (masked_[static_cast<size_t>(s)] || rope_) {
     // compact and tight rows list them; seed-layout rows' come cached with the source, or are found
-    const auto* known = seg_->anchor_pos;
+    const auto* known = g_seg.anchor_pos;
     const auto cached = [&] {
-      return known && known->size() == seg_->rows->size() &&
+      return known && known->size() == g_seg.rows->size() &&
              static_cast<int64_t>((*known)[static_cast<size_t>(r)].size()) == k;
     };
     if (row.lists_positions()) {
@@ -383,7 +408,7 @@ void AttendCall::prepare_row(int64_t r) {
       p.anchor_pos = p.anchor_pos_found;
     }
   }
-  const float* ak_scores = rope_ ? prepare_rope_row(row, q, p) : p.ak.data();
+  const float* ak_scores = rope_ ? prepare_rope_row(s, row, q, p) : p.ak.data();
   if (!anchors_in_place_)
     (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
                                                                k);
@@ -394,30 +419,31 @@ void AttendCall::prepare_row(int64_t r) {
       for (int64_t j = 0; j < k; ++j) p.anchor_dot4[((g / 4) * k + j) * 4 + g % 4] = p.anchor_dot[g * k + j];
   }
   p.rq.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads, zero past nq
-  for (int64_t g = 0; g < nq_; ++g) seg_->codec->rotation().forward(q + g * D, &p.rq[g * D]);
-  // The residual slots before each entry chunk, from the row's slot index
-  // (chunks start on its blocks, or past the row's last entry).
-  const std::vector<int64_t>& index = slot_index(r);
+  for (int64_t g = 0; g < nq_; ++g) g_seg.codec->rotation().forward(q + g * D, &p.rq[g * D]);
+  // The residual slots before each of the segment's entry chunks, from the
+  // row's slot index (chunks start on its blocks, or past the row's last entry).
+  const std::vector<int64_t>& index = slot_index(s, r);
   for (const Chunk& c : chunks_) {
-    if (c.kind != Chunk::kEntries) continue;
+    if (c.kind != Chunk::kEntries || c.seg != s) continue;
     const int64_t end = std::min(c.a, row.n_other());
     const size_t b = static_cast<size_t>(end == row.n_other() ? index.size() / 2 - 1 : end / compress::kSlotIndexBlock);
-    const int64_t sk = index[2 * b], sv = index[2 * b + 1];
-    p.slot_k.push_back(sk);
-    p.slot_v.push_back(sv);
+    p.slot_k.push_back(index[2 * b]);
+    p.slot_v.push_back(index[2 * b + 1]);
   }
 }
 
-// Layout per (row, chunk, query): m, l, acc[D]; with a segment also w[k_max], rot[D].
+// Layout per (row, chunk, query): m, l, acc[D]; a segment's chunks also
+// w[k of the segment], rot[D].
 kernels::PartialView AttendCall::partial(int64_t r, int64_t c) {
   const size_t base = static_cast<size_t>((r * C_ + c) * nq_);
+  const bool compressed = chunks_[static_cast<size_t>(c)].seg >= 0;
   return kernels::PartialView{&ws_.pm[base], &ws_.pl[base], &ws_.pacc[base * D_],
-                              has_c() ? &ws_.pw[base * k_max_] : nullptr,
-                              has_c() ? &ws_.prot[base * D_] : nullptr};
+                              compressed ? &ws_.pw[static_cast<size_t>(r * w_row_ + w_off_[c])] : nullptr,
+                              compressed ? &ws_.prot[base * D_] : nullptr};
 }
 
-kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
-  const RowPrep& p = prep_[r];
+kernels::CompressedQueries AttendCall::compressed_queries(int s, int64_t r) const {
+  const RowPrep& p = prep_[static_cast<size_t>(s)][static_cast<size_t>(r)];
   return {row_queries(r),
           qpos_.data(),
           nq_,
@@ -427,7 +453,7 @@ kernels::CompressedQueries AttendCall::compressed_queries(int64_t r) const {
           rope_,
           p.cs.empty() ? nullptr : p.cs.data(),
           p.rope_queries.empty()   ? nullptr  // split rows only for the fast kernel
-          : p.rope_anchors.empty() ? seg_row(r).anchor_k.data()
+          : p.rope_anchors.empty() ? seg_row(s, r).anchor_k.data()
                                    : p.rope_anchors.data(),
           p.rope_queries.empty() ? nullptr : p.rope_queries.data(),
           rtab_.get()};
@@ -438,7 +464,7 @@ void AttendCall::run_chunks() {
   ws_.pm.resize(n_part);
   ws_.pl.resize(n_part);
   ws_.pacc.resize(n_part * static_cast<size_t>(D_));
-  ws_.pw.resize(has_c() ? n_part * static_cast<size_t>(k_max_) : 0);
+  ws_.pw.resize(static_cast<size_t>(R_ * w_row_));
   ws_.prot.resize(has_c() ? n_part * static_cast<size_t>(D_) : 0);
   core::parallel_for(R_ * C_, opt_.threads, [&](int64_t task) {
     const int64_t r = task / C_, ci = task % C_;
@@ -448,7 +474,7 @@ void AttendCall::run_chunks() {
     std::fill_n(out.l, nq_, 0.0f);     // first fold overwrites acc, w and rot)
     switch (c.kind) {
       case Chunk::kAnchors:
-        return run_anchors(r, out);
+        return run_anchors(c.seg, r, out);
       case Chunk::kDense:
         return run_dense(r, c, out);
       case Chunk::kEntries:
@@ -457,21 +483,23 @@ void AttendCall::run_chunks() {
   });
 }
 
-void AttendCall::run_anchors(int64_t r, kernels::PartialView out) {
-  const int64_t k = seg_row(r).n_anchor;
+void AttendCall::run_anchors(int s, int64_t r, kernels::PartialView out) {
+  const int64_t k = seg_row(s, r).n_anchor, kc = k_max_[static_cast<size_t>(s)];
+  const bool masked = masked_[static_cast<size_t>(s)];
   thread_local std::vector<float> tw;
   tw.resize(static_cast<size_t>(nq_ * k));
   // anchor_pos holds segment-relative positions; the mask compares absolute ones.
   std::vector<int32_t> abs_pos;
-  if (masked_segment_) {
-    abs_pos.assign(prep_[r].anchor_pos.begin(), prep_[r].anchor_pos.end());
-    for (auto& x : abs_pos) x += static_cast<int32_t>(seg_->pos0);
+  if (masked) {
+    const RowPrep& p = prep_[static_cast<size_t>(s)][static_cast<size_t>(r)];
+    abs_pos.assign(p.anchor_pos.begin(), p.anchor_pos.end());
+    for (auto& x : abs_pos) x += static_cast<int32_t>(seg(s).pos0);
   }
   std::fill_n(out.acc, nq_ * D_, 0.0f);  // anchors contribute through w only
   std::fill_n(out.rot, nq_ * D_, 0.0f);
   (opt_.reference ? kernels::anchors_chunk_ref : kernels::anchors_chunk)(
-      compressed_queries(r), k, abs_pos.data(), masked_segment_, {out.m, out.l, out.acc, tw.data(), out.rot});
-  for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * k_max_);  // stride k -> k_max
+      compressed_queries(s, r), k, abs_pos.data(), masked, {out.m, out.l, out.acc, tw.data(), out.rot});
+  for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * kc);  // stride k -> the segment's k_max
 }
 
 void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) {
@@ -505,21 +533,24 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
   }
 }
 
-// A dense tile's partial (m, l, acc only) folded into its chunk's.
+// A dense tile's partial (m, l, acc) folded into its chunk's.
 void AttendCall::merge_tile(const kernels::PartialView& t, kernels::PartialView out) const {
   for (int64_t g = 0; g < nq_; ++g)
-    kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, has_c() ? out.w + g * k_max_ : nullptr,
-                           has_c() ? out.rot + g * D_ : nullptr, t.m[g], t.l[g], t.acc + g * D_, nullptr, nullptr,
-                           D_, k_max_);
+    kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, nullptr, nullptr, t.m[g], t.l[g], t.acc + g * D_,
+                           nullptr, nullptr, D_, 0);
 }
 
 void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out) {
-  const compress::CompressedRow& row = seg_row(r);
+  const int s = c.seg;
+  const cache::CompressedRegion& g_seg = seg(s);
+  const compress::CompressedRow& row = seg_row(s, r);
   const int64_t e_end = std::min(c.b, row.n_other());
   if (c.a >= e_end) return;
-  const int64_t k = row.n_anchor;
-  const kernels::CompressedQueries cq = compressed_queries(r);
-  int64_t sk = prep_[r].slot_k[c.entry_chunk], sv = prep_[r].slot_v[c.entry_chunk];
+  const int64_t k = row.n_anchor, kc = k_max_[static_cast<size_t>(s)];
+  const bool masked = masked_[static_cast<size_t>(s)];
+  const kernels::CompressedQueries cq = compressed_queries(s, r);
+  const RowPrep& p = prep_[static_cast<size_t>(s)][static_cast<size_t>(r)];
+  int64_t sk = p.slot_k[c.entry_chunk], sv = p.slot_v[c.entry_chunk];
   thread_local kernels::EntryScratch scratch;
   thread_local core::UninitVector<float> tm, tl, tacc, tw, trot;
   tm.resize(static_cast<size_t>(nq_));
@@ -529,23 +560,21 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
   trot.resize(static_cast<size_t>(nq_ * D_));
   // The quad kernel takes a whole chunk per call: tiles of it cost a merge
   // over every anchor each (~5% of a 131072-entry decode in 8192-entry tiles).
-  const int64_t tile =
-      !opt_.reference && kernels::entries_chunk_any_length(cq, masked_segment_) ? e_end - c.a : kEntryTile;
+  const int64_t tile = !opt_.reference && kernels::entries_chunk_any_length(cq, masked) ? e_end - c.a : kEntryTile;
   for (int64_t a = c.a; a < e_end; a += tile) {
     const int64_t b = std::min(e_end, a + tile);
-    const kernels::EntryRange range{a, b, sk, sv, seg_->pos0, masked_segment_, e_end};
+    const kernels::EntryRange range{a, b, sk, sv, g_seg.pos0, masked, e_end};
     // A chunk of one tile is written in place; longer ones fold tiles in order.
-    const bool in_place = a == c.a && b == e_end && k == k_max_;
+    const bool in_place = a == c.a && b == e_end && k == kc;
     const kernels::PartialView t =
         in_place ? out : kernels::PartialView{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
-    (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *seg_->codec, range, t,
-                                                                           scratch);
+    (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *g_seg.codec, range, t, scratch);
     sk += scratch.slots_k;  // the tile's residual slots
     sv += scratch.slots_v;
     if (in_place) break;
-    for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by k_max
-      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * k_max_, out.rot + g * D_, tm[g],
-                             tl[g], &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
+    for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by the segment's k_max
+      kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * kc, out.rot + g * D_, tm[g], tl[g],
+                             &tacc[g * D_], &tw[g * k], &trot[g * D_], D_, k);
   }
 }
 
@@ -553,79 +582,112 @@ void AttendCall::report(AttentionStats* stats) const {
   int64_t bytes = static_cast<int64_t>(ws_.Q.size() * 4 + qpos_.size() * 8 +
                                        (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
                                        (ws_.pw.size() + ws_.prot.size()) * 4);
-  for (const RowPrep& p : prep_)
-    bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() +
-                                   p.rq.size() + p.cs.size() + p.rope_queries.size()) *
-                                      4 +
-                                  p.rope_anchors.size() * 2 + p.anchor_pos_found.size() * 4 +
-                                  (p.slot_k.size() + p.slot_v.size()) * 8);
+  int64_t k_all = 0;
+  for (int s = 0; s < n_seg(); ++s) {
+    k_all = std::max(k_all, k_max_[static_cast<size_t>(s)]);
+    for (const RowPrep& p : prep_[static_cast<size_t>(s)])
+      bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() +
+                                     p.rq.size() + p.cs.size() + p.rope_queries.size()) *
+                                        4 +
+                                    p.rope_anchors.size() * 2 + p.anchor_pos_found.size() * 4 +
+                                    (p.slot_k.size() + p.slot_v.size()) * 8);
+  }
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
   // Per-thread scratch (largest use: a dense tile, or an entry tile's scores
   // and decoded metadata) + tile partials + finish buffers.
   bytes += threads * 4 *
            (std::max(kTile * (nq_ + 3), kEntryTile * (std::max<int64_t>(nq_, 4) + 12)) + 3 * D_ +
-            nq_ * (2 + 2 * D_ + k_max_) + 3 * D_ + 9 * k_max_);
+            nq_ * (2 + 2 * D_ + k_all) + 3 * D_ + 9 * k_all);
   for (const auto& o : src_.owned) bytes += static_cast<int64_t>(o->keys.nbytes() + o->values.nbytes());
   stats->workspace_bytes = bytes;
   stats->chunks_per_row = C_;
   stats->compressed = has_c();
 }
 
+// Per row, quads of queries: the chunks folded in position order. A
+// segment's chunks are folded first among themselves (their per-anchor
+// weights and rotated residual values), finished into plain sums (its
+// anchors' values added, R^T rot), then folded like a dense chunk; so the
+// order, and the bits, never depend on the thread count.
 void AttendCall::merge_and_finish(Tensor& out) {
   core::parallel_for(R_, opt_.threads, [&](int64_t r) {
-    const int64_t k = has_c() ? seg_row(r).n_anchor : 0;
-    // Quads of queries: a row's anchors are read once per quad, and the
-    // buffers stay in L1 however many queries a prefill chunk brings.
-    float l[4];
-    thread_local std::vector<float> acc, w, rot;
+    float m[4], l[4], ms[4], ls[4];
+    thread_local std::vector<float> acc, acc_s;
     acc.resize(static_cast<size_t>(4 * D_));
-    w.resize(static_cast<size_t>(4 * k));
-    rot.resize(static_cast<size_t>(4 * D_));
+    acc_s.resize(static_cast<size_t>(4 * D_));
     for (int64_t g0 = 0; g0 < nq_; g0 += 4) {
       const int64_t gn = std::min<int64_t>(4, nq_ - g0);
-      for (int64_t g = 0; g < gn; ++g)  // w is empty without a segment (k = 0)
-        merge_chunks(r, g0 + g, k, l[g], acc.data() + g * D_, w.data() + g * k, rot.data() + g * D_);
-      if (has_c()) add_anchor_values(r, k, gn, w.data(), acc.data());
-      for (int64_t g = 0; g < gn; ++g) finish_query(r, g0 + g, l[g], acc.data() + g * D_, rot.data() + g * D_, out);
+      std::fill_n(m, 4, kNegInf);
+      std::fill_n(l, 4, 0.0f);
+      for (size_t c = 0; c < chunks_.size();) {
+        size_t c1 = c + 1;
+        if (chunks_[c].seg < 0) {  // a dense chunk: its partial as it is
+          const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
+          for (int64_t g = 0; g < gn; ++g) {
+            ms[g] = v.m[g0 + g];
+            ls[g] = v.l[g0 + g];
+            std::copy_n(v.acc + (g0 + g) * D_, D_, &acc_s[g * D_]);
+          }
+        } else {
+          while (c1 < chunks_.size() && chunks_[c1].seg == chunks_[c].seg) ++c1;
+          merge_segment(r, g0, gn, c, c1, ms, ls, acc_s.data());
+        }
+        for (int64_t g = 0; g < gn; ++g)
+          kernels::merge_partial(m[g], l[g], &acc[g * D_], nullptr, nullptr, ms[g], ls[g], &acc_s[g * D_], nullptr,
+                                 nullptr, D_, 0);
+        c = c1;
+      }
+      for (int64_t g = 0; g < gn; ++g) write_query(r, g0 + g, l[g], &acc[g * D_], out);
     }
   });
 }
 
-// Query g's partials of row r folded in chunk order: l, acc [D], w [k], rot [D].
-void AttendCall::merge_chunks(int64_t r, int64_t g, int64_t k, float& l, float* acc, float* w, float* rot) {
-  float m = kNegInf;
-  l = 0;
-  std::fill_n(acc, D_, 0.0f);
-  if (has_c()) std::fill_n(w, k, 0.0f), std::fill_n(rot, D_, 0.0f);
-  for (int64_t c = 0; c < C_; ++c) {
-    const kernels::PartialView v = partial(r, c);
-    kernels::merge_partial(m, l, acc, has_c() ? w : nullptr, has_c() ? rot : nullptr, v.m[g], v.l[g],
-                           v.acc + g * D_, has_c() ? v.w + g * k_max_ : nullptr, has_c() ? v.rot + g * D_ : nullptr,
-                           D_, k);
+// Chunks [c0, c1) of one segment for queries g0 .. g0 + gn - 1 of row r,
+// folded and finished: m, l, acc [gn, D] plain sums.
+void AttendCall::merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l,
+                               float* acc) {
+  const int s = chunks_[c0].seg;
+  const int64_t k = seg_row(s, r).n_anchor, kc = k_max_[static_cast<size_t>(s)];
+  thread_local std::vector<float> w, rot;
+  w.resize(static_cast<size_t>(4 * k));
+  rot.resize(static_cast<size_t>(4 * D_));
+  for (int64_t g = 0; g < gn; ++g) {
+    m[g] = kNegInf;
+    l[g] = 0;
+    std::fill_n(&acc[g * D_], D_, 0.0f);
+    std::fill_n(&w[g * k], k, 0.0f);
+    std::fill_n(&rot[g * D_], D_, 0.0f);
+    for (size_t c = c0; c < c1; ++c) {
+      const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
+      const int64_t q = g0 + g;
+      kernels::merge_partial(m[g], l[g], &acc[g * D_], &w[g * k], &rot[g * D_], v.m[q], v.l[q], v.acc + q * D_,
+                             v.w + q * kc, v.rot + q * D_, D_, k);
+    }
+  }
+  add_anchor_values(s, r, k, gn, w.data(), acc);
+  for (int64_t g = 0; g < gn; ++g) {
+    seg(s).codec->rotation().inverse(&rot[g * D_], &rot[g * D_]);
+    for (int64_t d = 0; d < D_; ++d) acc[g * D_ + d] += rot[g * D_ + d];
   }
 }
 
 // acc[g] += sum_j w[g, j] a^V_j for gn queries of row r (w [gn, k], acc [gn, D]):
 // the fp16 anchors are read once for all of them.
-void AttendCall::add_anchor_values(int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const {
-  const RowPrep& p = prep_[r];
+void AttendCall::add_anchor_values(int s, int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const {
+  const RowPrep& p = prep_[static_cast<size_t>(s)][static_cast<size_t>(r)];
   if (opt_.reference) {
     for (int64_t g = 0; g < gn; ++g)
       for (int64_t j = 0; j < k; ++j)
         if (w[g * k + j] != 0.0f) core::axpy_ref(w[g * k + j], &p.av[j * D_], acc + g * D_, D_);
   } else if (values_in_place_) {
-    kernels::accumulate_rows_f16_queries(w, k, gn, k, seg_row(r).anchor_v.data(), D_, acc, D_);
+    kernels::accumulate_rows_f16_queries(w, k, gn, k, seg_row(s, r).anchor_v.data(), D_, acc, D_);
   } else {
     core::accumulate_rows(w, k, p.av.data(), k, gn, D_, acc, D_);
   }
 }
 
-// y = (acc + sum_j w_j a^V_j + R^T rot) / l, the anchors' values already in acc.
-void AttendCall::finish_query(int64_t r, int64_t g, float l, float* y, float* rot, Tensor& out) const {
-  if (has_c()) {
-    seg_->codec->rotation().inverse(rot, rot);
-    for (int64_t d = 0; d < D_; ++d) y[d] += rot[d];
-  }
+// y / l into the output.
+void AttendCall::write_query(int64_t r, int64_t g, float l, float* y, Tensor& out) const {
   const float inv = l > 0 ? 1.0f / l : 0.0f;
   const int64_t b = r / H_, h = r % H_, hq = h * G_ + g / Sq_, i = g % Sq_;
   const int64_t o = ((b * Hq_ + hq) * Sq_ + i) * D_;
