@@ -197,6 +197,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("anchor_count", &AnchorKVConfig::anchor_count)
       .def_readwrite("threads", &AnchorKVConfig::threads)
       .def_readwrite("key_rope", &AnchorKVConfig::key_rope)
+      .def_readwrite("segment_tokens", &AnchorKVConfig::segment_tokens)
+      .def_readwrite("recent_tokens", &AnchorKVConfig::recent_tokens)
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);
 

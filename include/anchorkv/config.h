@@ -97,6 +97,20 @@ struct AnchorKVConfig {
   // lower KL; docs/results.md), at the cost of that rotation in every decode step.
   RopeOptions key_rope;
 
+  // Streaming (segments). 0 (the default) is the seed's behaviour: compress
+  // once, at the trigger, and keep every later token exact. T > 0: every
+  // token enters an exact tail; whenever the tail holds recent_tokens + T
+  // tokens or more, its oldest T become a new compressed segment under the
+  // same theta, so a session of any length stays compressed (the trigger is
+  // not used; compress_now() closes the whole tail as one segment). Segments
+  // are compressed on their own, each with its own anchors. Observation
+  // queries given with calls are kept for the newest `window` positions and
+  // score each segment as it closes (docs/spec.md §4.8).
+  int64_t segment_tokens = 0;
+  int64_t recent_tokens = 0;  // exact tokens kept behind the newest segment (streaming only)
+
+  bool streaming() const { return segment_tokens > 0; }
+
   // Throws anchorkv::Error(kInvalidConfig) naming the first invalid field.
   void validate() const;
   std::string to_string() const;

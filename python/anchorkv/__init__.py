@@ -103,6 +103,11 @@ class KVCacheConfig:
         rotating each one per call; attend() must be given that same RoPE.
     anchorkv_key_rope_freq_scale: None, or D/2 per-pair multipliers of the RoPE frequencies
         (a model's RoPE scaling: pair i turns by base^(-2i/D) * freq_scale[i] per position).
+    anchorkv_segment_tokens: 0 (the seed: compress the first prefill once, keep later tokens
+        exact), or T > 0: streaming, every token enters an exact tail and, whenever the tail
+        holds anchorkv_recent_tokens + T tokens, its oldest T become a compressed segment, so
+        a whole session stays compressed.
+    anchorkv_recent_tokens: exact tokens kept behind the newest segment (streaming only).
     """
 
     anchorkv_theta: float = 0.05
@@ -121,6 +126,8 @@ class KVCacheConfig:
     anchorkv_key_rope_style: str = "normal"
     anchorkv_key_rope_offset: int = 0
     anchorkv_key_rope_freq_scale: Optional[tuple] = None
+    anchorkv_segment_tokens: int = 0
+    anchorkv_recent_tokens: int = 0
 
     def __post_init__(self):
         self._native()  # validates; raises ValueError / TypeError naming the field
@@ -139,7 +146,8 @@ class KVCacheConfig:
             anchorkv_key_rope_base=c.key_rope.base if c.key_rope.enabled else None,
             anchorkv_key_rope_style=name_of(_ROPE_STYLES, c.key_rope.style),
             anchorkv_key_rope_offset=c.key_rope.position_offset,
-            anchorkv_key_rope_freq_scale=tuple(c.key_rope.freq_scale) if c.key_rope.freq_scale else None)
+            anchorkv_key_rope_freq_scale=tuple(c.key_rope.freq_scale) if c.key_rope.freq_scale else None,
+            anchorkv_segment_tokens=c.segment_tokens, anchorkv_recent_tokens=c.recent_tokens)
 
     def _native(self) -> "_core.AnchorKVConfig":
         c = _core.AnchorKVConfig()
@@ -151,6 +159,8 @@ class KVCacheConfig:
             ("anchorkv_residual_bits", "residual_bits", int),
             ("anchorkv_seed", "seed", int),
             ("anchorkv_threads", "threads", int),
+            ("anchorkv_segment_tokens", "segment_tokens", int),
+            ("anchorkv_recent_tokens", "recent_tokens", int),
         ):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):

@@ -182,6 +182,32 @@ def test_chunked_prefill_and_compress_now():
         d.compress_now()
 
 
+def test_streaming_stays_compressed_through_decode_and_survives_state():
+    k, v = kv(S=600, D=128)
+    cfg = anchorkv.KVCacheConfig(anchorkv_metadata="tight", anchorkv_segment_tokens=128,
+                                 anchorkv_recent_tokens=32)
+    c = anchorkv.AnchorKVKVCache(cfg)
+    c.update_and_fetch(k[:, :, :200], v[:, :, :200])
+    ratios = []
+    for t in range(200, 600):
+        K, V = c.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        ratios.append(c.compression_ratio)
+    assert K.shape == (1, 2, 600, 128) and c.tokens_kept == c.tokens_total
+    # At most 32 + 127 exact tokens: 600 tokens at theta 0.05 stay 5x smaller than fp16
+    # (4 segments of 128 at 20x and 88 exact: 600 / (25.6 + 88)), where the seed's cache,
+    # its decoded tokens exact, holds 600 / (10 + 400) = 1.5x.
+    assert min(ratios[100:]) > 2.0 and ratios[-1] > 4.5
+    np.testing.assert_array_equal(K[:, :, -32:], k[:, :, -32:].astype(np.float16))  # the recent window is exact
+    d = anchorkv.AnchorKVKVCache(cfg)
+    d.state = c.state
+    assert d.config.anchorkv_segment_tokens == 128 and d.config.anchorkv_recent_tokens == 32
+    d.update_and_fetch(k[:, :, :1], v[:, :, :1])
+    c.update_and_fetch(k[:, :, :1], v[:, :, :1])
+    assert c.state.tobytes() == d.state.tobytes()
+    with pytest.raises(ValueError, match="segment_tokens"):
+        anchorkv.KVCacheConfig(anchorkv_segment_tokens=-1)
+
+
 def test_builder_propagates_the_config():
     cfg = anchorkv.KVCacheConfig(anchorkv_theta=0.1)
     caches = anchorkv.KVCacheBuilder.for_layers(4, cfg)

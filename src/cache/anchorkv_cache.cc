@@ -1,9 +1,13 @@
-// AnchorKVCache as a state machine over (head, segment, tail):
+// AnchorKVCache as a state machine over (head, segments, tail).
+// Seed mode (segment_tokens == 0), one segment at most:
 //   empty --S>1 (first prefill)--> segment        [kFirstPrefill]
 //   empty --S==1 / chunks--------> head           (exact)
 //   head  --first S==1 after a chunk--> segment   [kFirstDecode]
 //   head  --compress_now()--------> segment
 //   segment --any call------------> tail          (exact)
+// Streaming mode (segment_tokens == T > 0, recent_tokens == R):
+//   every call appends to the tail; while the tail holds R + T tokens or more,
+//   its oldest T become a new segment (compress_now() closes the whole tail).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -23,30 +27,28 @@ namespace anchorkv {
 namespace internal {
 int64_t AnchorKVState::buffer_bytes() const {
   int64_t n = head.buffer_bytes() + tail.buffer_bytes();
-  for (const auto& row : segment) n += row.buffer_bytes();
+  for (const auto& seg : segments)
+    for (const auto& row : seg.rows) n += row.buffer_bytes();
   return n;
 }
 }  // namespace internal
 
 namespace {
 
+using internal::AnchorKVSegment;
 using internal::AnchorKVState;
 
+// A segment computed but not yet committed, with its compression's stats.
 struct NewSegment {
-  std::vector<compress::CompressedRow> rows;
-  std::vector<std::vector<int64_t>> slots;  // residual_slot_index per row
-  // anchor_positions per seed-layout row: pre-RoPE and masked attention need
-  // them every call, and the seed layout finds them by searching the
-  // metadata (rows of the other layouts list them: empty here, not copied)
-  std::vector<std::vector<int32_t>> anchor_pos;
-  std::shared_ptr<const compress::ResidualCodec> codec;
-  int64_t tokens = 0, bytes = 0, n_anchor = 0, n_residual = 0;
+  AnchorKVSegment seg;
   CompressionStats stats;
 };
 
 // The seed accounting of the segment's rows (docs/spec.md §5), their
-// residual slot indexes and anchor positions.
-void count_segment(NewSegment& seg, int64_t D, int bits) {
+// residual slot indexes and anchor positions (pre-RoPE and masked attention
+// need them every call, and the seed layout finds them by searching the
+// metadata; rows of the other layouts list them: empty here, not copied).
+void count_segment(AnchorKVSegment& seg, int64_t D, int bits) {
   const int64_t b_res = compress::residual_bytes(D, bits);
   seg.bytes = seg.n_anchor = seg.n_residual = 0;
   seg.slots.clear();
@@ -67,10 +69,17 @@ RopeOptions segment_key_rope(const AnchorKVConfig& cfg, int64_t pos0) {
   return r;
 }
 
+std::shared_ptr<const compress::ResidualCodec> state_codec(const AnchorKVState& st, int64_t D) {
+  const AnchorKVConfig& c = st.config;
+  return st.codec ? st.codec : std::make_shared<const compress::ResidualCodec>(D, c.residual_bits, c.scale, c.seed);
+}
+
 // Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable) that start
-// at cache position pos0. Touches no state.
-NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape& shape, int64_t pos0, int64_t S,
-                            const float* K, const float* V, const cache::ObservationQueries& queries) {
+// at cache position pos0. `after`: the queries sit after the segment (a
+// streaming segment) rather than at its last positions. Touches no state.
+NewSegment compress_segment(const AnchorKVState& st, const compress::ResidualCodec& codec,
+                            const internal::CacheShape& shape, int64_t pos0, int64_t S, const float* K,
+                            const float* V, const cache::ObservationQueries& queries, bool after) {
   AnchorKVConfig cfg = st.config;
   cfg.key_rope = segment_key_rope(cfg, pos0);
   const int64_t D = shape.D;
@@ -79,37 +88,122 @@ NewSegment compress_segment(const AnchorKVState& st, const internal::CacheShape&
     in.Q = queries.q.data();
     in.G = queries.G;
     in.W = queries.W;
+    in.queries_after = after;
   }
-  NewSegment seg;
-  seg.codec =
-      st.codec ? st.codec
-               : std::make_shared<const compress::ResidualCodec>(D, cfg.residual_bits, cfg.scale, cfg.seed);
-  seg.rows = compress::compress(in, cfg, *seg.codec, &seg.stats);
-  seg.tokens = S;
-  count_segment(seg, D, cfg.residual_bits);
-  return seg;
+  NewSegment out;
+  out.seg.rows = compress::compress(in, cfg, codec, &out.stats);
+  out.seg.pos0 = pos0;
+  out.seg.tokens = S;
+  count_segment(out.seg, D, cfg.residual_bits);
+  return out;
 }
 
-void commit_segment(AnchorKVState& st, NewSegment&& seg) noexcept {
-  st.segment = std::move(seg.rows);
-  st.segment_slots = std::move(seg.slots);
-  st.segment_anchor_pos = std::move(seg.anchor_pos);
-  st.codec = std::move(seg.codec);
-  st.segment_tokens = seg.tokens;
-  st.segment_bytes = seg.bytes;
-  st.n_anchor_total = seg.n_anchor;
-  st.n_residual_total = seg.n_residual;
-  st.stats = seg.stats;
+void recount(AnchorKVState& st) noexcept {
+  st.segment_bytes = st.n_anchor_total = st.n_residual_total = 0;
+  for (const auto& seg : st.segments) {
+    st.segment_bytes += seg.bytes;
+    st.n_anchor_total += seg.n_anchor;
+    st.n_residual_total += seg.n_residual;
+  }
 }
 
-NewSegment compress_head(const AnchorKVState& st, const internal::CacheShape& shape) {
-  const int64_t S = st.head.tokens, D = shape.D;
-  core::UninitVector<float> K(static_cast<size_t>(shape.rows() * S * D)), V(K.size());
-  core::parallel_for(shape.rows(), st.config.threads, [&](int64_t r) {
-    core::f16_to_f32_n(st.head.k[r].data(), &K[static_cast<size_t>(r * S * D)], S * D);
-    core::f16_to_f32_n(st.head.v[r].data(), &V[static_cast<size_t>(r * S * D)], S * D);
+// Appends computed segments (room for them reserved by the caller).
+void commit_segments(AnchorKVState& st, std::vector<NewSegment>&& segs,
+                     std::shared_ptr<const compress::ResidualCodec> codec) noexcept {
+  for (NewSegment& s : segs) {
+    st.segments.push_back(std::move(s.seg));
+    st.stats = s.stats;
+  }
+  if (!segs.empty()) st.codec = std::move(codec);
+  recount(st);
+}
+
+// Rows [rows, n, D] f32 from exact rows' positions [a, b).
+core::UninitVector<float> exact_f32(const cache::ExactRows& x, int64_t rows, int64_t D, int64_t a, int64_t b,
+                                    int threads) {
+  const int64_t n = b - a;
+  core::UninitVector<float> out(static_cast<size_t>(rows * 2 * n * D));
+  core::parallel_for(rows, threads, [&](int64_t r) {
+    core::f16_to_f32_n(x.k[r].data() + a * D, &out[static_cast<size_t>(r * n * D)], n * D);
+    core::f16_to_f32_n(x.v[r].data() + a * D, &out[static_cast<size_t>((rows + r) * n * D)], n * D);
   });
-  return compress_segment(st, shape, 0, S, K.data(), V.data(), st.head_queries);
+  return out;
+}
+
+NewSegment compress_head(const AnchorKVState& st, const compress::ResidualCodec& codec,
+                         const internal::CacheShape& shape) {
+  const int64_t S = st.head.tokens, rows = shape.rows(), D = shape.D;
+  const core::UninitVector<float> kv = exact_f32(st.head, rows, D, 0, S, st.config.threads);
+  return compress_segment(st, codec, shape, 0, S, kv.data(), kv.data() + rows * S * D, st.queries, false);
+}
+
+// Streaming: the tail followed by the call's tokens, cut into the segments
+// that close now (positions [j T, (j + 1) T) of that sequence, j < count).
+struct StreamPlan {
+  int64_t count = 0;       // segments to close
+  int64_t from_tail = 0;   // tail tokens they take
+  int64_t from_input = 0;  // call tokens they take (the rest is appended)
+};
+
+StreamPlan plan_stream(const AnchorKVState& st, int64_t S) {
+  const int64_t T = st.config.segment_tokens, R = st.config.recent_tokens, n = st.tail.tokens + S;
+  StreamPlan p;
+  p.count = n - R >= T ? (n - R) / T : 0;
+  p.from_tail = std::min(st.tail.tokens, p.count * T);
+  p.from_input = p.count * T - p.from_tail;
+  return p;
+}
+
+// The K/V [rows, T, D] of positions [a, a + T) of tail ++ input.
+void gather_stream(const AnchorKVState& st, const cache::StagedInput& in, int64_t rows, int64_t D, int64_t a,
+                   int64_t T, float* K, float* V) {
+  const int64_t t0 = st.tail.tokens;
+  core::parallel_for(rows, st.config.threads, [&](int64_t r) {
+    const int64_t n_tail = std::clamp<int64_t>(t0 - a, 0, T), from = std::max<int64_t>(a - t0, 0);
+    float* k = K + r * T * D;
+    float* v = V + r * T * D;
+    if (n_tail > 0) {
+      core::f16_to_f32_n(st.tail.k[r].data() + a * D, k, n_tail * D);
+      core::f16_to_f32_n(st.tail.v[r].data() + a * D, v, n_tail * D);
+    }
+    std::copy_n(in.key_row(r) + from * D, (T - n_tail) * D, k + n_tail * D);
+    std::copy_n(in.value_row(r) + from * D, (T - n_tail) * D, v + n_tail * D);
+  });
+}
+
+// The query window a streaming call leaves behind: `st`'s, or a new one when
+// the call's queries have another shape (allocated here, so the commit that
+// pushes the call's queries cannot throw). Null when the call brings none.
+struct WindowUpdate {
+  cache::QueryWindow fresh;
+  bool replaces = false;
+  const cache::ObservationQueries* given = nullptr;
+};
+
+WindowUpdate plan_window(const AnchorKVState& st, const cache::StagedInput& in, int64_t rows) {
+  WindowUpdate u;
+  if (in.queries.empty()) return u;
+  u.given = &in.queries;
+  if (!st.recent_queries.fits(in.queries, rows)) {
+    u.fresh = cache::QueryWindow(rows, in.queries.G, in.queries.D, std::max<int64_t>(st.config.window, 1));
+    u.replaces = true;
+  }
+  return u;
+}
+
+// The queries that score segments closing in this call: the window with the
+// call's queries pushed (a copy; segments close once per segment_tokens).
+cache::ObservationQueries closing_queries(const AnchorKVState& st, const WindowUpdate& u) {
+  if (!u.given) return st.recent_queries.ordered();
+  cache::QueryWindow w = u.replaces ? u.fresh : st.recent_queries;
+  w.push(*u.given);
+  return w.ordered();
+}
+
+void commit_window(AnchorKVState& st, WindowUpdate&& u) noexcept {
+  if (!u.given) return;
+  if (u.replaces) st.recent_queries = std::move(u.fresh);
+  st.recent_queries.push(*u.given);
 }
 
 class AnchorKVStore final : public internal::CacheStore {
@@ -119,44 +213,14 @@ class AnchorKVStore final : public internal::CacheStore {
   const char* api_name() const override { return "anchorkv::AnchorKVCache"; }
 
   void store(const cache::StagedInput& in, const internal::CacheShape& shape) override {
-    AnchorKVState& st = st_;
-    const int64_t S = in.S();
-    const CompressTrigger trigger = st.config.trigger;
-    if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
-      NewSegment seg = compress_segment(st, shape, st.head.tokens, S, in.k.data(), in.v.data(), in.queries);
-      st.tail.resize_rows(shape.rows());
-      commit_segment(st, std::move(seg));
-    } else if (!st.compressed() && trigger == CompressTrigger::kFirstDecode && S == 1 && st.seen_prefill_call &&
-               st.head.tokens > 0) {
-      NewSegment seg = compress_head(st, shape);
-      cache::ExactRows tail;
-      tail.append(in);
-      commit_segment(st, std::move(seg));
-      st.head.clear();
-      st.head_queries = {};
-      st.tail = std::move(tail);
-    } else if (st.compressed()) {
-      st.tail.append(in);
-    } else {
-      cache::ObservationQueries q = in.queries;  // copied before the append: a throw changes nothing
-      st.head.append(in);
-      st.head_queries = std::move(q);
-    }
-    if (S > 1) st.seen_prefill_call = true;
+    if (st_.streaming())
+      store_streaming(in, shape);
+    else
+      store_seed(in, shape);
+    if (in.S() > 1) st_.seen_prefill_call = true;
   }
 
-  void compress_now(const internal::CacheShape& shape) {
-    AnchorKVState& st = st_;
-    constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
-    if (st.compressed())
-      core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
-    if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
-    NewSegment seg = compress_head(st, shape);
-    commit_segment(st, std::move(seg));
-    st.head.clear();
-    st.head_queries = {};
-    st.tail.resize_rows(shape.rows());
-  }
+  void compress_now(const internal::CacheShape& shape);
 
   KVPair fetch(const internal::CacheShape&) const override;
 
@@ -167,11 +231,11 @@ class AnchorKVStore final : public internal::CacheStore {
   cache::AttentionSource attention_source(const internal::CacheShape& shape) const override {
     cache::AttentionSource src{shape.B, shape.H, shape.D, st_.tokens_per_row()};
     if (st_.head.tokens > 0) src.dense_before.push_back(cache::dense_region(st_.head, 0));
-    if (st_.compressed())
-      src.segments.push_back(cache::CompressedRegion{&st_.segment, st_.codec.get(), st_.segment_tokens,
-                                                     st_.head.tokens, &st_.segment_slots, &st_.segment_anchor_pos});
+    for (const AnchorKVSegment& s : st_.segments)
+      src.segments.push_back(
+          cache::CompressedRegion{&s.rows, st_.codec.get(), s.tokens, s.pos0, &s.slots, &s.anchor_pos});
     if (st_.tail.tokens > 0)
-      src.dense_after.push_back(cache::dense_region(st_.tail, st_.head.tokens + st_.segment_tokens));
+      src.dense_after.push_back(cache::dense_region(st_.tail, st_.head.tokens + st_.compressed_tokens()));
     return src;
   }
 
@@ -182,8 +246,94 @@ class AnchorKVStore final : public internal::CacheStore {
   const AnchorKVState& state() const { return st_; }
 
  private:
+  void store_seed(const cache::StagedInput& in, const internal::CacheShape& shape);
+  void store_streaming(const cache::StagedInput& in, const internal::CacheShape& shape);
+
   AnchorKVState st_;
 };
+
+void AnchorKVStore::store_seed(const cache::StagedInput& in, const internal::CacheShape& shape) {
+  AnchorKVState& st = st_;
+  const int64_t S = in.S();
+  const CompressTrigger trigger = st.config.trigger;
+  if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
+    auto codec = state_codec(st, shape.D);
+    std::vector<NewSegment> segs;
+    segs.push_back(compress_segment(st, *codec, shape, st.head.tokens, S, in.k.data(), in.v.data(), in.queries, false));
+    st.segments.reserve(1);
+    st.tail.resize_rows(shape.rows());
+    commit_segments(st, std::move(segs), std::move(codec));
+  } else if (!st.compressed() && trigger == CompressTrigger::kFirstDecode && S == 1 && st.seen_prefill_call &&
+             st.head.tokens > 0) {
+    auto codec = state_codec(st, shape.D);
+    std::vector<NewSegment> segs;
+    segs.push_back(compress_head(st, *codec, shape));
+    cache::ExactRows tail;
+    tail.append(in);
+    st.segments.reserve(1);
+    commit_segments(st, std::move(segs), std::move(codec));
+    st.head.clear();
+    st.queries = {};
+    st.tail = std::move(tail);
+  } else if (st.compressed()) {
+    st.tail.append(in);
+  } else {
+    cache::ObservationQueries q = in.queries;  // copied before the append: a throw changes nothing
+    st.head.append(in);
+    st.queries = std::move(q);
+  }
+}
+
+// Compute (the closing segments, the query window, room for both), then
+// commit: nothing after the tail's append can throw.
+void AnchorKVStore::store_streaming(const cache::StagedInput& in, const internal::CacheShape& shape) {
+  AnchorKVState& st = st_;
+  const int64_t rows = shape.rows(), D = shape.D, T = st.config.segment_tokens;
+  WindowUpdate window = plan_window(st, in, rows);
+  const StreamPlan plan = plan_stream(st, in.S());
+  auto codec = state_codec(st, D);
+  std::vector<NewSegment> segs;
+  if (plan.count > 0) {
+    const cache::ObservationQueries queries = closing_queries(st, window);
+    core::UninitVector<float> K(static_cast<size_t>(rows * T * D)), V(K.size());
+    for (int64_t j = 0; j < plan.count; ++j) {
+      gather_stream(st, in, rows, D, j * T, T, K.data(), V.data());
+      const int64_t pos0 = st.head.tokens + st.compressed_tokens() + j * T;
+      segs.push_back(compress_segment(st, *codec, shape, pos0, T, K.data(), V.data(), queries, true));
+    }
+  }
+  st.segments.reserve(st.segments.size() + segs.size());
+  st.tail.append(in, plan.from_input);
+  st.tail.drop_front(plan.from_tail, D);
+  commit_segments(st, std::move(segs), std::move(codec));
+  commit_window(st, std::move(window));
+}
+
+void AnchorKVStore::compress_now(const internal::CacheShape& shape) {
+  AnchorKVState& st = st_;
+  constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
+  auto codec = state_codec(st, shape.D);
+  std::vector<NewSegment> segs;
+  if (st.streaming()) {  // the whole exact tail, as one segment
+    if (st.tail.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no exact token to compress");
+    const int64_t S = st.tail.tokens, rows = shape.rows(), D = shape.D;
+    const core::UninitVector<float> kv = exact_f32(st.tail, rows, D, 0, S, st.config.threads);
+    segs.push_back(compress_segment(st, *codec, shape, st.head.tokens + st.compressed_tokens(), S, kv.data(),
+                                    kv.data() + rows * S * D, st.recent_queries.ordered(), true));
+    st.segments.reserve(st.segments.size() + 1);
+    st.tail.drop_front(S, D);
+    commit_segments(st, std::move(segs), std::move(codec));
+    return;
+  }
+  if (st.compressed()) core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
+  if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
+  segs.push_back(compress_head(st, *codec, shape));
+  st.segments.reserve(1);
+  commit_segments(st, std::move(segs), std::move(codec));
+  st.head.clear();
+  st.queries = {};
+  st.tail.resize_rows(shape.rows());
+}
 
 KVPair AnchorKVStore::fetch(const internal::CacheShape& shape) const {
   const AnchorKVState& st = st_;
@@ -198,10 +348,10 @@ KVPair AnchorKVStore::fetch(const internal::CacheShape& shape) const {
       k = std::copy(st.head.k[r].begin(), st.head.k[r].end(), k);
       v = std::copy(st.head.v[r].begin(), st.head.v[r].end(), v);
     }
-    if (st.compressed()) {
-      compress::reconstruct_row_fp16(st.segment[r], *st.codec, k, v);
-      k += st.segment_tokens * D;
-      v += st.segment_tokens * D;
+    for (const AnchorKVSegment& seg : st.segments) {
+      compress::reconstruct_row_fp16(seg.rows[r], *st.codec, k, v);
+      k += seg.tokens * D;
+      v += seg.tokens * D;
     }
     if (st.tail.tokens > 0) {
       std::copy(st.tail.k[r].begin(), st.tail.k[r].end(), k);
@@ -231,6 +381,8 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
   w.put<double>(c.key_rope.base);
   w.put<int64_t>(c.key_rope.position_offset);
   w.array(c.key_rope.freq_scale);  // format 5
+  w.put<int64_t>(c.segment_tokens);  // format 6
+  w.put<int64_t>(c.recent_tokens);
 }
 
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
@@ -292,9 +444,27 @@ void AnchorKVStore::save_state(cache::ByteWriter& w, const internal::CacheShape&
   w.put<uint8_t>(st_.seen_prefill_call);
   cache::save_rows(w, st_.head);
   cache::save_rows(w, st_.tail);
-  w.put<int64_t>(st_.segment_tokens);
-  w.put<uint64_t>(st_.segment.size());
-  for (const auto& row : st_.segment) save_row(w, row);
+  w.put<uint64_t>(st_.segments.size());  // format 6 (before: i64 tokens, u64 rows of one segment or none)
+  for (const AnchorKVSegment& seg : st_.segments) {
+    w.put<int64_t>(seg.tokens);
+    w.put<uint64_t>(seg.rows.size());
+    for (const auto& row : seg.rows) save_row(w, row);
+  }
+}
+
+// One segment of `tokens` positions from pos0: `rows` rows, 0 or B * H.
+AnchorKVSegment load_segment(cache::ByteReader& r, const AnchorKVConfig& cfg, const internal::CacheShape& shape,
+                             int64_t pos0, int64_t tokens, uint64_t n_rows) {
+  if (n_rows != 0 && n_rows != static_cast<uint64_t>(shape.rows()))
+    r.fail("segment.rows", std::to_string(n_rows) + " rows, expected 0 or " + std::to_string(shape.rows()));
+  const int64_t code_bytes = compress::residual_bytes(shape.D, cfg.residual_bits) - 2;
+  AnchorKVSegment seg;
+  seg.pos0 = pos0;
+  seg.tokens = tokens;
+  for (uint64_t i = 0; i < n_rows; ++i)
+    seg.rows.push_back(load_row(r, tokens, shape.D, code_bytes, cfg.metadata, segment_key_rope(cfg, pos0)));
+  count_segment(seg, shape.D, cfg.residual_bits);
+  return seg;
 }
 
 void AnchorKVStore::load_state(cache::ByteReader& r, const internal::CacheShape& shape) {
@@ -304,25 +474,35 @@ void AnchorKVStore::load_state(cache::ByteReader& r, const internal::CacheShape&
   st.seen_prefill_call = r.flag("seen_prefill_call");
   st.head = cache::load_rows(r, shape.rows(), shape.D, "head");
   st.tail = cache::load_rows(r, shape.rows(), shape.D, "tail");
-  st.segment_tokens = r.get<int64_t>("segment_tokens");
-  if (st.segment_tokens < 0 || st.segment_tokens > shape.seen) r.fail("segment_tokens", "outside [0, tokens seen]");
-  const uint64_t n_rows = r.get<uint64_t>("segment.rows");
-  if (n_rows != 0 && n_rows != static_cast<uint64_t>(shape.rows()))
-    r.fail("segment.rows", std::to_string(n_rows) + " rows, expected 0 or " + std::to_string(shape.rows()));
-  if ((n_rows == 0) != (st.segment_tokens == 0)) r.fail("segment_tokens", "disagrees with the segment's rows");
-  const int64_t code_bytes = compress::residual_bytes(shape.D, cfg.residual_bits) - 2;
-  NewSegment seg;
-  seg.tokens = st.segment_tokens;
-  for (uint64_t i = 0; i < n_rows; ++i)
-    seg.rows.push_back(load_row(r, st.segment_tokens, shape.D, code_bytes, cfg.metadata,
-                                segment_key_rope(cfg, st.head.tokens)));
-  if (st.head.tokens + st.segment_tokens + st.tail.tokens != shape.seen)
-    r.fail("tail", "head + segment + tail tokens differ from the tokens the cache saw");
-  count_segment(seg, shape.D, cfg.residual_bits);
-  if (n_rows > 0)
-    seg.codec = std::make_shared<const compress::ResidualCodec>(shape.D, cfg.residual_bits, cfg.scale, cfg.seed);
-  commit_segment(st, std::move(seg));
-  st.stats = {};
+  int64_t pos = st.head.tokens;
+  const int64_t room = shape.seen - st.head.tokens - st.tail.tokens;
+  if (room < 0) r.fail("tail", "head + tail tokens exceed the tokens the cache saw");
+  if (r.format_version() < 6) {
+    const int64_t tokens = r.get<int64_t>("segment_tokens");
+    if (tokens < 0 || tokens > room) r.fail("segment_tokens", "outside [0, tokens seen - head - tail]");
+    const uint64_t n_rows = r.get<uint64_t>("segment.rows");
+    if ((n_rows == 0) != (tokens == 0)) r.fail("segment_tokens", "disagrees with the segment's rows");
+    if (n_rows > 0) st.segments.push_back(load_segment(r, cfg, shape, pos, tokens, n_rows));
+  } else {
+    const uint64_t n_seg = r.get<uint64_t>("segments");
+    if (n_seg > static_cast<uint64_t>(room)) r.fail("segments", "more segments than compressed tokens");
+    if (!cfg.streaming() && n_seg > 1) r.fail("segments", "a cache in seed mode holds one segment at most");
+    for (uint64_t i = 0; i < n_seg; ++i) {
+      const int64_t tokens = r.get<int64_t>("segment.tokens");
+      if (tokens < 1 || tokens > st.head.tokens + room - pos)
+        r.fail("segment.tokens", "outside [1, tokens seen - head - tail - earlier segments]");
+      const uint64_t n_rows = r.get<uint64_t>("segment.rows");
+      if (n_rows == 0) r.fail("segment.rows", "a segment without rows");
+      st.segments.push_back(load_segment(r, cfg, shape, pos, tokens, n_rows));
+      pos += tokens;
+    }
+  }
+  if (cfg.streaming() && st.head.tokens > 0) r.fail("head", "a streaming cache holds no head");
+  if (st.tokens_per_row() != shape.seen)
+    r.fail("tail", "head + segments + tail tokens differ from the tokens the cache saw");
+  if (st.compressed())
+    st.codec = std::make_shared<const compress::ResidualCodec>(shape.D, cfg.residual_bits, cfg.scale, cfg.seed);
+  recount(st);
   st_ = std::move(st);
 }
 
@@ -370,6 +550,10 @@ std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader&
     c.key_rope.position_offset = r.get<int64_t>("config.key_rope.position_offset");
   }
   if (r.format_version() >= 5) c.key_rope.freq_scale = r.array_any<double>("config.key_rope.freq_scale");
+  if (r.format_version() >= 6) {
+    c.segment_tokens = r.get<int64_t>("config.segment_tokens");
+    c.recent_tokens = r.get<int64_t>("config.recent_tokens");
+  }
   return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
 }
 

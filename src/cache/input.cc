@@ -135,9 +135,9 @@ void stage_queries(std::string_view op, const TensorView& queries, StagedInput& 
   in.queries = std::move(q);
 }
 
-void ExactRows::append(const StagedInput& in) {
-  const int64_t rows = in.B() * in.H();
-  const size_t n = static_cast<size_t>(in.S() * in.D());
+void ExactRows::append(const StagedInput& in, int64_t from) {
+  const int64_t rows = in.B() * in.H(), D = in.D();
+  const size_t n = static_cast<size_t>((in.S() - from) * D);
   resize_rows(rows);
   // Capacity grows geometrically, by an eighth of what the rows then hold:
   // reserving exactly size + n reallocated (and copied) every row on every
@@ -159,10 +159,18 @@ void ExactRows::append(const StagedInput& in) {
     const size_t at = k[r].size();
     k[r].resize(at + n);  // within capacity: cannot throw
     v[r].resize(at + n);
-    core::f32_to_f16_n(in.key_row(r), k[r].data() + at, static_cast<int64_t>(n));
-    core::f32_to_f16_n(in.value_row(r), v[r].data() + at, static_cast<int64_t>(n));
+    core::f32_to_f16_n(in.key_row(r) + from * D, k[r].data() + at, static_cast<int64_t>(n));
+    core::f32_to_f16_n(in.value_row(r) + from * D, v[r].data() + at, static_cast<int64_t>(n));
   }
-  tokens += in.S();
+  tokens += in.S() - from;
+}
+
+void ExactRows::drop_front(int64_t n, int64_t D) noexcept {
+  if (n <= 0) return;
+  const auto cut = static_cast<std::ptrdiff_t>(n * D);
+  for (auto* side : {&k, &v})
+    for (auto& x : *side) x.erase(x.begin(), x.begin() + cut);
+  tokens -= n;
 }
 
 void ExactRows::clear() {

@@ -56,8 +56,11 @@ struct ExactRows {
     k.resize(static_cast<size_t>(rows));
     v.resize(static_cast<size_t>(rows));
   }
-  // Reserves room for `in` (may throw), then appends (cannot throw).
-  void append(const StagedInput& in);
+  // Reserves room for `in`'s positions [from, S) (may throw), then appends
+  // them (cannot throw).
+  void append(const StagedInput& in, int64_t from = 0);
+  // Removes each row's first n positions (n <= tokens); keeps the capacity.
+  void drop_front(int64_t n, int64_t D) noexcept;
   void clear();
   int64_t buffer_bytes() const;
   // The rows as dense fp16 K/V [B, H, tokens, D] (rows = B * H; empty rows allowed when B*H == 0).

@@ -29,12 +29,15 @@ struct SegmentInput {
   // queries (the seed).
   const float* Q = nullptr;
   int64_t G = 0, W = 0;
+  // The queries sit after the segment (a streaming segment scored by the
+  // recent window's queries): each sees all S positions.
+  bool queries_after = false;
   const float* key_row(int64_t row) const { return K + row * S * D; }
   const float* value_row(int64_t row) const { return V + row * S * D; }
   int64_t rows() const { return B * H; }
   // What observes row `row`'s attention (compress/utility.h).
   Observers observers(int64_t row, int64_t window) const {
-    return Q ? query_observers(Q + row * G * W * D, G, W) : proxy_observers(key_row(row), S, D, window);
+    return Q ? query_observers(Q + row * G * W * D, G, W, queries_after) : proxy_observers(key_row(row), S, D, window);
   }
 };
 

@@ -15,7 +15,7 @@ Observers proxy_observers(const float* K, int64_t S, int64_t D, int64_t window) 
   return {K + (S - m) * D, m, 0};
 }
 
-Observers query_observers(const float* Q, int64_t G, int64_t W) { return {Q, G * W, W}; }
+Observers query_observers(const float* Q, int64_t G, int64_t W, bool after) { return {Q, G * W, W, after}; }
 
 Observation observe_reference(const Observers& o, const float* K, const float* V, int64_t S, int64_t D) {
   Observation obs;

@@ -18,17 +18,19 @@ namespace anchorkv::compress {
 
 // The rows that observe a segment. Proxies: the trailing m keys, each seeing
 // all S positions. Real queries: m = G * W rows ([G, W, D]), row j sitting at
-// position S - W + j % W and seeing positions up to its own.
+// position S - W + j % W and seeing positions up to its own, or (after) past
+// the segment, seeing all of it.
 struct Observers {
   const float* rows = nullptr;  // [m, D]
   int64_t m = 0;
   int64_t W = 0;  // 0 for proxies
+  bool after = false;  // real queries at positions after the segment's (they see all of it)
   bool real() const { return W > 0; }
   // Positions row j sees: [0, visible(j, S)).
-  int64_t visible(int64_t j, int64_t S) const { return W > 0 ? S - W + j % W + 1 : S; }
+  int64_t visible(int64_t j, int64_t S) const { return W > 0 && !after ? S - W + j % W + 1 : S; }
 };
 Observers proxy_observers(const float* K, int64_t S, int64_t D, int64_t window);
-Observers query_observers(const float* Q, int64_t G, int64_t W);
+Observers query_observers(const float* Q, int64_t G, int64_t W, bool after = false);
 
 struct Observation {
   int64_t m = 0;

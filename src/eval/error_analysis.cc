@@ -68,21 +68,24 @@ double mean_kl(const std::vector<std::vector<double>>& ref, const std::vector<st
   return kl / static_cast<double>(ref.size());
 }
 
-// Which prefix tokens of a row are approximated by an anchor alone (no key residual).
+// Which prefix tokens of a row are approximated by an anchor alone (no key
+// residual), over every compressed segment.
 std::vector<bool> approximated_keys(const KVCache& cache, int64_t row, int64_t P) {
   std::vector<bool> approx(static_cast<size_t>(P), false);
   const auto* a = dynamic_cast<const AnchorKVCache*>(&cache);
   if (!a || !a->is_compressed()) return approx;
-  const compress::CompressedRow& r = internal::unlocked_state(*a).segment[static_cast<size_t>(row)];
-  const std::vector<int32_t> anchors = r.anchor_positions();
-  int64_t e = 0;
-  size_t next = 0;
-  for (int64_t t = 0; t < P; ++t) {
-    if (next < anchors.size() && anchors[next] == t) {
-      ++next;
-      continue;
+  for (const internal::AnchorKVSegment& seg : internal::unlocked_state(*a).segments) {
+    const compress::CompressedRow& r = seg.rows[static_cast<size_t>(row)];
+    const std::vector<int32_t> anchors = r.anchor_positions();
+    int64_t e = 0;
+    size_t next = 0;
+    for (int64_t t = 0; t < seg.tokens && seg.pos0 + t < P; ++t) {
+      if (next < anchors.size() && anchors[next] == t) {
+        ++next;
+        continue;
+      }
+      approx[static_cast<size_t>(seg.pos0 + t)] = !r.res_k(e++);
     }
-    approx[static_cast<size_t>(t)] = !r.res_k(e++);
   }
   return approx;
 }

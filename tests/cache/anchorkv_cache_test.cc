@@ -31,12 +31,12 @@ void expect_invariants(const AnchorKVCache& c) {
   EXPECT_EQ(c.nbytes(), c.anchorkv_bytes());
   // attention reads each seed-layout row's anchor positions from the state,
   // found once per segment; rows that list them are not copied there
-  const auto& st = internal::unlocked_state(c);
-  ASSERT_EQ(st.segment_anchor_pos.size(), st.segment.size());
-  for (size_t r = 0; r < st.segment.size(); ++r) {
-    const bool lists = st.segment[r].lists_positions();
-    EXPECT_EQ(st.segment_anchor_pos[r], lists ? std::vector<int32_t>{} : st.segment[r].anchor_positions())
-        << "row " << r;
+  for (const auto& seg : internal::unlocked_state(c).segments) {
+    ASSERT_EQ(seg.anchor_pos.size(), seg.rows.size());
+    for (size_t r = 0; r < seg.rows.size(); ++r) {
+      const bool lists = seg.rows[r].lists_positions();
+      EXPECT_EQ(seg.anchor_pos[r], lists ? std::vector<int32_t>{} : seg.rows[r].anchor_positions()) << "row " << r;
+    }
   }
 }
 
@@ -66,7 +66,7 @@ TEST(AnchorKVCache, TightMetadataBytesByHandAndCloserThanCompact) {
   EXPECT_EQ(c.n_residual_total(), 2120);
   EXPECT_EQ(c.anchorkv_bytes(), 32770 + 2120 * 34);
   expect_invariants(c);
-  const compress::CompressedRow& row = internal::unlocked_state(c).segment[0];
+  const compress::CompressedRow& row = internal::unlocked_state(c).segments.front().rows[0];
   EXPECT_TRUE(row.tight());
   EXPECT_EQ(row.meta16.size(), 4064u);
   // 8-bit coefficients cost less than the residuals they buy: closer than compact at the same theta.
@@ -102,7 +102,7 @@ TEST(AnchorKVCache, CompactMetadataBytesByHandAndLossless) {
   // The same anchors as the seed layout, recovered from the stored positions.
   AnchorKVCache seed;
   seed.update_and_fetch(d.k(), d.v());
-  EXPECT_EQ(internal::unlocked_state(c).segment[0].anchor_positions(), internal::unlocked_state(seed).segment[0].anchor_positions());
+  EXPECT_EQ(internal::unlocked_state(c).segments.front().rows[0].anchor_positions(), internal::unlocked_state(seed).segments.front().rows[0].anchor_positions());
   // More residuals for the same budget: a closer reconstruction.
   const auto ks = seed.fetch().keys.to_f32(), kc = out.keys.to_f32();
   double es = 0, ec = 0;
@@ -139,14 +139,14 @@ TEST(AnchorKVCache, PooledBudgetAcrossHeadsByHand) {
   EXPECT_EQ(c.n_residual_total(), 2 * 861);
   EXPECT_EQ(c.anchorkv_bytes(), 2 * (23808 + 861 * 18));
   int64_t k_res = 0;
-  for (const auto& row : internal::unlocked_state(c).segment) k_res += row.k.n_residual();
+  for (const auto& row : internal::unlocked_state(c).segments.front().rows) k_res += row.k.n_residual();
   EXPECT_EQ(k_res, 2 * 430);
   // Per-head allocation: N per row = floor((0.2*65536 - 7936) / 18) = 287.
   cfg.allocation = ResidualAllocation::kPerHead;
   AnchorKVCache p(cfg);
   p.update_and_fetch(d.k(), d.v());
   EXPECT_EQ(p.n_residual_total(), 6 * 287);
-  for (const auto& row : internal::unlocked_state(p).segment) EXPECT_EQ(row.n_residual(), 287);
+  for (const auto& row : internal::unlocked_state(p).segments.front().rows) EXPECT_EQ(row.n_residual(), 287);
   expect_invariants(c);
   expect_invariants(p);
 }
@@ -184,7 +184,7 @@ TEST(AnchorKVCache, FirstCallWithOneTokenIsExactThenPrefillCompresses) {
   const Data pre = make(1, 2, 200, 32, 6);
   out = c.update_and_fetch(pre.k(), pre.v());
   EXPECT_TRUE(c.is_compressed());
-  EXPECT_EQ(internal::unlocked_state(c).segment_tokens, 200);
+  EXPECT_EQ(internal::unlocked_state(c).compressed_tokens(), 200);
   EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 201, 32}));
   EXPECT_EQ(out.keys.at(0, 1, 0, 3), one.K[32 + 3]);  // the head stays exact
   expect_invariants(c);
@@ -221,7 +221,7 @@ TEST(AnchorKVCache, EdgeShapesAndSettings) {
     EXPECT_EQ(c.n_anchor_total(), 4 * k);
     // Anchors come back exactly.
     for (int64_t r = 0; r < 4; ++r)
-      for (int32_t p : internal::unlocked_state(c).segment[r].anchor_positions())
+      for (int32_t p : internal::unlocked_state(c).segments.front().rows[r].anchor_positions())
         for (int64_t x = 0; x < e.D; ++x) ASSERT_EQ(out.keys.at(r / 2, r % 2, p, x), d.K[(r * e.S + p) * e.D + x]);
     expect_invariants(c);
   }
@@ -359,7 +359,7 @@ TEST(AnchorKVCache, ChunkedPrefillCompressesEverythingAtFirstDecode) {
   AnchorKVCache seed;
   seed.update_and_fetch(c1.k(), c1.v());
   seed.update_and_fetch(c2.k(), c2.v());
-  EXPECT_EQ(internal::unlocked_state(seed).segment_tokens, 100);
+  EXPECT_EQ(internal::unlocked_state(seed).compressed_tokens(), 100);
   EXPECT_EQ(internal::unlocked_state(seed).tail.tokens, 100);
   // Chunked: both chunks stay exact until the first decode step, then compress together.
   AnchorKVConfig cfg;
@@ -373,7 +373,7 @@ TEST(AnchorKVCache, ChunkedPrefillCompressesEverythingAtFirstDecode) {
   EXPECT_EQ(chunked.anchorkv_bytes(), chunked.full_seq_bytes());
   out = chunked.update_and_fetch(tok.k(), tok.v());
   EXPECT_TRUE(chunked.is_compressed());
-  EXPECT_EQ(internal::unlocked_state(chunked).segment_tokens, 200);
+  EXPECT_EQ(internal::unlocked_state(chunked).compressed_tokens(), 200);
   EXPECT_EQ(internal::unlocked_state(chunked).tail.tokens, 1);
   EXPECT_EQ(out.keys.shape(), (Shape4{1, 2, 201, 32}));
   EXPECT_EQ(out.keys.at(0, 1, 200, 5), tok.K[32 + 5]);
@@ -403,7 +403,7 @@ TEST(AnchorKVCache, CompressNow) {
   c.update_and_fetch(d.k(), d.v());
   c.compress_now();
   EXPECT_TRUE(c.is_compressed());
-  EXPECT_EQ(internal::unlocked_state(c).segment_tokens, 64);
+  EXPECT_EQ(internal::unlocked_state(c).compressed_tokens(), 64);
   expect_invariants(c);
   try {
     c.compress_now();

@@ -170,17 +170,22 @@ std::vector<uint8_t> small_file() {
   tight.metadata = MetadataLayout::kTight;
   tight.key_rope = {true, 500000.0, RopeStyle::kNeox, 3, {1.0, 0.5, 0.25, 0.125}};  // format 4 (freq_scale: 5)
   AnchorKVCache tight_cache(tight);
+  AnchorKVConfig streaming = tight;  // format 6: two segments of 16 and an exact tail of 17
+  streaming.segment_tokens = 16;
+  streaming.recent_tokens = 4;
+  AnchorKVCache streaming_cache(streaming);
   KIVICache kivi(2, 8, 8);
   H2OCache h2o(0.3);
   TurboQuantCache turbo(2.5, 3);  // two channel groups for its keys
-  for (KVCache* c : std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o, &turbo}) {
+  for (KVCache* c :
+       std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &streaming_cache, &kivi, &h2o, &turbo}) {
     feed(*c, 1, 1, 48, 8, 1);
     feed(*c, 1, 1, 1, 8, 2);
   }
   PromptCacheMeta meta;
   meta.tokens = {5, 6};
   meta.entries = {{"model", "m"}};
-  return serialize_caches({&seed_layout, &compact_cache, &tight_cache, &kivi, &h2o, &turbo}, meta);
+  return serialize_caches({&seed_layout, &compact_cache, &tight_cache, &streaming_cache, &kivi, &h2o, &turbo}, meta);
 }
 
 ErrorCode load_error(const std::vector<uint8_t>& bytes) {
@@ -197,16 +202,18 @@ ErrorCode load_error(const std::vector<uint8_t>& bytes) {
 // (seed_mixed.akvc: format 2; seed_mixed_v3.akvc: format 3, with a tight
 // row; seed_mixed_v4.akvc: format 4, whose tight cache has key_rope;
 // seed_mixed_v5.akvc: format 5, its key_rope with scaled frequencies, and a
-// TurboQuant cache); every
+// TurboQuant cache; seed_mixed_v6.akvc: format 6, a streaming cache of two
+// segments); every
 // one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR writes the
 // current format's anew.
 TEST(CacheFile, FuzzSeedsLoad) {
   const auto bytes = small_file();
   if (const char* dir = std::getenv("ANCHORKV_WRITE_CACHEFILE_SEEDS")) {
-    std::ofstream(std::string(dir) + "/seed_mixed_v5.akvc", std::ios::binary)
+    std::ofstream(std::string(dir) + "/seed_mixed_v6.akvc", std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
-  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc", "seed_mixed_v4.akvc", "seed_mixed_v5.akvc"}) {
+  for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc", "seed_mixed_v4.akvc", "seed_mixed_v5.akvc",
+                           "seed_mixed_v6.akvc"}) {
     const std::string seed = std::string(ANCHORKV_SOURCE_DIR) + "/fuzz/corpus/cachefile/" + name;
     std::ifstream f(seed, std::ios::binary);
     ASSERT_TRUE(f.good()) << seed;
@@ -348,7 +355,7 @@ TEST(CacheFile, CheckRowRefusesEveryInconsistency) {
     cfg.theta = 0.3;
     AnchorKVCache c(cfg);
     feed(c, 1, 1, 256, 16, 3);
-    const compress::CompressedRow good = internal::unlocked_state(c).segment[0];
+    const compress::CompressedRow good = internal::unlocked_state(c).segments.front().rows[0];
     const int64_t D = 16, cb = compress::residual_bytes(D, cfg.residual_bits) - 2;
     ASSERT_EQ(compress::check_row(good, D, cb), "");
     ASSERT_GT(good.k.n_residual(), 0);

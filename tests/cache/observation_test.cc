@@ -48,7 +48,7 @@ AnchorKVConfig scored_config() {
 }
 
 std::vector<int32_t> anchors_of(const AnchorKVCache& c, int64_t row) {
-  return internal::unlocked_state(c).segment[row].anchor_positions();
+  return internal::unlocked_state(c).segments.front().rows[row].anchor_positions();
 }
 
 bool contains(const std::vector<int32_t>& v, int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }

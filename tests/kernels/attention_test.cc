@@ -63,12 +63,14 @@ void reconstruct_f32(const AnchorKVCache& c, std::vector<float>& K, std::vector<
   K = dense.keys.to_f32();
   V = dense.values.to_f32();
   if (!st.compressed()) return;
-  const int64_t n = st.tokens_per_row(), D = dense.keys.shape()[3], S = st.segment_tokens;
-  std::vector<float> k(static_cast<size_t>(S * D)), v(k.size());
-  for (int64_t r = 0; r < dense.keys.shape()[0] * dense.keys.shape()[1]; ++r) {
-    compress::reconstruct_row(st.segment[r], *st.codec, k.data(), v.data());
-    std::copy(k.begin(), k.end(), K.begin() + (r * n + st.head.tokens) * D);
-    std::copy(v.begin(), v.end(), V.begin() + (r * n + st.head.tokens) * D);
+  const int64_t n = st.tokens_per_row(), D = dense.keys.shape()[3];
+  for (const auto& seg : st.segments) {
+    std::vector<float> k(static_cast<size_t>(seg.tokens * D)), v(k.size());
+    for (int64_t r = 0; r < dense.keys.shape()[0] * dense.keys.shape()[1]; ++r) {
+      compress::reconstruct_row(seg.rows[r], *st.codec, k.data(), v.data());
+      std::copy(k.begin(), k.end(), K.begin() + (r * n + seg.pos0) * D);
+      std::copy(v.begin(), v.end(), V.begin() + (r * n + seg.pos0) * D);
+    }
   }
 }
 
@@ -89,7 +91,8 @@ struct Case {
   bool tail;
 };
 
-void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, double anchor_frac = 1.0 / 16) {
+void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, double anchor_frac = 1.0 / 16,
+              int64_t segment_tokens = 0, int64_t recent_tokens = 0) {
   SCOPED_TRACE(::testing::Message() << "S=" << c.S << " D=" << c.D << " G=" << c.G << " B=" << c.B
                                     << " Sq=" << c.Sq << " tail=" << c.tail);
   const int64_t H = 2, Hq = H * c.G;
@@ -98,6 +101,8 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
   cfg.anchor_frac = anchor_frac;
   cfg.window = 8;
   cfg.metadata = layout;
+  cfg.segment_tokens = segment_tokens;
+  cfg.recent_tokens = recent_tokens;
   AnchorKVCache cache(cfg);
   const auto K = random_kv(c.B, H, c.S, c.D, 11), V = random_kv(c.B, H, c.S, c.D, 12);
   cache.update_and_fetch(TensorView::f32(K.data(), {c.B, H, c.S, c.D}),
@@ -109,9 +114,10 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
                            TensorView::f32(Vt.data(), {c.B, H, T, c.D}));
   }
   if (cache.offset() < c.Sq) return;
+  if (segment_tokens > 0) ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
   if (c.S >= 1000) {  // the sweep must exercise key and value residuals
     int64_t rk = 0, rv = 0;
-    for (const auto& row : internal::unlocked_state(cache).segment) {
+    for (const auto& row : internal::unlocked_state(cache).segments.front().rows) {
       rk += row.k.n_residual();
       rv += row.v.n_residual();
     }
@@ -387,7 +393,7 @@ TEST(Attention, LongRowsFoldTilesWithinAChunk) {
   AnchorKVCache cache(cfg);
   const auto K = random_kv(B, H, S, D, 21), V = random_kv(B, H, S, D, 22);
   cache.update_and_fetch(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
-  for (const auto& row : internal::unlocked_state(cache).segment) ASSERT_GT(row.n_other(), 4 * 8192);
+  for (const auto& row : internal::unlocked_state(cache).segments.front().rows) ASSERT_GT(row.n_other(), 4 * 8192);
   AttentionStats stats;
   const auto q = random_kv(B, H * G, 1, D, 23);
   attend(TensorView::f32(q.data(), {B, H * G, 1, D}), cache, {}, &stats);
@@ -478,7 +484,8 @@ RopeOptions check_rope_attention(const AnchorKVCache& cache, const std::vector<f
 // key_rope: the cache codes key residuals after RoPE (AnchorKVConfig::key_rope).
 void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail,
                    bool key_rope = false, int64_t D = 64, int64_t G = 4,
-                   MetadataLayout layout = MetadataLayout::kSeed) {
+                   MetadataLayout layout = MetadataLayout::kSeed, int64_t segment_tokens = 0,
+                   int64_t recent_tokens = 0) {
   SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
                                     << " Sq=" << Sq << " head=" << head << " tail=" << tail
                                     << " key_rope=" << key_rope << " D=" << D << " G=" << G
@@ -489,6 +496,8 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   cfg.anchor_frac = 1.0 / 16;
   cfg.window = 8;
   cfg.metadata = layout;
+  cfg.segment_tokens = segment_tokens;
+  cfg.recent_tokens = recent_tokens;
   if (key_rope) cfg.key_rope = {true, 10000.0, style, offset, {}};
   AnchorKVCache cache(cfg);
   FullKVCache full;
@@ -500,6 +509,7 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   if (head) feed(1, 40);
   feed(S, 42);
   if (tail) feed(std::max<int64_t>(Sq, 2), 44);
+  if (segment_tokens > 0) ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
   const auto q = random_kv(B, Hq, Sq, D, 46);
   const RopeOptions rope = check_rope_attention(cache, q, style, offset, H, Hq, Sq, D);
   // The dense kernel with RoPE against the same reference over the exact keys.
@@ -599,7 +609,7 @@ TEST(Attention, PreRopeKeyResidualsOfEntriesWithGammaZero) {
     cache.update_and_fetch(TensorView::f32(Kt.data(), {1, H, 2, D}),
                            TensorView::f32(Vt.data(), {1, H, 2, D}));
     int64_t zero_gamma_residuals = 0;
-    for (const auto& row : internal::unlocked_state(cache).segment) {
+    for (const auto& row : internal::unlocked_state(cache).segments.front().rows) {
       compress::EntryMetaReader meta(row, 0, false);
       for (int64_t e = 0; e < row.n_other(); ++e)
         zero_gamma_residuals += meta.next().res_k && row.coef_k(e) == 0.0f;
@@ -637,7 +647,7 @@ TEST(Attention, SplitKeyResidualsMatchTheirScalarTwin) {
                            TensorView::f32(V.data(), {1, 1, 600, D}));
     const auto& st = internal::unlocked_state(cache);
     ASSERT_TRUE(st.compressed());
-    const compress::CompressedSide& side = st.segment[0].k;
+    const compress::CompressedSide& side = st.segments.front().rows[0].k;
     const int64_t nr = side.n_residual();
     ASSERT_GT(nr, 16);
     for (RopeStyle style : {RopeStyle::kNormal, RopeStyle::kNeox}) {
@@ -704,6 +714,28 @@ TEST(Attention, KeyRopeCacheRefusesOtherRope) {
   o = ok;
   o.rope.position_offset = 0;
   refused(o, "another first position");
+}
+
+// A streaming cache: many segments back to back, then the exact tail (or
+// none), against dense attention over the reconstruction, the scalar twin
+// and 1 vs 2 threads; queries inside the last segment when no tail is left.
+TEST(Attention, ManySegments) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
+    SCOPED_TRACE(to_string(layout));
+    run_case({1000, 64, 4, 1, 1, true}, layout, 1.0 / 16, 128, 16);   // 7 segments, 104 exact
+    run_case({1000, 128, 8, 3, 7, false}, layout, 1.0 / 16, 100, 0);  // 10 segments, no tail
+    run_case({4097, 80, 3, 1, 7, true}, layout, 1.0 / 64, 1024, 32);  // rows over several entry chunks
+    run_case({300, 64, 1, 1, 1, true}, layout, 1.0 / 16, 1, 0);       // one token per segment
+  }
+}
+
+TEST(Attention, ManySegmentsPreRope) {
+  for (bool key_rope : {false, true})
+    for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
+      run_rope_case(RopeStyle::kNormal, 0, 1000, 1, false, true, key_rope, 64, 4, layout, 128, 16);
+      run_rope_case(RopeStyle::kNeox, 1000, 1000, 7, false, false, key_rope, 128, 4, layout, 100, 0);
+      run_rope_case(RopeStyle::kNeox, 0, 4500, 5, false, false, key_rope, 64, 3, layout, 1500, 0);
+    }
 }
 
 TEST(Attention, MaskedQueriesAfterAnExactHead) {

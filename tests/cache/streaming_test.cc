@@ -1,0 +1,289 @@
+// Streaming AnchorKV (AnchorKVConfig::segment_tokens > 0): the exact tail
+// closes into compressed segments as it grows, so a session stays compressed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "../test_util.h"
+#include "anchorkv/anchorkv.h"
+#include "cache/anchorkv_state.h"
+#include "compress/compressor.h"
+
+namespace anchorkv {
+namespace {
+
+using testing_util::bits_of;
+using testing_util::random_kv;
+
+constexpr int64_t B = 1, H = 2, D = 32, N = 700;
+
+// N tokens of every row, fed in calls of the given sizes.
+struct Tokens {
+  explicit Tokens(int64_t clusters = 6) : K(random_kv(B, H, N, D, 1, clusters)), V(random_kv(B, H, N, D, 2)) {}
+  std::vector<float> K, V;
+  static TensorView slice(const std::vector<float>& X, int64_t from, int64_t n) {
+    return TensorView{&X[from * D], DType::kF32, {B, H, n, D}, {H * N * D, N * D, D, 1}};
+  }
+  TensorView k(int64_t from, int64_t n) const { return slice(K, from, n); }
+  TensorView v(int64_t from, int64_t n) const { return slice(V, from, n); }
+  // Feeds positions [0, upto) in calls of `sizes` (cycled; upto < 0: each size once).
+  void feed(KVCache& c, const std::vector<int64_t>& sizes, int64_t upto = -1) const {
+    if (upto < 0) {
+      upto = 0;
+      for (int64_t n : sizes) upto += n;
+    }
+    for (int64_t at = 0, i = 0; at < upto; ++i) {
+      const int64_t n = std::min(sizes[i % sizes.size()], upto - at);
+      c.update(k(at, n), v(at, n));
+      at += n;
+    }
+  }
+};
+
+AnchorKVConfig streaming(int64_t T, int64_t R, MetadataLayout layout = MetadataLayout::kTight) {
+  AnchorKVConfig cfg;
+  cfg.theta = 0.2;
+  cfg.window = 8;
+  cfg.anchor_frac = 1.0 / 16;
+  cfg.metadata = layout;
+  cfg.segment_tokens = T;
+  cfg.recent_tokens = R;
+  return cfg;
+}
+
+void expect_invariants(const AnchorKVCache& c) {
+  const auto& st = internal::unlocked_state(c);
+  EXPECT_EQ(c.anchorkv_bytes(), st.buffer_bytes()) << "accounting must equal the stored buffers";
+  EXPECT_EQ(c.tokens_kept(), c.tokens_total());
+  EXPECT_EQ(st.tokens_per_row(), c.offset());
+  EXPECT_EQ(st.head.tokens, 0) << "a streaming cache holds no head";
+  int64_t pos = 0;
+  for (const auto& seg : st.segments) {
+    EXPECT_EQ(seg.pos0, pos) << "segments are back to back";
+    EXPECT_EQ(seg.rows.size(), static_cast<size_t>(B * H));
+    pos += seg.tokens;
+  }
+}
+
+TEST(Streaming, SegmentsCloseAsTheTailOutgrowsTheWindow) {
+  const int64_t T = 64, R = 32;
+  const Tokens x;
+  AnchorKVCache c(streaming(T, R));
+  x.feed(c, {200});
+  for (int64_t n = 200; n < N; ++n) {
+    const auto& st = internal::unlocked_state(c);
+    const int64_t closed = n - R >= T ? (n - R) / T : 0;
+    ASSERT_EQ(static_cast<int64_t>(st.segments.size()), closed) << "after " << n << " tokens";
+    for (const auto& seg : st.segments) ASSERT_EQ(seg.tokens, T);
+    ASSERT_EQ(st.tail.tokens, n - closed * T);
+    ASSERT_GE(st.tail.tokens, R);
+    ASSERT_LT(st.tail.tokens, R + T);
+    expect_invariants(c);
+    c.update(x.k(n, 1), x.v(n, 1));
+  }
+  EXPECT_TRUE(c.is_compressed());
+  EXPECT_GT(c.compression_ratio(), 2.5) << "the session stays compressed";
+}
+
+TEST(Streaming, HowTheTokensArriveDoesNotChangeTheBits) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
+    SCOPED_TRACE(to_string(layout));
+    const Tokens x;
+    AnchorKVCache one_call(streaming(100, 20, layout)), one_by_one(streaming(100, 20, layout)),
+        mixed(streaming(100, 20, layout));
+    x.feed(one_call, {N});
+    x.feed(one_by_one, {1}, N);
+    x.feed(mixed, {7, 150, 1, 1, 33, 260}, N);
+    for (const AnchorKVCache* c : {&one_by_one, &mixed}) {
+      EXPECT_EQ(bits_of(c->fetch().keys), bits_of(one_call.fetch().keys));
+      EXPECT_EQ(bits_of(c->fetch().values), bits_of(one_call.fetch().values));
+      EXPECT_EQ(c->nbytes(), one_call.nbytes());
+      expect_invariants(*c);
+    }
+  }
+}
+
+// Without queries each segment is compressed from its own tokens alone: the
+// seed cache given exactly those tokens stores the same bits.
+TEST(Streaming, EachSegmentIsTheSeedCompressionOfItsTokens) {
+  const int64_t T = 128, R = 40;
+  const Tokens x;
+  AnchorKVConfig cfg = streaming(T, R, MetadataLayout::kSeed);
+  cfg.anchor_count = AnchorCount::kAuto;
+  AnchorKVCache c(cfg);
+  x.feed(c, {300, 1, 1, 90});
+  const auto& st = internal::unlocked_state(c);
+  ASSERT_EQ(st.segments.size(), 2u);
+  const KVPair got = c.fetch();
+  const int64_t n = c.offset();
+  AnchorKVConfig seed_cfg = cfg;
+  seed_cfg.segment_tokens = seed_cfg.recent_tokens = 0;
+  int64_t bytes = 0;
+  for (int64_t j = 0; j < 2; ++j) {
+    AnchorKVCache alone(seed_cfg);
+    const KVPair want = alone.update_and_fetch(x.k(j * T, T), x.v(j * T, T));
+    bytes += alone.nbytes();
+    for (int64_t r = 0; r < B * H; ++r)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          ASSERT_EQ(got.keys.at(0, r, j * T + t, d), want.keys.at(0, r, t, d)) << "segment " << j;
+          ASSERT_EQ(got.values.at(0, r, j * T + t, d), want.values.at(0, r, t, d)) << "segment " << j;
+        }
+  }
+  // The tail is exact, and costs its fp16 bytes.
+  for (int64_t r = 0; r < B * H; ++r)
+    for (int64_t t = 2 * T; t < n; ++t)
+      ASSERT_EQ(got.keys.at(0, r, t, 3), x.K[(r * N + t) * D + 3]);
+  EXPECT_EQ(c.nbytes(), bytes + (n - 2 * T) * B * H * D * 4);
+}
+
+TEST(Streaming, SegmentsKeepTheByteBudget) {
+  const int64_t D128 = 128, S = 4096, T = 512, R = 128;
+  const auto K = random_kv(1, 2, S, D128, 3), V = random_kv(1, 2, S, D128, 4);
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
+    AnchorKVConfig cfg;
+    cfg.theta = 0.05;
+    cfg.metadata = layout;
+    cfg.anchor_count = AnchorCount::kAuto;
+    cfg.segment_tokens = T;
+    cfg.recent_tokens = R;
+    AnchorKVCache c(cfg);
+    c.update(TensorView::f32(K.data(), {1, 2, S, D128}), TensorView::f32(V.data(), {1, 2, S, D128}));
+    const auto& st = internal::unlocked_state(c);
+    ASSERT_EQ(st.segments.size(), 7u);
+    for (const auto& seg : st.segments) EXPECT_LE(seg.bytes, 0.05 * 2 * T * D128 * 4) << to_string(layout);
+    EXPECT_GT(c.n_residual_total(), 0);
+    EXPECT_EQ(c.nbytes(), st.segment_bytes + st.tail.tokens * 2 * D128 * 4);
+  }
+}
+
+TEST(Streaming, CompressNowClosesTheWholeTail) {
+  const Tokens x;
+  AnchorKVCache c(streaming(256, 64));
+  x.feed(c, {100});
+  EXPECT_FALSE(c.is_compressed());
+  c.compress_now();
+  const auto& st = internal::unlocked_state(c);
+  ASSERT_EQ(st.segments.size(), 1u);
+  EXPECT_EQ(st.segments[0].tokens, 100);
+  EXPECT_EQ(st.tail.tokens, 0);
+  EXPECT_THROW(c.compress_now(), Error) << "nothing exact is left";
+  x.feed(c, {1});  // positions 0..: the cache goes on after the short segment
+  c.update(x.k(100, 400), x.v(100, 400));
+  ASSERT_EQ(st.segments.size(), 2u);
+  EXPECT_EQ(st.segments[1].pos0, 100);
+  EXPECT_EQ(st.segments[1].tokens, 256);
+  EXPECT_EQ(c.offset(), 501);
+  expect_invariants(c);
+}
+
+TEST(Streaming, AFailedCallChangesNothing) {
+  const Tokens x;
+  AnchorKVCache c(streaming(64, 16));
+  x.feed(c, {100});
+  const KVPair before = c.fetch();
+  const int64_t bytes = c.nbytes();
+  std::vector<float> bad(static_cast<size_t>(B * H * 80 * D), 0.5f);
+  bad[bad.size() - 1] = std::numeric_limits<float>::quiet_NaN();  // the call would close a segment
+  EXPECT_THROW(c.update(TensorView::f32(bad.data(), {B, H, 80, D}), TensorView::f32(bad.data(), {B, H, 80, D})),
+               Error);
+  std::vector<float> q(static_cast<size_t>(B * H * 2 * 3 * D), 1.0f);
+  q[5] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(c.update(x.k(100, 80), x.v(100, 80), TensorView::f32(q.data(), {B, 2 * H, 3, D})), Error);
+  EXPECT_EQ(bits_of(c.fetch().keys), bits_of(before.keys));
+  EXPECT_EQ(c.nbytes(), bytes);
+  EXPECT_EQ(c.offset(), 100);
+  EXPECT_TRUE(internal::unlocked_state(c).recent_queries.empty());
+}
+
+// Queries that point at one key of each row make it an anchor of the
+// segment it falls in, whichever call brought them: the segment is scored by
+// the newest `window` positions' queries, each seeing the whole segment.
+TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
+  const int64_t G = 2, W = 8, T = 200;
+  const Tokens x(N);  // every key its own direction
+  const int64_t target[H] = {57, 203};  // segment 0 of row 0, segment 1 (local 3) of row 1
+  std::vector<float> Q(static_cast<size_t>(B * H * G * W * D));
+  for (int64_t r = 0; r < H; ++r)
+    for (int64_t j = 0; j < G * W; ++j)
+      for (int64_t d = 0; d < D; ++d) Q[(r * G * W + j) * D + d] = 5.0f * x.K[(r * N + target[r]) * D + d];
+  AnchorKVConfig cfg = streaming(T, 0, MetadataLayout::kSeed);
+  cfg.anchor_frac = 16.0 / T;
+  cfg.window = W;
+  cfg.rho = 1.0;
+  AnchorKVCache with(cfg), without(cfg), decode(cfg);
+  with.update(x.k(0, 2 * T), x.v(0, 2 * T), TensorView::f32(Q.data(), {B, H * G, W, D}));
+  without.update(x.k(0, 2 * T), x.v(0, 2 * T));
+  const auto& st = internal::unlocked_state(with);
+  ASSERT_EQ(st.segments.size(), 2u);
+  auto anchors = [](const AnchorKVCache& c, size_t seg, int64_t row) {
+    return internal::unlocked_state(c).segments[seg].rows[static_cast<size_t>(row)].anchor_positions();
+  };
+  auto has = [](const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); };
+  EXPECT_TRUE(has(anchors(with, 0, 0), 57));
+  EXPECT_TRUE(has(anchors(with, 1, 1), 3));
+  EXPECT_NE(bits_of(with.fetch().keys), bits_of(without.fetch().keys));
+  // The compressor given the segment and the queries (after it) stores the same anchors.
+  for (int64_t j = 0; j < 2; ++j) {
+    std::vector<float> Ks(static_cast<size_t>(B * H * T * D)), Vs(Ks.size());
+    for (int64_t r = 0; r < H; ++r) {
+      std::copy_n(&x.K[(r * N + j * T) * D], T * D, &Ks[r * T * D]);
+      std::copy_n(&x.V[(r * N + j * T) * D], T * D, &Vs[r * T * D]);
+    }
+    compress::SegmentInput in{B, H, T, D, Ks.data(), Vs.data()};
+    in.Q = Q.data();
+    in.G = G;
+    in.W = W;
+    in.queries_after = true;
+    const auto analysis = compress::analyze_reference(in, cfg);
+    for (int64_t r = 0; r < H; ++r) EXPECT_EQ(anchors(with, j, r), analysis[r].anchors) << "segment " << j;
+  }
+  // Queries brought one position at a time (decode steps) fill the window the same way.
+  decode.update(x.k(0, T + 100), x.v(0, T + 100));
+  for (int64_t p = T + 100; p < 2 * T; ++p) {
+    std::vector<float> q1(static_cast<size_t>(B * H * G * D));
+    for (int64_t g = 0; g < H * G; ++g) std::copy_n(&Q[(g * W + (p - (2 * T - W) >= 0 ? p - (2 * T - W) : 0)) * D], D, &q1[g * D]);
+    decode.update(x.k(p, 1), x.v(p, 1), TensorView::f32(q1.data(), {B, H * G, 1, D}));
+  }
+  EXPECT_EQ(internal::unlocked_state(decode).recent_queries.size(), W);
+  EXPECT_TRUE(has(anchors(decode, 1, 1), 3));
+  EXPECT_EQ(anchors(decode, 1, 1), anchors(with, 1, 1)) << "the window held the same last W positions' queries";
+}
+
+TEST(Streaming, FilesRoundTripAndTheSessionGoesOn) {
+  const Tokens x;
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
+    AnchorKVCache c(streaming(96, 24, layout));
+    x.feed(c, {300, 1, 1, 1});
+    ASSERT_EQ(internal::unlocked_state(c).segments.size(), 2u);
+    const auto bytes = serialize_caches({&c});
+    LoadedCaches l = load_caches_from_memory(bytes.data(), bytes.size());
+    auto& back = dynamic_cast<AnchorKVCache&>(*l.caches[0]);
+    EXPECT_EQ(back.config().segment_tokens, 96);
+    EXPECT_EQ(back.config().recent_tokens, 24);
+    EXPECT_EQ(serialize_caches({&back}), bytes);
+    for (int64_t at = 303; at < N; at += 37) {
+      const int64_t n = std::min<int64_t>(37, N - at);
+      c.update(x.k(at, n), x.v(at, n));
+      back.update(x.k(at, n), x.v(at, n));
+    }
+    EXPECT_EQ(bits_of(back.fetch().keys), bits_of(c.fetch().keys));
+    EXPECT_EQ(back.nbytes(), c.nbytes());
+    expect_invariants(back);
+  }
+}
+
+TEST(Streaming, ConfigIsValidated) {
+  AnchorKVConfig cfg;
+  cfg.segment_tokens = -1;
+  EXPECT_THROW(AnchorKVCache{cfg}, Error);
+  cfg.segment_tokens = 64;
+  cfg.recent_tokens = -5;
+  EXPECT_THROW(AnchorKVCache{cfg}, Error);
+  cfg.recent_tokens = 0;
+  EXPECT_NE(cfg.to_string().find("segment_tokens=64"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace anchorkv
