@@ -2,12 +2,16 @@
 // KV cache: the part of the runtime a program links as anchorkv::runtime.
 //
 //   auto rt = anchorkv::Runtime::load("model.gguf", "anchorkv_compact:pre", 0.05);
-//   std::vector<float> logits = rt.forward(rt.tokenize("In the beginning"));
+//   std::vector<float> logits = rt.prefill(rt.tokenize("In the beginning"));
+//   logits = rt.forward({next_token});   // one decode step
 //
 // Cache names are those `anchorkv eval --help` lists (full, anchorkv,
 // anchorkv_compact, snapkv, kivi2, ...) with optional modifiers: ":pre"
 // stores keys before RoPE, ":obs" hands the cache the prompt's real queries,
 // ":auto" lets AnchorKV choose its anchor count (e.g. "anchorkv_compact:pre:obs:auto").
+// AnchorKV streams (docs/spec.md §4.8): a session stays compressed as it
+// grows, segments of 256 tokens closing behind 64 exact ones (":segN:recentM"
+// sets them; ":oneshot" is the seed's behaviour, later tokens exact).
 // Errors are anchorkv::Error naming the operation. One Runtime is one
 // sequence: use it from one thread at a time.
 #pragma once
@@ -32,6 +36,10 @@ class Runtime {
   std::string detokenize(const std::vector<int32_t>& tokens) const;
   // Feeds tokens at the next positions; logits of the last one, [vocab].
   std::vector<float> forward(const std::vector<int32_t>& tokens);
+  // forward() for a whole prompt (or a chat turn's message), after which a
+  // streaming AnchorKV cache compresses every token of it that is still
+  // exact: what `run` and `serve` do with a prompt.
+  std::vector<float> prefill(const std::vector<int32_t>& prompt);
 
   int64_t position() const;  // tokens fed so far
   int64_t vocab() const;

@@ -5,7 +5,11 @@
 namespace anchorkv::cache {
 
 QueryWindow::QueryWindow(int64_t rows, int64_t G, int64_t D, int64_t capacity)
-    : groups_(rows * G), G_(G), D_(D), capacity_(capacity), ring_(static_cast<size_t>(capacity * rows * G * D)) {}
+    : groups_(rows * G),
+      G_(G),
+      D_(D),
+      capacity_(capacity),
+      ring_(static_cast<size_t>(capacity * rows * G * D)) {}
 
 void QueryWindow::push(const ObservationQueries& q) noexcept {
   const int64_t n = std::min(q.W, capacity_), first = q.W - n;

@@ -1,5 +1,6 @@
 #include "cache/registry.h"
 
+#include <algorithm>
 #include <cctype>
 #include <exception>
 
@@ -128,6 +129,49 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
   return find_cache_kind(name).make(theta, threads);
 }
 
+std::unique_ptr<KVCache> CacheSpec::make(double theta, int threads) const {
+  if (!param.empty()) return kind->make_param(param);
+  auto cache = auto_anchors ? kind->make_auto(theta, threads) : kind->make(theta, threads);
+  const auto* a = dynamic_cast<const AnchorKVCache*>(cache.get());
+  if (!a || segment_tokens <= 0) return cache;
+  AnchorKVConfig cfg = a->config();
+  cfg.segment_tokens = segment_tokens;
+  cfg.recent_tokens = std::max<int64_t>(recent_tokens, 0);
+  return std::make_unique<AnchorKVCache>(cfg);
+}
+
+namespace {
+// "segN" / "recentN": N into *out; false when `mod` is not `prefix` and digits.
+bool count_modifier(const std::string& mod, const std::string& prefix, int64_t* out, const std::string& spec) {
+  if (mod.size() <= prefix.size() || mod.compare(0, prefix.size(), prefix) != 0) return false;
+  const std::string digits = mod.substr(prefix.size());
+  auto digit = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; };
+  if (digits.size() > 8 || !std::all_of(digits.begin(), digits.end(), digit))
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+               "cache '" + spec + "': ':" + mod + "' needs a token count of at most 8 digits, e.g. :" + prefix +
+                   "256");
+  *out = std::stoll(digits);
+  if (*out == 0 && prefix == "seg")
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+               "cache '" + spec + "': :seg0 would not stream; the seed's behaviour is written :oneshot");
+  return true;
+}
+
+// :oneshot, :segN and :recentN: AnchorKV only, consistent with each other.
+void check_streaming_modifiers(const CacheSpec& c, const std::string& spec) {
+  constexpr const char* op = "anchorkv::parse_cache_spec";
+  const bool any = c.oneshot || c.segment_tokens != 0 || c.recent_tokens >= 0;
+  if (any && !c.anchorkv())
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': :oneshot, :segN and :recentN choose how AnchorKV compresses a session");
+  if (c.oneshot && (c.segment_tokens != 0 || c.recent_tokens >= 0))
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': :oneshot does not stream, so it takes no :seg or :recent");
+  if (c.recent_tokens >= 0 && c.segment_tokens == 0)
+    core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "': :recentN needs :segN");
+}
+}  // namespace
+
 CacheSpec parse_cache_spec(const std::string& spec) {
   constexpr const char* op = "anchorkv::parse_cache_spec";
   CacheSpec c;
@@ -142,7 +186,19 @@ CacheSpec parse_cache_spec(const std::string& spec) {
                  : mod == "obs"     ? &c.observe
                  : mod == "auto"    ? &c.auto_anchors
                  : mod == "keyrope" ? &c.key_rope
+                 : mod == "oneshot" ? &c.oneshot
                                     : nullptr;
+    int64_t count = 0;
+    if (!flag && (count_modifier(mod, "seg", &count, spec) || count_modifier(mod, "recent", &count, spec))) {
+      const bool seg = mod[0] == 's';
+      int64_t& field = seg ? c.segment_tokens : c.recent_tokens;
+      if (field != (seg ? 0 : -1))
+        core::fail(ErrorCode::kInvalidArgument, op,
+                   "cache '" + spec + "' repeats ':" + (seg ? "seg" : "recent") + "'");
+      field = count;
+      at = next;
+      continue;
+    }
     if (!flag && c.kind->make_param) {  // the kind's own parameter, checked by building the cache once
       if (!c.param.empty()) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' has two parameters");
       c.kind->make_param(mod);
@@ -152,7 +208,8 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     }
     if (!flag)
       core::fail(ErrorCode::kInvalidArgument, op,
-                 "cache '" + spec + "': unknown modifier ':" + mod + "' (known: :pre, :obs, :auto, :keyrope)");
+                 "cache '" + spec + "': unknown modifier ':" + mod +
+                     "' (known: :pre, :obs, :auto, :keyrope, :segN, :recentN, :oneshot)");
     if (*flag) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + mod + "'");
     *flag = true;
     at = next;
@@ -173,6 +230,7 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :keyrope codes AnchorKV key residuals at their positions, so it needs an "
                "AnchorKV cache with :pre");
+  check_streaming_modifiers(c, spec);
   return c;
 }
 
@@ -193,8 +251,10 @@ std::string cache_modifier_help() {
          "queries of the prompt's last positions for scoring (" +
          obs + "); NAME:auto chooses the anchor count per layer within the byte budget (" + tuned +
          "); NAME:pre:keyrope (AnchorKV) codes key residuals after RoPE at their positions, so decode "
-         "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); modifiers combine, e.g. "
-         "anchorkv_compact:pre:obs:auto" +
+         "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); AnchorKV:segN:recentM "
+         "streams, closing the exact tail's oldest N tokens into a compressed segment whenever it holds M + N "
+         "(the runtime streams by default, docs/spec.md 4.8) and AnchorKV:oneshot compresses the first prefill "
+         "only, keeping later tokens exact (the seed); modifiers combine, e.g. anchorkv_compact:pre:obs:auto" +
          params;
 }
 

@@ -46,6 +46,10 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 //   :auto AnchorKV chooses its anchor count per layer (AnchorCount::kAuto)
 //   :keyrope with :pre, AnchorKV codes key residuals after RoPE at their
 //         positions (AnchorKVConfig::key_rope, set by the runtime, which knows the RoPE)
+//   :segN AnchorKV streams: segments of N tokens (AnchorKVConfig::segment_tokens)
+//   :recentN with :segN, N exact tokens behind the newest segment (recent_tokens)
+//   :oneshot AnchorKV compresses the first prefill once and keeps later tokens
+//         exact (the seed), where the runtime would stream (runtime/session.h)
 //   :PARAM a kind's own parameter (CacheKind::make_param), e.g. turboquant:k2.5v2
 // Throws Error(kInvalidArgument).
 struct CacheSpec {
@@ -54,12 +58,14 @@ struct CacheSpec {
   bool observe = false;
   bool auto_anchors = false;
   bool key_rope = false;
+  bool oneshot = false;
+  int64_t segment_tokens = 0;  // :segN, or 0
+  int64_t recent_tokens = -1;  // :recentN, or -1 (unset)
   std::string param;  // the kind's parameter modifier, or empty
   std::string spec;   // as written
-  std::unique_ptr<KVCache> make(double theta, int threads) const {
-    if (!param.empty()) return kind->make_param(param);
-    return auto_anchors ? kind->make_auto(theta, threads) : kind->make(theta, threads);
-  }
+  // The cache, streaming when segment_tokens > 0 (AnchorKV kinds only).
+  std::unique_ptr<KVCache> make(double theta, int threads) const;
+  bool anchorkv() const { return static_cast<bool>(kind->make_auto); }
   // The queries a runtime passes with each update (CacheKind::observation_window, or 0).
   int64_t observation_window() const { return observe ? kind->observation_window : 0; }
 };

@@ -49,7 +49,7 @@ std::vector<std::vector<double>> continuation_logp(const model::LlamaWeights& w,
                                                    int64_t P, const cache::CacheSpec& spec, model::CacheFactory make,
                                                    int threads) {
   model::LlamaModel m(w, std::move(make), threads, spec.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
-  m.set_observation_window(spec.observation_window());
+  m.set_observation_window(spec.observation_window(), spec.segment_tokens > 0);
   const int64_t V = w.config.vocab;
   std::vector<std::vector<double>> out;
   std::vector<float> logits = m.forward(std::vector<int32_t>(toks.begin(), toks.begin() + P));
@@ -259,7 +259,7 @@ HeadErrors mean_of_heads(const std::vector<HeadErrors>& heads, int64_t l) {
 
 ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int64_t P,
                              const std::string& spec_text, double theta, int threads, int64_t stride) {
-  const cache::CacheSpec spec = cache::parse_cache_spec(spec_text);
+  const cache::CacheSpec spec = cache::parse_cache_spec(spec_text);  // the prefix compressed once
   if (spec.kind->evicts)
     core::fail(ErrorCode::kInvalidArgument, kOp, "cache '" + spec_text + "' evicts tokens: the analysis needs every position");
   const int64_t N = static_cast<int64_t>(toks.size());

@@ -48,17 +48,22 @@ Continuation continuation(const model::LlamaWeights& w, const std::vector<int32_
     c.prefix_from_file = pre.hit.tokens;
   } else {
     const auto t0 = Clock::now();
-    logits = m.forward(prefix);
+    logits = runtime::prefill_prompt(m, prefix);
     c.prefill_s = since(t0);
   }
-  c.bytes = cache_totals(m);
-  const auto t0 = Clock::now();
+  c.bytes = c.bytes_session = cache_totals(m);
+  double decode_s = 0;
   c.logp.push_back(model::log_softmax(logits.data(), V));
   for (int64_t t = P; t + 1 < static_cast<int64_t>(toks.size()); ++t) {
+    const auto t0 = Clock::now();
     logits = m.forward({toks[t]});
+    decode_s += since(t0);
     c.logp.push_back(model::log_softmax(logits.data(), V));
+    const CacheTotals now = cache_totals(m);
+    c.bytes_session.bytes += now.bytes;
+    c.bytes_session.full += now.full;
   }
-  c.decode_s = since(t0);
+  c.decode_s = decode_s;
   c.bytes_end = cache_totals(m);
   return c;
 }
@@ -169,7 +174,7 @@ MultiQueryRun multi_query(const model::LlamaWeights& w, const MultiQueryPrompt& 
                           double theta, int threads, const MultiQueryRun* ref) {
   model::LlamaModel m = make_model(w, spec, theta, threads);
   const int64_t V = w.config.vocab;
-  m.forward(p.prefix);
+  runtime::prefill_prompt(m, p.prefix);
   MultiQueryRun run;
   run.bytes = cache_totals(m);
   for (size_t qi = 0; qi < p.questions.size(); ++qi) {
@@ -229,7 +234,7 @@ std::vector<PasskeyTrial> passkey_trials(const model::Tokenizer& tok, const std:
 bool passkey_answered(const model::LlamaWeights& w, const model::Tokenizer& tok, const PasskeyTrial& trial,
                       const std::string& spec, double theta, int threads) {
   model::LlamaModel m = make_model(w, spec, theta, threads);
-  std::vector<float> logits = m.forward(trial.prompt);
+  std::vector<float> logits = runtime::prefill_prompt(m, trial.prompt);
   std::vector<int32_t> answer;
   for (int i = 0; i < 8; ++i) {
     answer.push_back(argmax(logits));

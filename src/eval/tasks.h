@@ -36,6 +36,8 @@ struct Continuation {
   int64_t prefix_from_file = 0;           // prefix tokens restored from a prompt cache
   CacheTotals bytes;                      // right after the prefix
   CacheTotals bytes_end;                  // after the last decoded token (the whole session)
+  CacheTotals bytes_session;              // summed over the prefix and every decoded step: its ratio
+                                          // is the session's (mean fp16 bytes / mean stored bytes)
 };
 // Optional prompt-cache files for the prefixes: one file per (spec, theta)
 // under `stem` (runtime/prompt_cache.h), trusted only for the model `identity`.

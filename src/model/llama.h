@@ -170,8 +170,12 @@ class LlamaModel {
   // (KVCache::update with queries; in the stored keys' RoPE domain): the
   // queries of the last `n` positions of each prefill chunk (n < 0: every
   // position of every call, decode steps included; 0: none, the default, and
-  // the seed's behaviour).
-  void set_observation_window(int64_t n) { observe_ = n; }
+  // the seed's behaviour). every_step: decode steps hand over their one query
+  // too (a streaming cache scores the segments it closes during decode).
+  void set_observation_window(int64_t n, bool every_step = false) {
+    observe_ = n;
+    observe_steps_ = every_step;
+  }
   int64_t observation_window() const { return observe_; }
 
  private:
@@ -192,6 +196,7 @@ class LlamaModel {
   bool reference_ = false;
   Activations activations_ = Activations::kInt8;
   int64_t observe_ = 0;
+  bool observe_steps_ = false;
   int64_t pos_ = 0;
 };
 

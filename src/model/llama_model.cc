@@ -300,9 +300,10 @@ Tensor LlamaModel::attend_layer(int64_t l, Pass& p, const float* q_att, const fl
   ao.reference = reference_;
   if (pre && (T == 1 || cache.offset() > 0)) ao.rope = c.rope;  // cache position 0 is token position 0
   // Caches that observe a window score the prompt only: a decode step's one
-  // query goes to them only when every position is asked for (H2O). Queries
+  // query goes to them only when every position is asked for (H2O) or the
+  // caches stream (observe_steps_: they score the segments decode closes). Queries
   // are as the cache stores keys: rotated for post-RoPE keys, not for pre-RoPE.
-  const int64_t W = local ? 0 : observe_ < 0 ? T : T > 1 ? std::min(observe_, T) : 0;
+  const int64_t W = local ? 0 : observe_ < 0 ? T : T > 1 || observe_steps_ ? std::min(observe_, T) : 0;
   for (int64_t h = 0; h < Hq && W > 0; ++h)
     for (int64_t j = 0; j < W; ++j)
       std::copy_n(&p.q[((T - W + j) * Hq + h) * hd], hd, &p.obs_q[(h * W + j) * hd]);

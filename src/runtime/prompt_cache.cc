@@ -9,6 +9,7 @@
 #include "core/atomic_file.h"
 #include "core/mapped_file.h"
 #include "io/gguf.h"
+#include "runtime/session.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -187,7 +188,7 @@ CachedPrefill prefill_through(const std::string& path, const std::string& identi
     return out;
   }
   auto t0 = Clock::now();
-  out.logits = m.forward(std::vector<int32_t>(prompt.begin() + out.hit.tokens, prompt.end()));
+  out.logits = prefill_prompt(m, std::vector<int32_t>(prompt.begin() + out.hit.tokens, prompt.end()));
   out.forward_s = std::chrono::duration<double>(Clock::now() - t0).count();
   out.prefilled = static_cast<int64_t>(prompt.size()) - out.hit.tokens;
   t0 = Clock::now();

@@ -42,6 +42,9 @@ std::string Runtime::detokenize(const std::vector<int32_t>& tokens) const {
 }
 
 std::vector<float> Runtime::forward(const std::vector<int32_t>& tokens) { return impl_->model->forward(tokens); }
+std::vector<float> Runtime::prefill(const std::vector<int32_t>& prompt) {
+  return runtime::prefill_prompt(*impl_->model, prompt);
+}
 int64_t Runtime::position() const { return impl_->model->position(); }
 int64_t Runtime::vocab() const { return impl_->file.weights.config.vocab; }
 int64_t Runtime::cache_bytes() const { return runtime::cache_totals(*impl_->model).bytes; }

@@ -13,8 +13,15 @@
 
 namespace anchorkv::runtime {
 
+// The runtime streams AnchorKV (docs/spec.md §4.8): a spec that names no
+// :segN and no :oneshot gets segments of kSegmentTokens behind kRecentTokens
+// exact tokens (:segN alone keeps kRecentTokens). Chosen by measurement
+// (docs/results.md, "Whole sessions").
+inline constexpr int64_t kSegmentTokens = 256, kRecentTokens = 64;
+cache::CacheSpec session_spec(const std::string& spec);
+
 // One layer's cache of `spec` for a model of `config` (:keyrope: the model's
-// RoPE passed to AnchorKV, model::with_key_rope).
+// RoPE passed to AnchorKV, model::with_key_rope). `spec` as session_spec gives it.
 std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const model::LlamaConfig& config,
                                           double theta, int threads);
 
@@ -22,6 +29,16 @@ std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const mo
 // layers hold their ring whatever the spec), keys stored before RoPE with
 // :pre, the observation window :obs asks for.
 model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads);
+
+// The end of a prompt: every streaming AnchorKV layer closes its exact tail
+// into a segment (AnchorKVCache::compress_now), scored by the prompt's own
+// last queries, so a prompt is held compressed as a whole (as the seed's
+// cache holds it) and a pooled or saved prompt stores no exact tail; the
+// tokens generated after it stream. Other caches are left as they are.
+void close_prompt(const model::LlamaModel& m);
+// A prompt (or the rest of one) through the model, then close_prompt: how
+// every front end feeds a prompt. Returns the last position's logits.
+std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_t>& prompt);
 
 struct CacheTotals {
   int64_t bytes = 0, full = 0;  // stored bytes, fp16 bytes for the same tokens (all layers)

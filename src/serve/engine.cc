@@ -158,7 +158,7 @@ void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, s
   const auto n = static_cast<int64_t>(prompt.size());
   if (m.position() >= n) return;
   auto prefill_to = [&](int64_t end) {
-    logits = m.forward(std::vector<int32_t>(prompt.begin() + m.position(), prompt.begin() + end));
+    logits = runtime::prefill_prompt(m, std::vector<int32_t>(prompt.begin() + m.position(), prompt.begin() + end));
     if (end < opt_.min_prefix) return;
     std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
     std::vector<uint8_t> file = runtime::prompt_file(key(), m, tokens, logits);

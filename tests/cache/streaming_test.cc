@@ -8,6 +8,7 @@
 #include "../test_util.h"
 #include "anchorkv/anchorkv.h"
 #include "cache/anchorkv_state.h"
+#include "cache/registry.h"
 #include "compress/compressor.h"
 
 namespace anchorkv {
@@ -20,7 +21,8 @@ constexpr int64_t B = 1, H = 2, D = 32, N = 700;
 
 // N tokens of every row, fed in calls of the given sizes.
 struct Tokens {
-  explicit Tokens(int64_t clusters = 6) : K(random_kv(B, H, N, D, 1, clusters)), V(random_kv(B, H, N, D, 2)) {}
+  explicit Tokens(int64_t clusters = 6)
+      : K(random_kv(B, H, N, D, 1, clusters)), V(random_kv(B, H, N, D, 2)) {}
   std::vector<float> K, V;
   static TensorView slice(const std::vector<float>& X, int64_t from, int64_t n) {
     return TensorView{&X[from * D], DType::kF32, {B, H, n, D}, {H * N * D, N * D, D, 1}};
@@ -133,8 +135,7 @@ TEST(Streaming, EachSegmentIsTheSeedCompressionOfItsTokens) {
   }
   // The tail is exact, and costs its fp16 bytes.
   for (int64_t r = 0; r < B * H; ++r)
-    for (int64_t t = 2 * T; t < n; ++t)
-      ASSERT_EQ(got.keys.at(0, r, t, 3), x.K[(r * N + t) * D + 3]);
+    for (int64_t t = 2 * T; t < n; ++t) ASSERT_EQ(got.keys.at(0, r, t, 3), x.K[(r * N + t) * D + 3]);
   EXPECT_EQ(c.nbytes(), bytes + (n - 2 * T) * B * H * D * 4);
 }
 
@@ -186,8 +187,9 @@ TEST(Streaming, AFailedCallChangesNothing) {
   const int64_t bytes = c.nbytes();
   std::vector<float> bad(static_cast<size_t>(B * H * 80 * D), 0.5f);
   bad[bad.size() - 1] = std::numeric_limits<float>::quiet_NaN();  // the call would close a segment
-  EXPECT_THROW(c.update(TensorView::f32(bad.data(), {B, H, 80, D}), TensorView::f32(bad.data(), {B, H, 80, D})),
-               Error);
+  EXPECT_THROW(
+      c.update(TensorView::f32(bad.data(), {B, H, 80, D}), TensorView::f32(bad.data(), {B, H, 80, D})),
+      Error);
   std::vector<float> q(static_cast<size_t>(B * H * 2 * 3 * D), 1.0f);
   q[5] = std::numeric_limits<float>::infinity();
   EXPECT_THROW(c.update(x.k(100, 80), x.v(100, 80), TensorView::f32(q.data(), {B, 2 * H, 3, D})), Error);
@@ -202,7 +204,7 @@ TEST(Streaming, AFailedCallChangesNothing) {
 // the newest `window` positions' queries, each seeing the whole segment.
 TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
   const int64_t G = 2, W = 8, T = 200;
-  const Tokens x(N);  // every key its own direction
+  const Tokens x(N);                    // every key its own direction
   const int64_t target[H] = {57, 203};  // segment 0 of row 0, segment 1 (local 3) of row 1
   std::vector<float> Q(static_cast<size_t>(B * H * G * W * D));
   for (int64_t r = 0; r < H; ++r)
@@ -220,7 +222,9 @@ TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
   auto anchors = [](const AnchorKVCache& c, size_t seg, int64_t row) {
     return internal::unlocked_state(c).segments[seg].rows[static_cast<size_t>(row)].anchor_positions();
   };
-  auto has = [](const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); };
+  auto has = [](const std::vector<int32_t>& v, int32_t p) {
+    return std::find(v.begin(), v.end(), p) != v.end();
+  };
   EXPECT_TRUE(has(anchors(with, 0, 0), 57));
   EXPECT_TRUE(has(anchors(with, 1, 1), 3));
   EXPECT_NE(bits_of(with.fetch().keys), bits_of(without.fetch().keys));
@@ -242,13 +246,15 @@ TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
   // Queries brought one position at a time (decode steps) fill the window the same way.
   decode.update(x.k(0, T + 100), x.v(0, T + 100));
   for (int64_t p = T + 100; p < 2 * T; ++p) {
+    const int64_t w = std::max<int64_t>(p - (2 * T - W), 0);  // the last W positions take Q's W in order
     std::vector<float> q1(static_cast<size_t>(B * H * G * D));
-    for (int64_t g = 0; g < H * G; ++g) std::copy_n(&Q[(g * W + (p - (2 * T - W) >= 0 ? p - (2 * T - W) : 0)) * D], D, &q1[g * D]);
+    for (int64_t g = 0; g < H * G; ++g) std::copy_n(&Q[(g * W + w) * D], D, &q1[g * D]);
     decode.update(x.k(p, 1), x.v(p, 1), TensorView::f32(q1.data(), {B, H * G, 1, D}));
   }
   EXPECT_EQ(internal::unlocked_state(decode).recent_queries.size(), W);
   EXPECT_TRUE(has(anchors(decode, 1, 1), 3));
-  EXPECT_EQ(anchors(decode, 1, 1), anchors(with, 1, 1)) << "the window held the same last W positions' queries";
+  EXPECT_EQ(anchors(decode, 1, 1), anchors(with, 1, 1))
+      << "the window held the same last W positions' queries";
 }
 
 TEST(Streaming, FilesRoundTripAndTheSessionGoesOn) {
@@ -283,6 +289,31 @@ TEST(Streaming, ConfigIsValidated) {
   EXPECT_THROW(AnchorKVCache{cfg}, Error);
   cfg.recent_tokens = 0;
   EXPECT_NE(cfg.to_string().find("segment_tokens=64"), std::string::npos);
+}
+
+TEST(Streaming, CacheSpecsChooseIt) {
+  const cache::CacheSpec s = cache::parse_cache_spec("anchorkv_tight:pre:seg128:recent16:obs");
+  EXPECT_EQ(s.segment_tokens, 128);
+  EXPECT_EQ(s.recent_tokens, 16);
+  EXPECT_TRUE(s.pre_rope && s.observe && !s.oneshot);
+  const auto made = s.make(0.05, 1);
+  const AnchorKVConfig& cfg = dynamic_cast<const AnchorKVCache&>(*made).config();
+  EXPECT_EQ(cfg.segment_tokens, 128);
+  EXPECT_EQ(cfg.recent_tokens, 16);
+  EXPECT_DOUBLE_EQ(cfg.theta, 0.05);
+  EXPECT_EQ(dynamic_cast<const AnchorKVCache&>(*cache::parse_cache_spec("anchorkv_tight:seg64").make(0.1, 1))
+                .config()
+                .recent_tokens,
+            0);
+  EXPECT_TRUE(cache::parse_cache_spec("anchorkv:oneshot").oneshot);
+  EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*cache::parse_cache_spec("anchorkv:oneshot").make(0.1, 1))
+                   .config()
+                   .streaming());
+  for (const char* bad : {"snapkv:seg64", "full:oneshot", "anchorkv:seg", "anchorkv:seg-4", "anchorkv:seg12x",
+                          "anchorkv:recent8", "anchorkv:seg64:seg32", "anchorkv:oneshot:seg64",
+                          "anchorkv:oneshot:oneshot", "anchorkv:seg0", "anchorkv:seg123456789"})
+    EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
+  EXPECT_NE(cache::cache_modifier_help().find(":oneshot"), std::string::npos);
 }
 
 }  // namespace

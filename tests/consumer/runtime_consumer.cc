@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return 0;
   anchorkv::Runtime rt = anchorkv::Runtime::load(argv[1], "anchorkv_compact:pre", 0.1, 2);
   std::vector<int32_t> tokens = rt.tokenize("In the beginning God created the heaven and the earth.");
-  std::vector<float> logits = rt.forward(tokens);
+  std::vector<float> logits = rt.prefill(tokens);
   std::vector<int32_t> out;
   for (int i = 0; i < 8; ++i) {
     out.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));

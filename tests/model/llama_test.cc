@@ -7,10 +7,12 @@
 #include <filesystem>
 
 #include "anchorkv/anchorkv.h"
+#include "cache/anchorkv_state.h"
 #include "eval/error_analysis.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
 #include "model/tokenizer.h"
+#include "runtime/session.h"
 
 namespace anchorkv::model {
 namespace {
@@ -200,6 +202,37 @@ TEST_P(Models, ObservationQueriesReachTheCaches) {
     any_differs = any_differs || !std::equal(g, g + got.keys.numel(), p.keys.data_as<uint16_t>());
   }
   EXPECT_TRUE(any_differs) << "the queries changed no layer's choice";
+}
+
+// The runtime streams AnchorKV: a prompt is compressed whole at its end, the
+// tokens generated after it close into segments behind an exact window (with
+// the decode steps' own queries), and :oneshot is the seed's cache.
+TEST(Session, StaysCompressedThroughAGeneration) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 299; ++i) prompt.push_back(3 + (i * 37) % 200);
+  LlamaModel s = runtime::make_model(w, "anchorkv_tight:pre:obs:auto", 0.05, 2),
+             o = runtime::make_model(w, "anchorkv_tight:pre:obs:auto:oneshot", 0.05, 2);
+  runtime::prefill_prompt(s, prompt);
+  runtime::prefill_prompt(o, prompt);
+  EXPECT_GT(runtime::cache_totals(s).ratio(), 15.0) << "the prompt is compressed whole";
+  for (int i = 0; i < 500; ++i) {
+    const int32_t t = 3 + (i * 11) % 200;
+    s.forward({t});
+    o.forward({t});
+    for (const auto& c : s.caches()) {
+      const auto& st = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*c));
+      ASSERT_LT(st.tail.tokens, runtime::kRecentTokens + runtime::kSegmentTokens);
+    }
+  }
+  const auto& st = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*s.caches()[0]));
+  EXPECT_EQ(st.segments.size(), 2u) << "the prompt, then (500 - 64) / 256 = 1 segment of generated tokens";
+  EXPECT_EQ(st.recent_queries.size(), AnchorKVConfig{}.window) << "decode steps hand over their queries";
+  EXPECT_GT(runtime::cache_totals(s).ratio(), 2.5);  // 800 / (15 + 12.8 + 244 exact)
+  EXPECT_LT(runtime::cache_totals(o).ratio(), 2.0) << "the seed's cache keeps generated tokens exact";
+  EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*o.caches()[0]).config().streaming());
 }
 
 TEST(CopyTask, PassageFillerPassage) {

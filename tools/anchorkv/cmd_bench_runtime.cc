@@ -68,7 +68,7 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
   model::LlamaModel m = runtime::make_model(w, cache, o.theta, o.threads);
   m.set_activations(o.activations);
   auto t0 = Clock::now();
-  std::vector<float> logits = m.forward(prompt);
+  std::vector<float> logits = runtime::prefill_prompt(m, prompt);
   const double pre_s = since(t0);
   const runtime::CacheTotals t = runtime::cache_totals(m);
   t0 = Clock::now();

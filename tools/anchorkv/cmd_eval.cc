@@ -75,8 +75,10 @@ void evaluate(const EvalOptions& o) {
     fmt::print(
         "{}: {} tokens, compressed prefix {} tokens, {} continuation tokens scored against the full cache\n\n",
         o.model, N, P, N - P);
-  fmt::print("  {:<30} {:>5} {:>9} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", "theta", "ratio",
-             "at end", "ppl", "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
+  size_t width = 30;
+  for (const auto& run : runs) width = std::max(width, run.first.size());
+  fmt::print("  {:<{}} {:>5} {:>9} {:>9} {:>9} {:>7} {:>11} {:>9} {:>10} {:>12} {:>11}\n", "cache", width, "theta",
+             "ratio", "session", "at end", "ppl", "KL (nats)", "top-1", "bits/tok", "prefill t/s", "decode t/s");
   nlohmann::json rows = nlohmann::json::array();
   int done = 0;
   for (const auto& [cache, theta] : runs) {
@@ -87,13 +89,15 @@ void evaluate(const EvalOptions& o) {
     const int64_t prefilled = P - c.prefix_from_file;  // 0 when the prefix came from a prompt cache
     const double prefill_tok_s = prefilled > 0 ? static_cast<double>(prefilled) / c.prefill_s : 0.0;
     const double decode_tok_s = static_cast<double>(sc.n - 1) / std::max(c.decode_s, 1e-9);
-    fmt::print("  {:<30} {:>5} {:>8.2f}x {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n",
-               cache, theta > 0 ? fmt::format("{}", theta) : "-", ratio, c.bytes_end.ratio(), sc.perplexity,
+    fmt::print("  {:<{}} {:>5} {:>8.2f}x {:>8.2f}x {:>8.2f}x {:>7.3f} {:>11.5f} {:>8.1f}% {:>10.4f} {:>12.1f} {:>11.1f}\n",
+               cache, width, theta > 0 ? fmt::format("{}", theta) : "-", ratio, c.bytes_session.ratio(), c.bytes_end.ratio(),
+               sc.perplexity,
                sc.kl_mean, 100.0 * sc.top1, sc.bits_per_token, prefill_tok_s, decode_tok_s);
     rows.push_back({{"cache", cache},
                     {"theta", theta},
                     {"compression_ratio_after_prefix", ratio},
                     {"compression_ratio_at_end", c.bytes_end.ratio()},
+                    {"compression_ratio_session", c.bytes_session.ratio()},
                     {"perplexity", sc.perplexity},
                     {"kl_mean", sc.kl_mean},
                     {"top1_agreement", sc.top1},

@@ -50,7 +50,7 @@ Prefill prefill(const RunOptions& o, const runtime::ModelFile& mf, const std::ve
                 model::LlamaModel& m) {
   const auto t0 = Clock::now();
   if (o.prompt_cache.empty()) {
-    std::vector<float> logits = m.forward(prompt);
+    std::vector<float> logits = runtime::prefill_prompt(m, prompt);
     return {std::move(logits), since(t0), static_cast<int64_t>(prompt.size())};
   }
   runtime::CachedPrefill c = runtime::prefill_through(o.prompt_cache, mf.identity, o.cache, o.theta, prompt, m);
