@@ -193,10 +193,11 @@ def test_streaming_stays_compressed_through_decode_and_survives_state():
         K, V = c.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
         ratios.append(c.compression_ratio)
     assert K.shape == (1, 2, 600, 128) and c.tokens_kept == c.tokens_total
-    # At most 32 + 127 exact tokens: 600 tokens at theta 0.05 stay 5x smaller than fp16
+    # Fewer than 32 + 128 + 32 exact tokens (recent window, a segment, the steps a segment has
+    # to compress off the decode path): 600 tokens at theta 0.05 end 5x smaller than fp16
     # (4 segments of 128 at 20x and 88 exact: 600 / (25.6 + 88)), where the seed's cache,
     # its decoded tokens exact, holds 600 / (10 + 400) = 1.5x.
-    assert min(ratios[100:]) > 2.0 and ratios[-1] > 4.5
+    assert min(ratios[100:]) > 1.5 and ratios[-1] > 4.5
     np.testing.assert_array_equal(K[:, :, -32:], k[:, :, -32:].astype(np.float16))  # the recent window is exact
     d = anchorkv.AnchorKVKVCache(cfg)
     d.state = c.state

@@ -5,15 +5,17 @@
 //   head  --first S==1 after a chunk--> segment   [kFirstDecode]
 //   head  --compress_now()--------> segment
 //   segment --any call------------> tail          (exact)
-// Streaming mode (segment_tokens == T > 0, recent_tokens == R):
-//   every call appends to the tail; while the tail holds R + T tokens or more,
-//   its oldest T become a new segment (compress_now() closes the whole tail).
+// Streaming mode (segment_tokens == T > 0, recent_tokens == R): every call
+//   appends to the tail, whose oldest T become a segment once it holds R + T
+//   (anchorkv_streaming.h; compress_now() closes the whole tail).
 #include <algorithm>
 #include <string>
 #include <utility>
 
 #include "anchorkv/cache.h"
+#include "cache/anchorkv_segments.h"
 #include "cache/anchorkv_state.h"
+#include "cache/anchorkv_streaming.h"
 #include "cache/core.h"
 #include "compress/budget.h"
 #include "compress/compressor.h"
@@ -37,173 +39,19 @@ namespace {
 
 using internal::AnchorKVSegment;
 using internal::AnchorKVState;
-
-// A segment computed but not yet committed, with its compression's stats.
-struct NewSegment {
-  AnchorKVSegment seg;
-  CompressionStats stats;
-};
-
-// The seed accounting of the segment's rows (docs/spec.md §5), their
-// residual slot indexes and anchor positions (pre-RoPE and masked attention
-// need them every call, and the seed layout finds them by searching the
-// metadata; rows of the other layouts list them: empty here, not copied).
-void count_segment(AnchorKVSegment& seg, int64_t D, int bits) {
-  const int64_t b_res = compress::residual_bytes(D, bits);
-  seg.bytes = seg.n_anchor = seg.n_residual = 0;
-  seg.slots.clear();
-  seg.anchor_pos.clear();
-  for (const auto& row : seg.rows) {
-    seg.bytes += compress::base_row_bytes(seg.tokens, row.n_anchor, D, row.layout) + row.n_residual() * b_res;
-    seg.n_anchor += row.n_anchor;
-    seg.n_residual += row.n_residual();
-    seg.slots.push_back(compress::residual_slot_index(row));
-    seg.anchor_pos.push_back(row.lists_positions() ? std::vector<int32_t>{} : row.anchor_positions());
-  }
-}
-
-// The key_rope a segment starting at cache position pos0 is coded with.
-RopeOptions segment_key_rope(const AnchorKVConfig& cfg, int64_t pos0) {
-  RopeOptions r = cfg.key_rope;
-  if (r.enabled) r.position_offset += pos0;
-  return r;
-}
-
-std::shared_ptr<const compress::ResidualCodec> state_codec(const AnchorKVState& st, int64_t D) {
-  const AnchorKVConfig& c = st.config;
-  return st.codec ? st.codec : std::make_shared<const compress::ResidualCodec>(D, c.residual_bits, c.scale, c.seed);
-}
-
-// Compresses contiguous [B, H, S, D] f32 K/V (fp16-representable) that start
-// at cache position pos0. `after`: the queries sit after the segment (a
-// streaming segment) rather than at its last positions. Touches no state.
-NewSegment compress_segment(const AnchorKVState& st, const compress::ResidualCodec& codec,
-                            const internal::CacheShape& shape, int64_t pos0, int64_t S, const float* K,
-                            const float* V, const cache::ObservationQueries& queries, bool after) {
-  AnchorKVConfig cfg = st.config;
-  cfg.key_rope = segment_key_rope(cfg, pos0);
-  const int64_t D = shape.D;
-  compress::SegmentInput in{shape.B, shape.H, S, D, K, V};
-  if (!queries.empty()) {
-    in.Q = queries.q.data();
-    in.G = queries.G;
-    in.W = queries.W;
-    in.queries_after = after;
-  }
-  NewSegment out;
-  out.seg.rows = compress::compress(in, cfg, codec, &out.stats);
-  out.seg.pos0 = pos0;
-  out.seg.tokens = S;
-  count_segment(out.seg, D, cfg.residual_bits);
-  return out;
-}
-
-void recount(AnchorKVState& st) noexcept {
-  st.segment_bytes = st.n_anchor_total = st.n_residual_total = 0;
-  for (const auto& seg : st.segments) {
-    st.segment_bytes += seg.bytes;
-    st.n_anchor_total += seg.n_anchor;
-    st.n_residual_total += seg.n_residual;
-  }
-}
-
-// Appends computed segments (room for them reserved by the caller).
-void commit_segments(AnchorKVState& st, std::vector<NewSegment>&& segs,
-                     std::shared_ptr<const compress::ResidualCodec> codec) noexcept {
-  for (NewSegment& s : segs) {
-    st.segments.push_back(std::move(s.seg));
-    st.stats = s.stats;
-  }
-  if (!segs.empty()) st.codec = std::move(codec);
-  recount(st);
-}
-
-// Rows [rows, n, D] f32 from exact rows' positions [a, b).
-core::UninitVector<float> exact_f32(const cache::ExactRows& x, int64_t rows, int64_t D, int64_t a, int64_t b,
-                                    int threads) {
-  const int64_t n = b - a;
-  core::UninitVector<float> out(static_cast<size_t>(rows * 2 * n * D));
-  core::parallel_for(rows, threads, [&](int64_t r) {
-    core::f16_to_f32_n(x.k[r].data() + a * D, &out[static_cast<size_t>(r * n * D)], n * D);
-    core::f16_to_f32_n(x.v[r].data() + a * D, &out[static_cast<size_t>((rows + r) * n * D)], n * D);
-  });
-  return out;
-}
+using internal::NewSegment;
+using internal::commit_segments;
+using internal::count_segment;
+using internal::exact_f32;
+using internal::recount;
+using internal::segment_key_rope;
+using internal::state_codec;
 
 NewSegment compress_head(const AnchorKVState& st, const compress::ResidualCodec& codec,
                          const internal::CacheShape& shape) {
   const int64_t S = st.head.tokens, rows = shape.rows(), D = shape.D;
   const core::UninitVector<float> kv = exact_f32(st.head, rows, D, 0, S, st.config.threads);
-  return compress_segment(st, codec, shape, 0, S, kv.data(), kv.data() + rows * S * D, st.queries, false);
-}
-
-// Streaming: the tail followed by the call's tokens, cut into the segments
-// that close now (positions [j T, (j + 1) T) of that sequence, j < count).
-struct StreamPlan {
-  int64_t count = 0;       // segments to close
-  int64_t from_tail = 0;   // tail tokens they take
-  int64_t from_input = 0;  // call tokens they take (the rest is appended)
-};
-
-StreamPlan plan_stream(const AnchorKVState& st, int64_t S) {
-  const int64_t T = st.config.segment_tokens, R = st.config.recent_tokens, n = st.tail.tokens + S;
-  StreamPlan p;
-  p.count = n - R >= T ? (n - R) / T : 0;
-  p.from_tail = std::min(st.tail.tokens, p.count * T);
-  p.from_input = p.count * T - p.from_tail;
-  return p;
-}
-
-// The K/V [rows, T, D] of positions [a, a + T) of tail ++ input.
-void gather_stream(const AnchorKVState& st, const cache::StagedInput& in, int64_t rows, int64_t D, int64_t a,
-                   int64_t T, float* K, float* V) {
-  const int64_t t0 = st.tail.tokens;
-  core::parallel_for(rows, st.config.threads, [&](int64_t r) {
-    const int64_t n_tail = std::clamp<int64_t>(t0 - a, 0, T), from = std::max<int64_t>(a - t0, 0);
-    float* k = K + r * T * D;
-    float* v = V + r * T * D;
-    if (n_tail > 0) {
-      core::f16_to_f32_n(st.tail.k[r].data() + a * D, k, n_tail * D);
-      core::f16_to_f32_n(st.tail.v[r].data() + a * D, v, n_tail * D);
-    }
-    std::copy_n(in.key_row(r) + from * D, (T - n_tail) * D, k + n_tail * D);
-    std::copy_n(in.value_row(r) + from * D, (T - n_tail) * D, v + n_tail * D);
-  });
-}
-
-// The query window a streaming call leaves behind: `st`'s, or a new one when
-// the call's queries have another shape (allocated here, so the commit that
-// pushes the call's queries cannot throw). Null when the call brings none.
-struct WindowUpdate {
-  cache::QueryWindow fresh;
-  bool replaces = false;
-  const cache::ObservationQueries* given = nullptr;
-};
-
-WindowUpdate plan_window(const AnchorKVState& st, const cache::StagedInput& in, int64_t rows) {
-  WindowUpdate u;
-  if (in.queries.empty()) return u;
-  u.given = &in.queries;
-  if (!st.recent_queries.fits(in.queries, rows)) {
-    u.fresh = cache::QueryWindow(rows, in.queries.G, in.queries.D, std::max<int64_t>(st.config.window, 1));
-    u.replaces = true;
-  }
-  return u;
-}
-
-// The queries that score segments closing in this call: the window with the
-// call's queries pushed (a copy; segments close once per segment_tokens).
-cache::ObservationQueries closing_queries(const AnchorKVState& st, const WindowUpdate& u) {
-  if (!u.given) return st.recent_queries.ordered();
-  cache::QueryWindow w = u.replaces ? u.fresh : st.recent_queries;
-  w.push(*u.given);
-  return w.ordered();
-}
-
-void commit_window(AnchorKVState& st, WindowUpdate&& u) noexcept {
-  if (!u.given) return;
-  if (u.replaces) st.recent_queries = std::move(u.fresh);
-  st.recent_queries.push(*u.given);
+  return compress_segment(st.config, codec, shape, 0, S, kv.data(), kv.data() + rows * S * D, st.queries, false);
 }
 
 class AnchorKVStore final : public internal::CacheStore {
@@ -214,7 +62,7 @@ class AnchorKVStore final : public internal::CacheStore {
 
   void store(const cache::StagedInput& in, const internal::CacheShape& shape) override {
     if (st_.streaming())
-      store_streaming(in, shape);
+      internal::store_streaming(st_, in, shape);
     else
       store_seed(in, shape);
     if (in.S() > 1) st_.seen_prefill_call = true;
@@ -247,7 +95,6 @@ class AnchorKVStore final : public internal::CacheStore {
 
  private:
   void store_seed(const cache::StagedInput& in, const internal::CacheShape& shape);
-  void store_streaming(const cache::StagedInput& in, const internal::CacheShape& shape);
 
   AnchorKVState st_;
 };
@@ -259,7 +106,7 @@ void AnchorKVStore::store_seed(const cache::StagedInput& in, const internal::Cac
   if (!st.compressed() && trigger == CompressTrigger::kFirstPrefill && S > 1) {
     auto codec = state_codec(st, shape.D);
     std::vector<NewSegment> segs;
-    segs.push_back(compress_segment(st, *codec, shape, st.head.tokens, S, in.k.data(), in.v.data(), in.queries, false));
+    segs.push_back(compress_segment(st.config, *codec, shape, st.head.tokens, S, in.k.data(), in.v.data(), in.queries, false));
     st.segments.reserve(1);
     st.tail.resize_rows(shape.rows());
     commit_segments(st, std::move(segs), std::move(codec));
@@ -284,47 +131,12 @@ void AnchorKVStore::store_seed(const cache::StagedInput& in, const internal::Cac
   }
 }
 
-// Compute (the closing segments, the query window, room for both), then
-// commit: nothing after the tail's append can throw.
-void AnchorKVStore::store_streaming(const cache::StagedInput& in, const internal::CacheShape& shape) {
-  AnchorKVState& st = st_;
-  const int64_t rows = shape.rows(), D = shape.D, T = st.config.segment_tokens;
-  WindowUpdate window = plan_window(st, in, rows);
-  const StreamPlan plan = plan_stream(st, in.S());
-  auto codec = state_codec(st, D);
-  std::vector<NewSegment> segs;
-  if (plan.count > 0) {
-    const cache::ObservationQueries queries = closing_queries(st, window);
-    core::UninitVector<float> K(static_cast<size_t>(rows * T * D)), V(K.size());
-    for (int64_t j = 0; j < plan.count; ++j) {
-      gather_stream(st, in, rows, D, j * T, T, K.data(), V.data());
-      const int64_t pos0 = st.head.tokens + st.compressed_tokens() + j * T;
-      segs.push_back(compress_segment(st, *codec, shape, pos0, T, K.data(), V.data(), queries, true));
-    }
-  }
-  st.segments.reserve(st.segments.size() + segs.size());
-  st.tail.append(in, plan.from_input);
-  st.tail.drop_front(plan.from_tail, D);
-  commit_segments(st, std::move(segs), std::move(codec));
-  commit_window(st, std::move(window));
-}
-
 void AnchorKVStore::compress_now(const internal::CacheShape& shape) {
   AnchorKVState& st = st_;
   constexpr const char* op = "anchorkv::AnchorKVCache::compress_now";
   auto codec = state_codec(st, shape.D);
   std::vector<NewSegment> segs;
-  if (st.streaming()) {  // the whole exact tail, as one segment
-    if (st.tail.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no exact token to compress");
-    const int64_t S = st.tail.tokens, rows = shape.rows(), D = shape.D;
-    const core::UninitVector<float> kv = exact_f32(st.tail, rows, D, 0, S, st.config.threads);
-    segs.push_back(compress_segment(st, *codec, shape, st.head.tokens + st.compressed_tokens(), S, kv.data(),
-                                    kv.data() + rows * S * D, st.recent_queries.ordered(), true));
-    st.segments.reserve(st.segments.size() + 1);
-    st.tail.drop_front(S, D);
-    commit_segments(st, std::move(segs), std::move(codec));
-    return;
-  }
+  if (st.streaming()) return internal::close_tail(st, shape, op);
   if (st.compressed()) core::fail(ErrorCode::kInvalidState, op, "the cache already holds a compressed segment");
   if (st.head.tokens == 0) core::fail(ErrorCode::kInvalidState, op, "the cache holds no token to compress");
   segs.push_back(compress_head(st, *codec, shape));

@@ -30,6 +30,9 @@ struct AnchorKVSegment {
   int64_t bytes = 0, n_anchor = 0, n_residual = 0;
 };
 
+// A segment compressing on a background thread (anchorkv_streaming.cc).
+struct ClosingSegment;
+
 struct AnchorKVState {
   AnchorKVConfig config;
   cache::ExactRows head, tail;
@@ -44,6 +47,9 @@ struct AnchorKVState {
   // is scored with them.
   cache::ObservationQueries queries;
   cache::QueryWindow recent_queries;
+  // Streaming: the tail's oldest segment_tokens, compressing off the decode
+  // path; they stay in the tail, exact, until a later call commits them.
+  std::shared_ptr<ClosingSegment> closing;
 
   // Seed accounting over every segment, updated at each change.
   int64_t segment_bytes = 0;

@@ -8,6 +8,7 @@
 #include "../test_util.h"
 #include "anchorkv/anchorkv.h"
 #include "cache/anchorkv_state.h"
+#include "cache/anchorkv_streaming.h"
 #include "cache/registry.h"
 #include "compress/compressor.h"
 
@@ -68,22 +69,36 @@ void expect_invariants(const AnchorKVCache& c) {
   }
 }
 
+// A multi-token call closes every segment past the recent window at once; a
+// decode step that fills one starts compressing it off the path, and the step
+// that brings the tail to R + T + lag commits it.
 TEST(Streaming, SegmentsCloseAsTheTailOutgrowsTheWindow) {
   const int64_t T = 64, R = 32;
   const Tokens x;
   AnchorKVCache c(streaming(T, R));
+  const int64_t lag = internal::close_lag(c.config());
+  ASSERT_EQ(lag, 32);
   x.feed(c, {200});
+  int64_t closed = (200 - R) / T, tail = 200 - closed * T;
+  bool closing = false;
   for (int64_t n = 200; n < N; ++n) {
     const auto& st = internal::unlocked_state(c);
-    const int64_t closed = n - R >= T ? (n - R) / T : 0;
     ASSERT_EQ(static_cast<int64_t>(st.segments.size()), closed) << "after " << n << " tokens";
+    ASSERT_EQ(st.tail.tokens, tail) << "after " << n << " tokens";
+    ASSERT_EQ(st.closing != nullptr, closing) << "after " << n << " tokens";
     for (const auto& seg : st.segments) ASSERT_EQ(seg.tokens, T);
-    ASSERT_EQ(st.tail.tokens, n - closed * T);
-    ASSERT_GE(st.tail.tokens, R);
-    ASSERT_LT(st.tail.tokens, R + T);
+    ASSERT_LT(st.tail.tokens, R + T + lag);
     expect_invariants(c);
     c.update(x.k(n, 1), x.v(n, 1));
+    ++tail;
+    if (closing && tail >= R + T + lag) {
+      ++closed;
+      tail -= T;
+      closing = false;
+    }
+    if (!closing && tail >= R + T) closing = true;
   }
+  EXPECT_GT(closed, 5);
   EXPECT_TRUE(c.is_compressed());
   EXPECT_GT(c.compression_ratio(), 2.5) << "the session stays compressed";
 }
@@ -252,6 +267,11 @@ TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
     decode.update(x.k(p, 1), x.v(p, 1), TensorView::f32(q1.data(), {B, H * G, 1, D}));
   }
   EXPECT_EQ(internal::unlocked_state(decode).recent_queries.size(), W);
+  // The step that filled segment 1 started compressing it with those queries;
+  // it commits `lag` steps later, whatever queries came since.
+  EXPECT_NE(internal::unlocked_state(decode).closing, nullptr);
+  for (int64_t p = 2 * T; p < 2 * T + internal::close_lag(cfg); ++p) decode.update(x.k(p, 1), x.v(p, 1));
+  ASSERT_EQ(internal::unlocked_state(decode).segments.size(), 2u);
   EXPECT_TRUE(has(anchors(decode, 1, 1), 3));
   EXPECT_EQ(anchors(decode, 1, 1), anchors(with, 1, 1))
       << "the window held the same last W positions' queries";

@@ -114,7 +114,9 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
                            TensorView::f32(Vt.data(), {c.B, H, T, c.D}));
   }
   if (cache.offset() < c.Sq) return;
-  if (segment_tokens > 0) ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
+  if (segment_tokens > 0) {
+    ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
+  }
   if (c.S >= 1000) {  // the sweep must exercise key and value residuals
     int64_t rk = 0, rv = 0;
     for (const auto& row : internal::unlocked_state(cache).segments.front().rows) {
@@ -509,7 +511,9 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   if (head) feed(1, 40);
   feed(S, 42);
   if (tail) feed(std::max<int64_t>(Sq, 2), 44);
-  if (segment_tokens > 0) ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
+  if (segment_tokens > 0) {
+    ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
+  }
   const auto q = random_kv(B, Hq, Sq, D, 46);
   const RopeOptions rope = check_rope_attention(cache, q, style, offset, H, Hq, Sq, D);
   // The dense kernel with RoPE against the same reference over the exact keys.

@@ -42,13 +42,33 @@ struct RuntimeBenchOptions {
 // each repetition (same machine state), medians over repetitions.
 struct Sample {
   std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
-  double ratio = 1;
-  int64_t bytes = 0, full = 0;
+  // Per repetition: percentiles of the decode steps' times (a step that
+  // closes a streaming segment compresses it), and the rate of the last 64.
+  std::vector<double> p50_ms, p99_ms, max_ms, last_decode;
+  double ratio = 1, ratio_end = 1;
+  int64_t bytes = 0, full = 0, bytes_end = 0;
 };
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The q-quantile (0..1) of v, nearest rank.
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+void add_steps(Sample& s, const std::vector<double>& step_s) {
+  s.p50_ms.push_back(1e3 * quantile(step_s, 0.5));
+  s.p99_ms.push_back(1e3 * quantile(step_s, 0.99));
+  s.max_ms.push_back(1e3 * quantile(step_s, 1.0));
+  const size_t last = std::min<size_t>(64, step_s.size());
+  double t = 0;
+  for (size_t i = step_s.size() - last; i < step_s.size(); ++i) t += step_s[i];
+  s.last_decode.push_back(static_cast<double>(last) / std::max(t, 1e-9));
 }
 
 // The prompt: --text's tokens, padded (or made) to --ctx with seeded random ids.
@@ -71,15 +91,21 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
   std::vector<float> logits = runtime::prefill_prompt(m, prompt);
   const double pre_s = since(t0);
   const runtime::CacheTotals t = runtime::cache_totals(m);
-  t0 = Clock::now();
-  double first_s = 0;
+  std::vector<double> step_s;
+  step_s.reserve(static_cast<size_t>(o.n));
   for (int64_t i = 0; i < o.n; ++i) {
     const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto ts = Clock::now();
     logits = m.forward({next});
-    if (i == 0) first_s = since(t0);
+    step_s.push_back(since(ts));
   }
-  const double dec_s = since(t0);
-  s.first_ms.push_back(1e3 * first_s);
+  double dec_s = 0;
+  for (double x : step_s) dec_s += x;
+  s.first_ms.push_back(1e3 * step_s.front());
+  add_steps(s, step_s);
+  const runtime::CacheTotals end = runtime::cache_totals(m);
+  s.bytes_end = end.bytes;
+  s.ratio_end = end.ratio();
   s.prefill.push_back(static_cast<double>(o.ctx) / pre_s);
   s.decode.push_back(static_cast<double>(o.n) / std::max(dec_s, 1e-9));
   s.bytes = t.bytes;
@@ -91,18 +117,21 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
 nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample>& samples) {
   size_t width = 21;  // the longest spec sets the first column
   for (const auto& c : o.caches) width = std::max(width, c.size());
-  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13}\n", "cache", width, "KV MiB", "ratio",
-             "prefill t/s", "vs full", "decode t/s", "vs full", "1st step ms");
+  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13} {:>8} {:>8} {:>8} {:>9} {:>11}\n", "cache",
+             width, "KV MiB", "ratio", "prefill t/s", "vs full", "decode t/s", "vs full", "1st step ms", "p50 ms",
+             "p99 ms", "max ms", "at end", "last 64 t/s");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& c : o.caches) {
     const Sample& s = samples[c];
     const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
-    fmt::print("  {:<{}} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f}\n", c, width,
-               static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
+    fmt::print("  {:<{}} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f}x "
+               "{:>11.1f}\n",
+               c, width, static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
-               full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first);
+               full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first, median(s.p50_ms),
+               median(s.p99_ms), median(s.max_ms), s.ratio_end, median(s.last_decode));
     rows.push_back({{"cache", c},
                     {"compression_ratio_after_prefill", s.ratio},
                     {"bytes_after_prefill", s.bytes},
@@ -110,6 +139,12 @@ nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample
                     {"prefill_tok_s", p},
                     {"decode_tok_s", d},
                     {"first_decode_step_ms", first},
+                    {"decode_step_p50_ms", median(s.p50_ms)},
+                    {"decode_step_p99_ms", median(s.p99_ms)},
+                    {"decode_step_max_ms", median(s.max_ms)},
+                    {"last_64_steps_tok_s", median(s.last_decode)},
+                    {"compression_ratio_at_end", s.ratio_end},
+                    {"bytes_at_end", s.bytes_end},
                     {"prefill_samples", s.prefill},
                     {"decode_samples", s.decode}});
   }

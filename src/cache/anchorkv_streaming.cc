@@ -1,0 +1,225 @@
+#include "cache/anchorkv_streaming.h"
+
+#include <algorithm>
+#include <future>
+#include <utility>
+
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "cache/anchorkv_segments.h"
+#include "core/convert.h"
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace anchorkv::internal {
+
+// What a background compression reads: its own copies, nothing of the state.
+struct ClosingInputs {
+  AnchorKVConfig cfg;
+  std::shared_ptr<const compress::ResidualCodec> codec;
+  CacheShape shape;
+  int64_t pos0 = 0, tokens = 0;
+  core::UninitVector<float> kv;  // [rows, tokens, D] K, then V
+  cache::ObservationQueries queries;
+  NewSegment compress() const {
+    const int64_t half = shape.rows() * tokens * shape.D;
+    return compress_segment(cfg, *codec, shape, pos0, tokens, kv.data(), kv.data() + half, queries, true);
+  }
+};
+
+struct ClosingSegment {
+  std::shared_ptr<const ClosingInputs> inputs;
+  std::shared_future<NewSegment> result;
+};
+
+namespace {
+
+// The background thread yields to decode (nice 19: it takes what the cores
+// leave; SCHED_IDLE starved it until the commit had to wait, measured worse).
+void lower_this_threads_priority() {
+#ifdef __linux__
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+#endif
+}
+
+std::shared_ptr<ClosingSegment> start_closing(std::shared_ptr<ClosingInputs> inputs) {
+  auto c = std::make_shared<ClosingSegment>();
+  c->inputs = inputs;
+  c->result = std::async(std::launch::async, [inputs] {
+                lower_this_threads_priority();
+                return inputs->compress();
+              }).share();
+  return c;
+}
+
+// The closing segment's result; a job that failed (memory) is redone here.
+NewSegment finish_closing(const ClosingSegment& c) {
+  try {
+    return c.result.get();
+  } catch (const std::exception&) {
+    return c.inputs->compress();
+  }
+}
+
+// The K/V [rows, T, D] of positions [a, a + T) of tail ++ input.
+void gather_stream(const AnchorKVState& st, const cache::StagedInput& in, int64_t rows, int64_t D, int64_t a,
+                   int64_t T, float* K, float* V) {
+  const int64_t t0 = st.tail.tokens;
+  core::parallel_for(rows, st.config.threads, [&](int64_t r) {
+    const int64_t n_tail = std::clamp<int64_t>(t0 - a, 0, T), from = std::max<int64_t>(a - t0, 0);
+    float* k = K + r * T * D;
+    float* v = V + r * T * D;
+    if (n_tail > 0) {
+      core::f16_to_f32_n(st.tail.k[r].data() + a * D, k, n_tail * D);
+      core::f16_to_f32_n(st.tail.v[r].data() + a * D, v, n_tail * D);
+    }
+    std::copy_n(in.key_row(r) + from * D, (T - n_tail) * D, k + n_tail * D);
+    std::copy_n(in.value_row(r) + from * D, (T - n_tail) * D, v + n_tail * D);
+  });
+}
+
+// The query window a call leaves behind: `st`'s, or a new one when the
+// call's queries have another shape (allocated here, so the commit that
+// pushes the call's queries cannot throw). No `given` when the call brings none.
+struct WindowUpdate {
+  cache::QueryWindow fresh;
+  bool replaces = false;
+  const cache::ObservationQueries* given = nullptr;
+};
+
+WindowUpdate plan_window(const AnchorKVState& st, const cache::StagedInput& in, int64_t rows) {
+  WindowUpdate u;
+  if (in.queries.empty()) return u;
+  u.given = &in.queries;
+  if (!st.recent_queries.fits(in.queries, rows)) {
+    u.fresh = cache::QueryWindow(rows, in.queries.G, in.queries.D, std::max<int64_t>(st.config.window, 1));
+    u.replaces = true;
+  }
+  return u;
+}
+
+// The queries that score segments closing in this call: the window with the
+// call's queries pushed (a copy; segments close once per segment_tokens).
+cache::ObservationQueries closing_queries(const AnchorKVState& st, const WindowUpdate& u) {
+  if (!u.given) return st.recent_queries.ordered();
+  cache::QueryWindow w = u.replaces ? u.fresh : st.recent_queries;
+  w.push(*u.given);
+  return w.ordered();
+}
+
+void commit_window(AnchorKVState& st, WindowUpdate&& u) noexcept {
+  if (!u.given) return;
+  if (u.replaces) st.recent_queries = std::move(u.fresh);
+  st.recent_queries.push(*u.given);
+}
+
+// What one call does to the tail ++ input sequence: its first `taken` tokens
+// leave for segments (the closing one first, then those closed here), and
+// a decode step may start compressing the next T.
+struct StreamStep {
+  bool finish = false;                      // commit the segment closing off the path
+  std::vector<NewSegment> segs;             // to commit, in position order
+  int64_t taken = 0;                        // tail ++ input tokens the segments take
+  std::shared_ptr<ClosingSegment> started;  // compressing from now on
+};
+
+}  // namespace
+
+int64_t close_lag(const AnchorKVConfig& cfg) { return std::min<int64_t>(32, cfg.segment_tokens); }
+
+namespace {
+
+// Segments a call closes itself: a multi-token call every one past the
+// recent window; a decode step only one it must (past the lag with none
+// closing: a cache loaded from a file).
+void close_now(const AnchorKVState& st, const cache::StagedInput& in, const CacheShape& shape,
+               const std::shared_ptr<const compress::ResidualCodec>& codec, const WindowUpdate& window,
+               bool busy, StreamStep& step) {
+  const int64_t T = st.config.segment_tokens, rows = shape.rows(), D = shape.D, S = in.S();
+  const int64_t keep = st.config.recent_tokens + (S > 1 ? 0 : close_lag(st.config));
+  const int64_t n = st.tail.tokens + S - step.taken;
+  const int64_t count = !busy && n - keep >= T ? (n - keep) / T : 0;
+  if (count == 0) return;
+  const cache::ObservationQueries queries = closing_queries(st, window);
+  core::UninitVector<float> K(static_cast<size_t>(rows * T * D)), V(K.size());
+  for (int64_t j = 0; j < count; ++j) {
+    gather_stream(st, in, rows, D, step.taken, T, K.data(), V.data());
+    const int64_t pos0 = st.compressed_tokens() + step.taken;
+    step.segs.push_back(compress_segment(st.config, *codec, shape, pos0, T, K.data(), V.data(), queries, true));
+    step.taken += T;
+  }
+}
+
+// A decode step that fills a segment hands it to a background thread.
+void start_if_full(const AnchorKVState& st, const cache::StagedInput& in, const CacheShape& shape,
+                   const std::shared_ptr<const compress::ResidualCodec>& codec, const WindowUpdate& window,
+                   StreamStep& step) {
+  const int64_t T = st.config.segment_tokens, rows = shape.rows(), D = shape.D;
+  if (st.tail.tokens + in.S() - step.taken < st.config.recent_tokens + T) return;
+  auto inputs = std::make_shared<ClosingInputs>();
+  inputs->cfg = st.config;
+  inputs->cfg.threads = 1;  // beside decode, not in its pool (bits do not depend on threads)
+  inputs->codec = codec;
+  inputs->shape = shape;
+  inputs->pos0 = st.compressed_tokens() + step.taken;
+  inputs->tokens = T;
+  inputs->kv.resize(static_cast<size_t>(2 * rows * T * D));
+  gather_stream(st, in, rows, D, step.taken, T, inputs->kv.data(), inputs->kv.data() + rows * T * D);
+  inputs->queries = closing_queries(st, window);
+  step.started = start_closing(std::move(inputs));
+}
+
+}  // namespace
+
+// Compute (segments, a started job, the query window, room for them), then
+// commit: nothing after the tail's append can throw.
+void store_streaming(AnchorKVState& st, const cache::StagedInput& in, const CacheShape& shape) {
+  const int64_t T = st.config.segment_tokens, R = st.config.recent_tokens, S = in.S();
+  WindowUpdate window = plan_window(st, in, shape.rows());
+  auto codec = state_codec(st, shape.D);
+  StreamStep step;
+  step.finish = st.closing && (S > 1 || st.tail.tokens + S >= R + T + close_lag(st.config));
+  if (step.finish) {
+    step.segs.push_back(finish_closing(*st.closing));
+    step.taken = T;
+  }
+  const bool busy = st.closing && !step.finish;
+  close_now(st, in, shape, codec, window, busy, step);
+  if (S == 1 && !busy) start_if_full(st, in, shape, codec, window, step);
+  st.segments.reserve(st.segments.size() + step.segs.size());
+  const int64_t from_tail = std::min(st.tail.tokens, step.taken);
+  st.tail.append(in, step.taken - from_tail);
+  st.tail.drop_front(from_tail, shape.D);
+  commit_segments(st, std::move(step.segs), std::move(codec));
+  if (step.finish) st.closing.reset();
+  if (step.started) st.closing = std::move(step.started);
+  commit_window(st, std::move(window));
+}
+
+void close_tail(AnchorKVState& st, const CacheShape& shape, const char* op) {
+  const int64_t rows = shape.rows(), D = shape.D;
+  auto codec = state_codec(st, D);
+  std::vector<NewSegment> segs;
+  int64_t taken = 0;
+  if (st.closing) {
+    segs.push_back(finish_closing(*st.closing));
+    taken = segs.back().seg.tokens;
+  }
+  const int64_t S = st.tail.tokens - taken;
+  if (S == 0 && segs.empty()) core::fail(ErrorCode::kInvalidState, op, "the cache holds no exact token to compress");
+  if (S > 0) {
+    const core::UninitVector<float> kv = exact_f32(st.tail, rows, D, taken, st.tail.tokens, st.config.threads);
+    segs.push_back(compress_segment(st.config, *codec, shape, st.compressed_tokens() + taken, S, kv.data(),
+                                    kv.data() + rows * S * D, st.recent_queries.ordered(), true));
+  }
+  st.segments.reserve(st.segments.size() + segs.size());
+  st.tail.drop_front(st.tail.tokens, D);
+  commit_segments(st, std::move(segs), std::move(codec));
+  st.closing.reset();
+}
+
+}  // namespace anchorkv::internal
