@@ -120,6 +120,12 @@ void commit_window(AnchorKVState& st, WindowUpdate&& u) noexcept {
 // What one call does to the tail ++ input sequence: its first `taken` tokens
 // leave for segments (the closing one first, then those closed here), and
 // a decode step may start compressing the next T.
+// A multi-token call (a prompt, a chunk) closes up to this many
+// segment_tokens in one segment: attention's cost grows with the segment
+// count (docs/benchmarks.md, "Whole sessions"), and a longer segment
+// chooses its anchors over more tokens.
+constexpr int64_t kPromptSegmentUnits = 16;
+
 struct StreamStep {
   bool finish = false;                      // commit the segment closing off the path
   std::vector<NewSegment> segs;             // to commit, in position order
@@ -131,26 +137,31 @@ struct StreamStep {
 
 int64_t close_lag(const AnchorKVConfig& cfg) { return std::min<int64_t>(32, cfg.segment_tokens); }
 
+int64_t prompt_segment_tokens(const AnchorKVConfig& cfg) { return kPromptSegmentUnits * cfg.segment_tokens; }
+
 namespace {
 
-// Segments a call closes itself: a multi-token call every one past the
-// recent window; a decode step only one it must (past the lag with none
-// closing: a cache loaded from a file).
+// Segments a call closes itself: a multi-token call every segment_tokens
+// past the recent window, up to kPromptSegmentUnits of them in one segment; a
+// decode step only the one it must (past the lag with none closing: a cache
+// loaded from a file).
 void close_now(const AnchorKVState& st, const cache::StagedInput& in, const CacheShape& shape,
                const std::shared_ptr<const compress::ResidualCodec>& codec, const WindowUpdate& window,
                bool busy, StreamStep& step) {
   const int64_t T = st.config.segment_tokens, rows = shape.rows(), D = shape.D, S = in.S();
   const int64_t keep = st.config.recent_tokens + (S > 1 ? 0 : close_lag(st.config));
   const int64_t n = st.tail.tokens + S - step.taken;
-  const int64_t count = !busy && n - keep >= T ? (n - keep) / T : 0;
-  if (count == 0) return;
+  const int64_t units = !busy && n - keep >= T ? (n - keep) / T : 0;
+  if (units == 0) return;
   const cache::ObservationQueries queries = closing_queries(st, window);
-  core::UninitVector<float> K(static_cast<size_t>(rows * T * D)), V(K.size());
-  for (int64_t j = 0; j < count; ++j) {
-    gather_stream(st, in, rows, D, step.taken, T, K.data(), V.data());
-    const int64_t pos0 = st.compressed_tokens() + step.taken;
-    step.segs.push_back(compress_segment(st.config, *codec, shape, pos0, T, K.data(), V.data(), queries, true));
-    step.taken += T;
+  const int64_t most = S > 1 ? kPromptSegmentUnits : 1;
+  core::UninitVector<float> K(static_cast<size_t>(rows * std::min(units, most) * T * D)), V(K.size());
+  for (int64_t done = 0; done < units;) {
+    const int64_t len = std::min(units - done, most) * T, pos0 = st.compressed_tokens() + step.taken;
+    gather_stream(st, in, rows, D, step.taken, len, K.data(), V.data());
+    step.segs.push_back(compress_segment(st.config, *codec, shape, pos0, len, K.data(), V.data(), queries, true));
+    step.taken += len;
+    done += len / T;
   }
 }
 

@@ -1,7 +1,7 @@
 // Streaming AnchorKV (docs/spec.md §4.8): every call appends to the exact
 // tail, and the tail's oldest segment_tokens close into a compressed segment
 // once it holds recent_tokens + segment_tokens. A multi-token call (a prompt,
-// a chunk) closes its segments at once. A decode step that fills a segment
+// a chunk) closes its segments at once, up to 16 segment_tokens each. A decode step that fills a segment
 // compresses it on a background thread and leaves its tokens exact until the
 // step that brings the tail to recent + segment + lag tokens, which commits it
 // (waiting if it is not done): where segments close never depends on timing,
@@ -16,6 +16,8 @@ namespace anchorkv::internal {
 
 // Decode steps a segment compressing off the path has before it must commit.
 int64_t close_lag(const AnchorKVConfig& cfg);
+// The longest segment a multi-token call closes (16 segment_tokens).
+int64_t prompt_segment_tokens(const AnchorKVConfig& cfg);
 
 // Stores a validated call (strong guarantee: throws with no change).
 void store_streaming(AnchorKVState& st, const cache::StagedInput& in, const CacheShape& shape);

@@ -78,15 +78,17 @@ TEST(Streaming, SegmentsCloseAsTheTailOutgrowsTheWindow) {
   AnchorKVCache c(streaming(T, R));
   const int64_t lag = internal::close_lag(c.config());
   ASSERT_EQ(lag, 32);
-  x.feed(c, {200});
-  int64_t closed = (200 - R) / T, tail = 200 - closed * T;
+  x.feed(c, {200});  // (200 - R) / T = 2 segment lengths, closed as one segment by the multi-token call
+  ASSERT_EQ(internal::unlocked_state(c).segments.size(), 1u);
+  ASSERT_EQ(internal::unlocked_state(c).segments[0].tokens, 2 * T);
+  int64_t closed = 1, tail = 200 - 2 * T;
   bool closing = false;
   for (int64_t n = 200; n < N; ++n) {
     const auto& st = internal::unlocked_state(c);
     ASSERT_EQ(static_cast<int64_t>(st.segments.size()), closed) << "after " << n << " tokens";
     ASSERT_EQ(st.tail.tokens, tail) << "after " << n << " tokens";
     ASSERT_EQ(st.closing != nullptr, closing) << "after " << n << " tokens";
-    for (const auto& seg : st.segments) ASSERT_EQ(seg.tokens, T);
+    for (size_t j = 1; j < st.segments.size(); ++j) ASSERT_EQ(st.segments[j].tokens, T);
     ASSERT_LT(st.tail.tokens, R + T + lag);
     expect_invariants(c);
     c.update(x.k(n, 1), x.v(n, 1));
@@ -103,19 +105,34 @@ TEST(Streaming, SegmentsCloseAsTheTailOutgrowsTheWindow) {
   EXPECT_GT(c.compression_ratio(), 2.5) << "the session stays compressed";
 }
 
-TEST(Streaming, HowTheTokensArriveDoesNotChangeTheBits) {
+// Segments start at multiples of T and never depend on timing: decode
+// steps close one T at a time, as calls of T tokens do (the same bits), and a
+// longer call closes up to 16 T in one segment.
+TEST(Streaming, SegmentsFollowTheCalls) {
   for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
     SCOPED_TRACE(to_string(layout));
     const Tokens x;
     AnchorKVCache one_call(streaming(100, 20, layout)), one_by_one(streaming(100, 20, layout)),
-        mixed(streaming(100, 20, layout));
+        by_segment(streaming(100, 20, layout)), mixed(streaming(100, 20, layout));
     x.feed(one_call, {N});
     x.feed(one_by_one, {1}, N);
+    x.feed(by_segment, {100}, N);
     x.feed(mixed, {7, 150, 1, 1, 33, 260}, N);
-    for (const AnchorKVCache* c : {&one_by_one, &mixed}) {
-      EXPECT_EQ(bits_of(c->fetch().keys), bits_of(one_call.fetch().keys));
-      EXPECT_EQ(bits_of(c->fetch().values), bits_of(one_call.fetch().values));
-      EXPECT_EQ(c->nbytes(), one_call.nbytes());
+    EXPECT_EQ(bits_of(one_by_one.fetch().keys), bits_of(by_segment.fetch().keys));
+    EXPECT_EQ(bits_of(one_by_one.fetch().values), bits_of(by_segment.fetch().values));
+    EXPECT_EQ(one_by_one.nbytes(), by_segment.nbytes());
+    auto lengths = [](const AnchorKVCache& c) {
+      std::vector<int64_t> out;
+      for (const auto& seg : internal::unlocked_state(c).segments) out.push_back(seg.tokens);
+      return out;
+    };
+    EXPECT_EQ(lengths(one_call), (std::vector<int64_t>{600}));
+    EXPECT_EQ(lengths(one_by_one), (std::vector<int64_t>(6, 100)));
+    for (const AnchorKVCache* c : {&one_call, &one_by_one, &by_segment, &mixed}) {
+      for (int64_t len : lengths(*c)) EXPECT_EQ(len % 100, 0);
+      EXPECT_EQ(internal::unlocked_state(*c).tail.tokens, 100);
+      // The tail is exact in every one.
+      EXPECT_EQ(c->fetch().keys.at(0, 1, N - 1, 5), x.K[(1 * N + N - 1) * D + 5]);
       expect_invariants(*c);
     }
   }
@@ -129,7 +146,7 @@ TEST(Streaming, EachSegmentIsTheSeedCompressionOfItsTokens) {
   AnchorKVConfig cfg = streaming(T, R, MetadataLayout::kSeed);
   cfg.anchor_count = AnchorCount::kAuto;
   AnchorKVCache c(cfg);
-  x.feed(c, {300, 1, 1, 90});
+  x.feed(c, {300, 1, 1, 90, 128, 1});  // a segment of 2 T, then one of T
   const auto& st = internal::unlocked_state(c);
   ASSERT_EQ(st.segments.size(), 2u);
   const KVPair got = c.fetch();
@@ -137,21 +154,23 @@ TEST(Streaming, EachSegmentIsTheSeedCompressionOfItsTokens) {
   AnchorKVConfig seed_cfg = cfg;
   seed_cfg.segment_tokens = seed_cfg.recent_tokens = 0;
   int64_t bytes = 0;
-  for (int64_t j = 0; j < 2; ++j) {
+  for (const auto& seg : st.segments) {
     AnchorKVCache alone(seed_cfg);
-    const KVPair want = alone.update_and_fetch(x.k(j * T, T), x.v(j * T, T));
+    const KVPair want = alone.update_and_fetch(x.k(seg.pos0, seg.tokens), x.v(seg.pos0, seg.tokens));
     bytes += alone.nbytes();
     for (int64_t r = 0; r < B * H; ++r)
-      for (int64_t t = 0; t < T; ++t)
+      for (int64_t t = 0; t < seg.tokens; ++t)
         for (int64_t d = 0; d < D; ++d) {
-          ASSERT_EQ(got.keys.at(0, r, j * T + t, d), want.keys.at(0, r, t, d)) << "segment " << j;
-          ASSERT_EQ(got.values.at(0, r, j * T + t, d), want.values.at(0, r, t, d)) << "segment " << j;
+          ASSERT_EQ(got.keys.at(0, r, seg.pos0 + t, d), want.keys.at(0, r, t, d)) << "segment at " << seg.pos0;
+          ASSERT_EQ(got.values.at(0, r, seg.pos0 + t, d), want.values.at(0, r, t, d)) << "segment at " << seg.pos0;
         }
   }
+  const int64_t closed = st.compressed_tokens();
+  ASSERT_EQ(closed, 3 * T);
   // The tail is exact, and costs its fp16 bytes.
   for (int64_t r = 0; r < B * H; ++r)
-    for (int64_t t = 2 * T; t < n; ++t) ASSERT_EQ(got.keys.at(0, r, t, 3), x.K[(r * N + t) * D + 3]);
-  EXPECT_EQ(c.nbytes(), bytes + (n - 2 * T) * B * H * D * 4);
+    for (int64_t t = closed; t < n; ++t) ASSERT_EQ(got.keys.at(0, r, t, 3), x.K[(r * N + t) * D + 3]);
+  EXPECT_EQ(c.nbytes(), bytes + (n - closed) * B * H * D * 4);
 }
 
 TEST(Streaming, SegmentsKeepTheByteBudget) {
@@ -167,8 +186,8 @@ TEST(Streaming, SegmentsKeepTheByteBudget) {
     AnchorKVCache c(cfg);
     c.update(TensorView::f32(K.data(), {1, 2, S, D128}), TensorView::f32(V.data(), {1, 2, S, D128}));
     const auto& st = internal::unlocked_state(c);
-    ASSERT_EQ(st.segments.size(), 7u);
-    for (const auto& seg : st.segments) EXPECT_LE(seg.bytes, 0.05 * 2 * T * D128 * 4) << to_string(layout);
+    ASSERT_EQ(st.segments.size(), 1u);  // 7 T in one multi-token call
+    for (const auto& seg : st.segments) EXPECT_LE(seg.bytes, 0.05 * 2 * seg.tokens * D128 * 4) << to_string(layout);
     EXPECT_GT(c.n_residual_total(), 0);
     EXPECT_EQ(c.nbytes(), st.segment_bytes + st.tail.tokens * 2 * D128 * 4);
   }
@@ -220,7 +239,7 @@ TEST(Streaming, AFailedCallChangesNothing) {
 TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
   const int64_t G = 2, W = 8, T = 200;
   const Tokens x(N);                    // every key its own direction
-  const int64_t target[H] = {57, 203};  // segment 0 of row 0, segment 1 (local 3) of row 1
+  const int64_t target[H] = {57, 203};  // row 0's in the first T positions, row 1's in the second
   std::vector<float> Q(static_cast<size_t>(B * H * G * W * D));
   for (int64_t r = 0; r < H; ++r)
     for (int64_t j = 0; j < G * W; ++j)
@@ -229,37 +248,41 @@ TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
   cfg.anchor_frac = 16.0 / T;
   cfg.window = W;
   cfg.rho = 1.0;
-  AnchorKVCache with(cfg), without(cfg), decode(cfg);
-  with.update(x.k(0, 2 * T), x.v(0, 2 * T), TensorView::f32(Q.data(), {B, H * G, W, D}));
-  without.update(x.k(0, 2 * T), x.v(0, 2 * T));
-  const auto& st = internal::unlocked_state(with);
-  ASSERT_EQ(st.segments.size(), 2u);
+  AnchorKVCache decode(cfg);
   auto anchors = [](const AnchorKVCache& c, size_t seg, int64_t row) {
     return internal::unlocked_state(c).segments[seg].rows[static_cast<size_t>(row)].anchor_positions();
   };
-  auto has = [](const std::vector<int32_t>& v, int32_t p) {
-    return std::find(v.begin(), v.end(), p) != v.end();
-  };
-  EXPECT_TRUE(has(anchors(with, 0, 0), 57));
-  EXPECT_TRUE(has(anchors(with, 1, 1), 3));
-  EXPECT_NE(bits_of(with.fetch().keys), bits_of(without.fetch().keys));
-  // The compressor given the segment and the queries (after it) stores the same anchors.
-  for (int64_t j = 0; j < 2; ++j) {
-    std::vector<float> Ks(static_cast<size_t>(B * H * T * D)), Vs(Ks.size());
+  auto has = [](const std::vector<int32_t>& v, int32_t p) { return std::find(v.begin(), v.end(), p) != v.end(); };
+  // What the compressor stores for positions [from, from + n) scored by Q sitting after them.
+  auto reference = [&](int64_t from, int64_t n, int64_t row) {
+    std::vector<float> Ks(static_cast<size_t>(B * H * n * D)), Vs(Ks.size());
     for (int64_t r = 0; r < H; ++r) {
-      std::copy_n(&x.K[(r * N + j * T) * D], T * D, &Ks[r * T * D]);
-      std::copy_n(&x.V[(r * N + j * T) * D], T * D, &Vs[r * T * D]);
+      std::copy_n(&x.K[(r * N + from) * D], n * D, &Ks[r * n * D]);
+      std::copy_n(&x.V[(r * N + from) * D], n * D, &Vs[r * n * D]);
     }
-    compress::SegmentInput in{B, H, T, D, Ks.data(), Vs.data()};
+    compress::SegmentInput in{B, H, n, D, Ks.data(), Vs.data()};
     in.Q = Q.data();
     in.G = G;
     in.W = W;
     in.queries_after = true;
-    const auto analysis = compress::analyze_reference(in, cfg);
-    for (int64_t r = 0; r < H; ++r) EXPECT_EQ(anchors(with, j, r), analysis[r].anchors) << "segment " << j;
-  }
-  // Queries brought one position at a time (decode steps) fill the window the same way.
-  decode.update(x.k(0, T + 100), x.v(0, T + 100));
+    AnchorKVConfig at = cfg;
+    at.anchor_frac = 16.0 / n;
+    return compress::analyze_reference(in, at)[row].anchors;
+  };
+  // One call: one segment of 2 T, scored by the call's queries.
+  cfg.anchor_frac = 16.0 / (2 * T);
+  AnchorKVCache one(cfg), one_without(cfg);
+  one.update(x.k(0, 2 * T), x.v(0, 2 * T), TensorView::f32(Q.data(), {B, H * G, W, D}));
+  one_without.update(x.k(0, 2 * T), x.v(0, 2 * T));
+  ASSERT_EQ(internal::unlocked_state(one).segments.size(), 1u);
+  EXPECT_TRUE(has(anchors(one, 0, 0), 57));
+  EXPECT_TRUE(has(anchors(one, 0, 1), 203));
+  for (int64_t r = 0; r < H; ++r) EXPECT_EQ(anchors(one, 0, r), reference(0, 2 * T, r));
+  EXPECT_NE(bits_of(one.fetch().keys), bits_of(one_without.fetch().keys));
+  // Queries brought one position at a time (decode steps) fill the window:
+  // the step that fills segment 1 starts compressing it with the last W
+  // positions' queries, and it commits `lag` steps later.
+  decode.update(x.k(0, T + 100), x.v(0, T + 100));  // segment 0 (no queries: proxies), 100 exact
   for (int64_t p = T + 100; p < 2 * T; ++p) {
     const int64_t w = std::max<int64_t>(p - (2 * T - W), 0);  // the last W positions take Q's W in order
     std::vector<float> q1(static_cast<size_t>(B * H * G * D));
@@ -267,21 +290,18 @@ TEST(Streaming, ObservationQueriesScoreTheClosingSegments) {
     decode.update(x.k(p, 1), x.v(p, 1), TensorView::f32(q1.data(), {B, H * G, 1, D}));
   }
   EXPECT_EQ(internal::unlocked_state(decode).recent_queries.size(), W);
-  // The step that filled segment 1 started compressing it with those queries;
-  // it commits `lag` steps later, whatever queries came since.
   EXPECT_NE(internal::unlocked_state(decode).closing, nullptr);
   for (int64_t p = 2 * T; p < 2 * T + internal::close_lag(cfg); ++p) decode.update(x.k(p, 1), x.v(p, 1));
   ASSERT_EQ(internal::unlocked_state(decode).segments.size(), 2u);
   EXPECT_TRUE(has(anchors(decode, 1, 1), 3));
-  EXPECT_EQ(anchors(decode, 1, 1), anchors(with, 1, 1))
-      << "the window held the same last W positions' queries";
+  for (int64_t r = 0; r < H; ++r) EXPECT_EQ(anchors(decode, 1, r), reference(T, T, r));
 }
 
 TEST(Streaming, FilesRoundTripAndTheSessionGoesOn) {
   const Tokens x;
   for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
     AnchorKVCache c(streaming(96, 24, layout));
-    x.feed(c, {300, 1, 1, 1});
+    x.feed(c, {96, 96, 96, 12, 1, 1, 1});
     ASSERT_EQ(internal::unlocked_state(c).segments.size(), 2u);
     const auto bytes = serialize_caches({&c});
     LoadedCaches l = load_caches_from_memory(bytes.data(), bytes.size());

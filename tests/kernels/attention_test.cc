@@ -105,8 +105,14 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
   cfg.recent_tokens = recent_tokens;
   AnchorKVCache cache(cfg);
   const auto K = random_kv(c.B, H, c.S, c.D, 11), V = random_kv(c.B, H, c.S, c.D, 12);
-  cache.update_and_fetch(TensorView::f32(K.data(), {c.B, H, c.S, c.D}),
-                         TensorView::f32(V.data(), {c.B, H, c.S, c.D}));
+  // A streaming cache is fed a segment at a time (a longer call closes up to 16 in one).
+  const int64_t step = segment_tokens > 0 ? segment_tokens : c.S;
+  for (int64_t at = 0; at < c.S; at += step) {
+    const int64_t n = std::min(step, c.S - at);
+    const Shape4 strides{H * c.S * c.D, c.S * c.D, c.D, 1};
+    cache.update(TensorView{&K[at * c.D], DType::kF32, {c.B, H, n, c.D}, strides},
+                 TensorView{&V[at * c.D], DType::kF32, {c.B, H, n, c.D}, strides});
+  }
   if (c.tail) {
     const int64_t T = std::max<int64_t>(c.Sq, 3);
     const auto Kt = random_kv(c.B, H, T, c.D, 13), Vt = random_kv(c.B, H, T, c.D, 14);
@@ -509,7 +515,8 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
     full.update_and_fetch(TensorView::f32(K.data(), {B, H, n, D}), TensorView::f32(V.data(), {B, H, n, D}));
   };
   if (head) feed(1, 40);
-  feed(S, 42);
+  for (int64_t at = 0, step = segment_tokens > 0 ? segment_tokens : S; at < S; at += step)
+    feed(std::min(step, S - at), 42 + at);  // a streaming cache a segment at a time
   if (tail) feed(std::max<int64_t>(Sq, 2), 44);
   if (segment_tokens > 0) {
     ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);

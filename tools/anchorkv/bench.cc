@@ -80,6 +80,7 @@ struct Options {
   double theta = 0.05;
   std::string metadata = "seed";
   std::string peer = "turboquant:k2v2";  // a second cache timed beside dense ("" for none)
+  int64_t segments = 1;                  // > 1: the same tokens as that many streaming segments, timed too
   int threads = 0;
   int reps = 9;
   bool json = false;
@@ -141,6 +142,21 @@ std::pair<double, double> time_peer(const eval::Workload& w, const TensorView& q
   return {s * 1e3, peer->compression_ratio()};
 }
 
+// The same layer held as opt.segments streaming segments of S / segments
+// tokens (the rest exact): its ms, its calls alternated with the one-segment
+// cache's.
+double time_segments(const eval::Workload& w, const TensorView& q, const AnchorKVCache& one, int64_t S,
+                     const Options& opt) {
+  AnchorKVConfig cfg = bench_config(opt);
+  cfg.segment_tokens = S / opt.segments;
+  AnchorKVCache many(cfg);
+  many.update(w.keys(), w.values());
+  AttentionOptions ao;
+  ao.threads = opt.threads;
+  attend(q, many, ao);  // warm up
+  return 1e3 * median_pair(opt.reps, [&] { attend(q, one, ao); }, [&] { attend(q, many, ao); }).second;
+}
+
 void print_attention_header(const Options& opt, int threads, double machine) {
   fmt::print(
       "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} metadata, {} "
@@ -151,6 +167,7 @@ void print_attention_header(const Options& opt, int threads, double machine) {
              "compressed ms", "speedup", "dense GB/s", "of peak", "ratio", "compress ms", "pre dense ms",
              "pre compr. ms", "pre keyrope ms");
   if (!opt.peer.empty()) fmt::print(" {:>{}} {:>7}", opt.peer + " ms", std::max<size_t>(10, opt.peer.size() + 3), "ratio");
+  if (opt.segments > 1) fmt::print(" {:>14} {:>9}", fmt::format("{} segs ms", opt.segments), "vs one");
   fmt::print("\n");
 }
 
@@ -213,6 +230,8 @@ void run_attention(const Options& opt) {
       peer = time_peer(w, q, dense, opt);
       r["peer"] = {{"cache", opt.peer}, {"ms", peer.first}, {"compression_ratio", peer.second}};
     }
+    const double seg_ms = opt.segments > 1 ? time_segments(w, q, compressed, S, opt) : 0;
+    if (opt.segments > 1) r["segments"] = {{"count", opt.segments}, {"ms", seg_ms}, {"vs_one", seg_ms / (comp_s * 1e3)}};
     rows.push_back(r);
     if (opt.json) continue;
     fmt::print(
@@ -222,6 +241,7 @@ void run_attention(const Options& opt) {
         compressed.compression_ratio(), compress_s * 1e3, pre.dense_ms, pre.compressed_ms, pre.keyrope_ms);
     if (!opt.peer.empty())
       fmt::print(" {:>{}.3f} {:>6.1f}x", peer.first, std::max<size_t>(10, opt.peer.size() + 3), peer.second);
+    if (opt.segments > 1) fmt::print(" {:>14.3f} {:>8.2f}x", seg_ms, seg_ms / (comp_s * 1e3));
     fmt::print("\n");
   }
   if (opt.json)
@@ -347,6 +367,9 @@ void register_bench(CLI::App* bench) {
         if (!s.empty()) cache::parse_cache_spec(s);
         return std::string();
       });
+  att->add_option("--segments", opt->segments,
+                  "also time the same tokens held as this many streaming segments (S / N tokens each)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   att->add_flag("--json", opt->json, "print JSON");
   att->callback([opt] { run_attention(*opt); });
 
