@@ -10,7 +10,7 @@
 // stores keys before RoPE, ":obs" hands the cache the prompt's real queries,
 // ":auto" lets AnchorKV choose its anchor count (e.g. "anchorkv_compact:pre:obs:auto").
 // AnchorKV streams (docs/spec.md §4.8): a session stays compressed as it
-// grows, segments of 256 tokens closing behind 64 exact ones (":segN:recentM"
+// grows, segments of 128 tokens closing behind 32 exact ones (":segN:recentM"
 // sets them; ":oneshot" is the seed's behaviour, later tokens exact).
 // Errors are anchorkv::Error naming the operation. One Runtime is one
 // sequence: use it from one thread at a time.

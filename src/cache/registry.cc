@@ -253,7 +253,7 @@ std::string cache_modifier_help() {
          "); NAME:pre:keyrope (AnchorKV) codes key residuals after RoPE at their positions, so decode "
          "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); AnchorKV:segN:recentM "
          "streams, closing the exact tail's oldest N tokens into a compressed segment whenever it holds M + N "
-         "(the runtime streams by default, docs/spec.md 4.8) and AnchorKV:oneshot compresses the first prefill "
+         "(the runtime streams by default: :seg128:recent32, docs/spec.md 4.8) and AnchorKV:oneshot compresses the first prefill "
          "only, keeping later tokens exact (the seed); modifiers combine, e.g. anchorkv_compact:pre:obs:auto" +
          params;
 }

@@ -17,7 +17,7 @@ namespace anchorkv::runtime {
 // :segN and no :oneshot gets segments of kSegmentTokens behind kRecentTokens
 // exact tokens (:segN alone keeps kRecentTokens). Chosen by measurement
 // (docs/results.md, "Whole sessions").
-inline constexpr int64_t kSegmentTokens = 256, kRecentTokens = 64;
+inline constexpr int64_t kSegmentTokens = 128, kRecentTokens = 32;
 cache::CacheSpec session_spec(const std::string& spec);
 
 // One layer's cache of `spec` for a model of `config` (:keyrope: the model's

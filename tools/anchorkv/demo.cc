@@ -219,7 +219,7 @@ void print_model_table(const DemoOptions& opt, const ModelTable& mt) {
   fmt::print("\n  KL(full || cache) per predicted token and top-1 agreement with the full cache (lower KL is\n"
              "  better). ratio: after the cached prefix; session: mean fp16 bytes / mean stored bytes over the\n"
              "  scored tokens; at end: after the last one. AnchorKV streams: the prompt is compressed whole and\n"
-             "  decoded tokens close into 256-token segments behind 64 exact ones (:oneshot keeps them exact, as\n"
+             "  decoded tokens close into 128-token segments behind 32 exact ones (:oneshot keeps them exact, as\n"
              "  the seed and SnapKV do, so their ratio falls as a session grows); StreamingLLM evicts to hold its\n"
              "  size; the quantizers code every token. anchorkv_tight:pre:obs:auto is the recommended setting\n"
              "  (README).\n");
