@@ -77,6 +77,9 @@ def main():
             messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
             r = requests.post(url + "/v1/chat/completions",
                               json={"messages": messages, "max_tokens": a.answer, "temperature": 0}, timeout=300)
+            if r.status_code == 400:  # the conversation no longer fits the model's context
+                print(f"  turn {turn}: {r.json()['error']['message']}")
+                break
             r.raise_for_status()
             j = r.json()
             messages.append({"role": "assistant", "content": j["choices"][0]["message"]["content"]})

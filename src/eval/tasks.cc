@@ -231,6 +231,50 @@ std::vector<PasskeyTrial> passkey_trials(const model::Tokenizer& tok, const std:
   return trials;
 }
 
+ChatRun chat(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int turns, int64_t message,
+             int64_t answer, const std::string& spec, double theta, int threads) {
+  if (turns < 1 || message < 1 || answer < 1 || static_cast<int64_t>(toks.size()) < turns * (message + answer))
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::eval::chat",
+               std::to_string(turns) + " turns of " + std::to_string(message) + " + " + std::to_string(answer) +
+                   " tokens need more than the text's " + std::to_string(toks.size()));
+  model::LlamaModel m = make_model(w, spec, theta, threads);
+  const int64_t V = w.config.vocab;
+  ChatRun run;
+  for (int64_t t = 0, pos = 0; t < turns; ++t) {
+    std::vector<float> logits = runtime::prefill_prompt(
+        m, std::vector<int32_t>(toks.begin() + pos, toks.begin() + pos + message));
+    pos += message;
+    run.logp.emplace_back();
+    for (int64_t i = 0; i < answer; ++i, ++pos) {
+      run.logp.back().push_back(model::log_softmax(logits.data(), V));  // predicts toks[pos]
+      logits = m.forward({toks[pos]});
+      const CacheTotals now = cache_totals(m);
+      run.session.bytes += now.bytes;
+      run.session.full += now.full;
+    }
+    run.bytes.push_back(cache_totals(m));
+  }
+  return run;
+}
+
+std::vector<ChatTurnScore> score_chat(const ChatRun& ref, const ChatRun& c) {
+  std::vector<ChatTurnScore> out;
+  for (size_t t = 0; t < c.logp.size(); ++t) {
+    ChatTurnScore s;
+    for (size_t i = 0; i < c.logp[t].size(); ++i) {
+      const auto& p = ref.logp[t][i];
+      const auto& q = c.logp[t][i];
+      for (size_t v = 0; v < p.size(); ++v) s.kl += std::exp(p[v]) * (p[v] - q[v]);
+      s.top1 += std::max_element(p.begin(), p.end()) - p.begin() == std::max_element(q.begin(), q.end()) - q.begin();
+    }
+    const auto n = static_cast<double>(c.logp[t].size());
+    s.kl /= n;
+    s.top1 /= n;
+    out.push_back(s);
+  }
+  return out;
+}
+
 bool passkey_answered(const model::LlamaWeights& w, const model::Tokenizer& tok, const PasskeyTrial& trial,
                       const std::string& spec, double theta, int threads) {
   model::LlamaModel m = make_model(w, spec, theta, threads);

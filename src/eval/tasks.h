@@ -101,6 +101,24 @@ struct MultiQueryRun {
 MultiQueryRun multi_query(const model::LlamaWeights& w, const MultiQueryPrompt& p, const std::string& spec,
                           double theta, int threads, const MultiQueryRun* ref);
 
+// A chat over a text: turn after turn, a message of `message` tokens fed as
+// a prompt (runtime::prefill_prompt: a streaming cache compresses it whole),
+// then an answer of `answer` tokens teacher-forced one at a time and scored,
+// every turn staying in the cache for the next. `toks` holds turns * (message
+// + answer) tokens at least (BOS first).
+struct ChatRun {
+  std::vector<std::vector<std::vector<double>>> logp;  // [turn][answer token]: log-probabilities
+  std::vector<CacheTotals> bytes;                      // after each turn
+  CacheTotals session;                                 // summed after every answer step (session ratio)
+};
+ChatRun chat(const model::LlamaWeights& w, const std::vector<int32_t>& toks, int turns, int64_t message,
+             int64_t answer, const std::string& spec, double theta, int threads);
+struct ChatTurnScore {
+  double kl = 0, top1 = 0;  // means over the turn's answer tokens
+};
+// Each turn of `c` against the full cache's run `ref`.
+std::vector<ChatTurnScore> score_chat(const ChatRun& ref, const ChatRun& c);
+
 // Passkey retrieval: filler text with "The pass key is N" at a depth, then
 // "What is the pass key? The pass key is"; a greedy answer of 8 tokens is
 // right when it contains the key.

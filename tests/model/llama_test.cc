@@ -241,6 +241,27 @@ TEST(Session, StaysCompressedThroughAGeneration) {
   EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*o.caches()[0]).config().streaming());
 }
 
+// The chat task: turns of a prompt and a scored answer through one session.
+TEST(ChatTask, ScoresEveryTurnThroughTheSession) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  std::vector<int32_t> toks = {1};
+  for (int i = 0; i < 599; ++i) toks.push_back(3 + (i * 53) % 200);
+  const eval::ChatRun ref = eval::chat(w, toks, 5, 70, 40, "full", 0, 2);
+  ASSERT_EQ(ref.logp.size(), 5u);
+  ASSERT_EQ(ref.logp[0].size(), 40u);
+  for (const auto& t : eval::score_chat(ref, ref)) EXPECT_EQ(t.kl, 0.0);
+  const eval::ChatRun s = eval::chat(w, toks, 5, 70, 40, "anchorkv_tight:pre:obs:auto", 0.05, 2),
+                      o = eval::chat(w, toks, 5, 70, 40, "anchorkv_tight:pre:obs:auto:oneshot", 0.05, 2);
+  const std::vector<eval::ChatTurnScore> turns = eval::score_chat(ref, s);
+  ASSERT_EQ(turns.size(), 5u);
+  for (const auto& t : turns) EXPECT_GT(t.kl, 0.0);
+  EXPECT_GT(s.session.ratio(), 3.0 * o.session.ratio()) << "every turn's message is compressed whole";
+  for (size_t t = 1; t < s.bytes.size(); ++t) EXPECT_GT(s.bytes[t].full, s.bytes[t - 1].full);
+  EXPECT_THROW(eval::chat(w, toks, 6, 70, 40, "full", 0, 2), Error) << "600 tokens hold 5 turns of 110";
+}
+
 TEST(CopyTask, PassageFillerPassage) {
   const std::string path = shared_model("anchorkv-tiny.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;

@@ -33,6 +33,8 @@ struct EvalOptions {
   int trials = 3;
   int64_t passage = 128;  // copy task
   int questions = 8;      // multiquery task
+  int turns = 8;          // chat task: turns of --message + --answer tokens
+  int64_t message = 64, answer = 48;
   double prefix_frac = 0.5;
   std::vector<std::string> caches = {"full", "anchorkv_tight:pre:obs:auto", "anchorkv", "snapkv:obs", "h2o",
                                      "streamingllm", "kivi2"};
@@ -205,6 +207,44 @@ void multi_query(const EvalOptions& o) {
   }
 }
 
+// A chat over --text: turns of a message (a prompt) and a scored answer.
+void chat(const EvalOptions& o) {
+  const runtime::ModelFile mf = runtime::ModelFile::open(o.model);
+  if (o.text.empty()) core::fail(ErrorCode::kInvalidArgument, "anchorkv eval --task chat", "pass --text FILE");
+  const std::vector<int32_t> toks = mf.tok("anchorkv eval --task chat").encode(read_file(o.text), true);
+  const auto runs = eval::cache_runs(o.caches, o.thetas);
+  const eval::ChatRun ref = eval::chat(mf.weights, toks, o.turns, o.message, o.answer, "full", 0, o.threads);
+  fmt::print("{}: {} turns of a {}-token message (a prompt) and a {}-token answer scored against the full cache\n\n",
+             o.model, o.turns, o.message, o.answer);
+  size_t width = 30;
+  for (const auto& run : runs) width = std::max(width, run.first.size());
+  fmt::print("  {:<{}} {:>5} {:>9} {:>9} {:>11} {:>9} {:>12} {:>12}\n", "cache", width, "theta", "session", "at end",
+             "KL (nats)", "top-1", "KL turn 1", "KL last turn");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [cache, theta] : runs) {
+    const eval::ChatRun c =
+        cache == "full" ? ref : eval::chat(mf.weights, toks, o.turns, o.message, o.answer, cache, theta, o.threads);
+    const std::vector<eval::ChatTurnScore> turns = eval::score_chat(ref, c);
+    double kl = 0, top1 = 0;
+    nlohmann::json per_turn = nlohmann::json::array();
+    for (size_t t = 0; t < turns.size(); ++t) {
+      kl += turns[t].kl / static_cast<double>(turns.size());
+      top1 += turns[t].top1 / static_cast<double>(turns.size());
+      per_turn.push_back({{"kl", turns[t].kl}, {"top1", turns[t].top1}, {"compression_ratio", c.bytes[t].ratio()}});
+    }
+    fmt::print("  {:<{}} {:>5} {:>8.2f}x {:>8.2f}x {:>11.5f} {:>8.1f}% {:>12.5f} {:>12.5f}\n", cache, width,
+               theta > 0 ? fmt::format("{}", theta) : "-", c.session.ratio(), c.bytes.back().ratio(), kl, 100 * top1,
+               turns.front().kl, turns.back().kl);
+    rows.push_back({{"cache", cache}, {"theta", theta}, {"compression_ratio_session", c.session.ratio()},
+                    {"compression_ratio_at_end", c.bytes.back().ratio()}, {"kl_mean", kl}, {"top1_agreement", top1},
+                    {"turns", per_turn}});
+  }
+  if (!o.json_path.empty())
+    std::ofstream(o.json_path) << nlohmann::json{{"model", o.model}, {"task", "chat"}, {"turns", o.turns},
+                                                 {"message", o.message}, {"answer", o.answer}, {"results", rows}}
+                                      .dump(2);
+}
+
 }  // namespace
 
 void register_eval(CLI::App& app) {
@@ -216,9 +256,15 @@ void register_eval(CLI::App& app) {
   ev->add_option("--tokens", e->tokens, "token ids to score instead")->delimiter(',');
   ev->add_option("--task", e->task,
                  "perplexity (ppl, KL, top-1 after a compressed prefix), copy (a passage of --text, filler, the "
-                 "passage again: loss on the repeat), passkey, or multiquery (--questions facts in one "
-                 "compressed prefix, asked one after another; --trials prompts)")
-      ->check(CLI::IsMember({"perplexity", "copy", "passkey", "multiquery"}));
+                 "passage again: loss on the repeat), passkey, multiquery (--questions facts in one "
+                 "compressed prefix, asked one after another; --trials prompts), or chat (--turns of a --message "
+                 "fed as a prompt and an --answer scored, all of --text; the whole session through the cache)")
+      ->check(CLI::IsMember({"perplexity", "copy", "passkey", "multiquery", "chat"}));
+  ev->add_option("--turns", e->turns, "chat task: turns")->check(CLI::Range(1, 1000));
+  ev->add_option("--message", e->message, "chat task: tokens of each turn's message (fed as a prompt)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  ev->add_option("--answer", e->answer, "chat task: tokens of each turn's answer (scored one at a time)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   ev->add_option("--questions", e->questions, "multiquery task: facts in the prefix, each asked once")
       ->check(CLI::Range(1, 16));
   ev->add_option("--passage", e->passage, "copy task: passage tokens (the prompt is --ctx tokens in all)")
@@ -238,6 +284,8 @@ void register_eval(CLI::App& app) {
   ev->callback([e] {
     if (e->task == "multiquery")
       multi_query(*e);
+    else if (e->task == "chat")
+      chat(*e);
     else if (e->task == "passkey")
       passkey(*e);
     else
