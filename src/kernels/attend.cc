@@ -91,6 +91,7 @@ struct RowPrep {
 // calls attend once per token, and fresh pages cost more than the work.
 struct Workspace {
   core::UninitVector<float> Q, pm, pl, pacc, pw, prot;
+  std::vector<float> rq;                   // [R, ceil(nq / 4) * 4, D]: queries in the shared codec's rotation
   std::vector<std::vector<RowPrep>> prep;  // per segment, per row
 };
 
@@ -221,6 +222,14 @@ class AttendCall {
     return (*g.slot_index)[static_cast<size_t>(r)];
   }
   const float* row_queries(int64_t r) const { return &ws_.Q[static_cast<size_t>(r * nq_ * D_)]; }
+  int64_t nq4() const { return (nq_ + 3) / 4 * 4; }  // whole quads
+  // Segments of one cache share one codec: their queries are rotated once per
+  // row, and their rotated residual values summed before one inverse.
+  bool shares_codec(int s) const { return shared_codec_ && seg(s).codec == shared_codec_; }
+  const float* rotated_queries(int s, int64_t r) const {
+    return shares_codec(s) ? &ws_.rq[static_cast<size_t>(r * nq4() * D_)]
+                           : prep_[static_cast<size_t>(s)][static_cast<size_t>(r)].rq.data();
+  }
   // Per-anchor weights a chunk's partial carries per query: its segment's largest anchor count.
   int64_t chunk_k(const Chunk& c) const { return c.seg < 0 ? 0 : k_max_[static_cast<size_t>(c.seg)]; }
   kernels::PartialView partial(int64_t r, int64_t c);
@@ -238,7 +247,8 @@ class AttendCall {
   void merge_tile(const kernels::PartialView& t, kernels::PartialView out) const;
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_and_finish(Tensor& out);
-  void merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l, float* acc);
+  void merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l, float* acc,
+                     float* rot);
   void add_anchor_values(int s, int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const;
   void write_query(int64_t r, int64_t g, float l, float* y, Tensor& out) const;
   void report(AttentionStats* stats) const;
@@ -257,6 +267,8 @@ class AttendCall {
   int64_t C_ = 0, w_row_ = 0;   // chunks; floats of pw per row
   std::vector<int64_t> k_max_;  // per segment: the most anchors of any of its rows
   std::vector<char> masked_;    // per segment: some query sits inside it (causal mask)
+  std::vector<size_t> entry_chunk0_;  // per segment: the index of its first entry chunk
+  const compress::ResidualCodec* shared_codec_ = nullptr;  // every segment's, if they share one
   bool anchors_in_place_ = false;  // fp16 key anchors read in place (fast path, no RoPE)
   bool values_in_place_ = false;   // fp16 value anchors read in place (fast path)
   std::vector<std::vector<RowPrep>>& prep_;  // the workspace's (buffers reused across calls)
@@ -307,6 +319,7 @@ void AttendCall::plan_chunks() {
   for (const auto& reg : src_.dense_before) add_dense(reg);
   k_max_.assign(src_.segments.size(), 0);
   masked_.assign(src_.segments.size(), 0);
+  entry_chunk0_.assign(src_.segments.size(), 0);
   for (int s = 0; s < n_seg(); ++s) plan_segment(s);
   for (const auto& reg : src_.dense_after) add_dense(reg);
   C_ = static_cast<int64_t>(chunks_.size());
@@ -327,6 +340,7 @@ void AttendCall::plan_segment(int s) {
   }
   chunks_.push_back({Chunk::kAnchors, nullptr, 0, 0, s});
   const int64_t c = entry_chunk_size(n_other_max, R_, rope_ != nullptr);
+  entry_chunk0_[static_cast<size_t>(s)] = chunks_.size();
   int entry_chunk = 0;
   for (int64_t a = 0; a < n_other_max; a += c)
     chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), s, entry_chunk++});
@@ -338,6 +352,15 @@ void AttendCall::prepare_segments() {
   anchors_in_place_ = values_in_place_ && !rope_;
   prep_.resize(src_.segments.size());
   for (auto& rows : prep_) rows.resize(static_cast<size_t>(R_));
+  shared_codec_ = seg(0).codec;
+  for (int s = 1; s < n_seg(); ++s)
+    if (seg(s).codec != shared_codec_) shared_codec_ = nullptr;
+  if (shared_codec_) {
+    ws_.rq.assign(static_cast<size_t>(R_ * nq4() * D_), 0.0f);  // zero past nq
+    for (int64_t r = 0; r < R_; ++r)
+      for (int64_t g = 0; g < nq_; ++g)
+        shared_codec_->rotation().forward(row_queries(r) + g * D_, &ws_.rq[static_cast<size_t>((r * nq4() + g) * D_)]);
+  }
   core::parallel_for(n_seg() * R_, opt_.threads, [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
 }
 
@@ -418,13 +441,17 @@ void AttendCall::prepare_row(int s, int64_t r) {
     for (int64_t g = 0; g < nq_; ++g)
       for (int64_t j = 0; j < k; ++j) p.anchor_dot4[((g / 4) * k + j) * 4 + g % 4] = p.anchor_dot[g * k + j];
   }
-  p.rq.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads, zero past nq
-  for (int64_t g = 0; g < nq_; ++g) g_seg.codec->rotation().forward(q + g * D, &p.rq[g * D]);
+  p.rq.clear();
+  if (!shares_codec(s)) {
+    p.rq.assign(static_cast<size_t>(nq4() * D), 0.0f);  // whole quads, zero past nq
+    for (int64_t g = 0; g < nq_; ++g) g_seg.codec->rotation().forward(q + g * D, &p.rq[g * D]);
+  }
   // The residual slots before each of the segment's entry chunks, from the
   // row's slot index (chunks start on its blocks, or past the row's last entry).
   const std::vector<int64_t>& index = slot_index(s, r);
-  for (const Chunk& c : chunks_) {
-    if (c.kind != Chunk::kEntries || c.seg != s) continue;
+  for (size_t ci = entry_chunk0_[static_cast<size_t>(s)]; ci < chunks_.size(); ++ci) {
+    const Chunk& c = chunks_[ci];
+    if (c.kind != Chunk::kEntries || c.seg != s) break;
     const int64_t end = std::min(c.a, row.n_other());
     const size_t b = static_cast<size_t>(end == row.n_other() ? index.size() / 2 - 1 : end / compress::kSlotIndexBlock);
     p.slot_k.push_back(index[2 * b]);
@@ -449,7 +476,7 @@ kernels::CompressedQueries AttendCall::compressed_queries(int s, int64_t r) cons
           nq_,
           p.anchor_dot.data(),
           p.anchor_dot4.empty() ? nullptr : p.anchor_dot4.data(),
-          p.rq.data(),
+          rotated_queries(s, r),
           rope_,
           p.cs.empty() ? nullptr : p.cs.data(),
           p.rope_queries.empty()   ? nullptr  // split rows only for the fast kernel
@@ -581,7 +608,8 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
 void AttendCall::report(AttentionStats* stats) const {
   int64_t bytes = static_cast<int64_t>(ws_.Q.size() * 4 + qpos_.size() * 8 +
                                        (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
-                                       (ws_.pw.size() + ws_.prot.size()) * 4);
+                                       (ws_.pw.size() + ws_.prot.size()) * 4 +
+                                       (shared_codec_ ? ws_.rq.size() * 4 : 0));
   int64_t k_all = 0;
   for (int s = 0; s < n_seg(); ++s) {
     k_all = std::max(k_all, k_max_[static_cast<size_t>(s)]);
@@ -612,16 +640,19 @@ void AttendCall::report(AttentionStats* stats) const {
 void AttendCall::merge_and_finish(Tensor& out) {
   core::parallel_for(R_, opt_.threads, [&](int64_t r) {
     float m[4], l[4], ms[4], ls[4];
-    thread_local std::vector<float> acc, acc_s;
+    thread_local std::vector<float> acc, acc_s, rot, rot_s;
     acc.resize(static_cast<size_t>(4 * D_));
     acc_s.resize(static_cast<size_t>(4 * D_));
+    rot.resize(static_cast<size_t>(4 * D_));
+    rot_s.resize(static_cast<size_t>(4 * D_));
     for (int64_t g0 = 0; g0 < nq_; g0 += 4) {
       const int64_t gn = std::min<int64_t>(4, nq_ - g0);
       std::fill_n(m, 4, kNegInf);
       std::fill_n(l, 4, 0.0f);
       for (size_t c = 0; c < chunks_.size();) {
         size_t c1 = c + 1;
-        if (chunks_[c].seg < 0) {  // a dense chunk: its partial as it is
+        const bool dense = chunks_[c].seg < 0;
+        if (dense) {  // a dense chunk: its partial as it is
           const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
           for (int64_t g = 0; g < gn; ++g) {
             ms[g] = v.m[g0 + g];
@@ -630,27 +661,33 @@ void AttendCall::merge_and_finish(Tensor& out) {
           }
         } else {
           while (c1 < chunks_.size() && chunks_[c1].seg == chunks_[c].seg) ++c1;
-          merge_segment(r, g0, gn, c, c1, ms, ls, acc_s.data());
+          merge_segment(r, g0, gn, c, c1, ms, ls, acc_s.data(), rot_s.data());
         }
         for (int64_t g = 0; g < gn; ++g)
-          kernels::merge_partial(m[g], l[g], &acc[g * D_], nullptr, nullptr, ms[g], ls[g], &acc_s[g * D_], nullptr,
-                                 nullptr, D_, 0);
+          kernels::merge_partial(m[g], l[g], &acc[g * D_], nullptr, shared_codec_ ? &rot[g * D_] : nullptr, ms[g],
+                                 ls[g], &acc_s[g * D_], nullptr, dense ? nullptr : &rot_s[g * D_], D_, 0);
         c = c1;
       }
-      for (int64_t g = 0; g < gn; ++g) write_query(r, g0 + g, l[g], &acc[g * D_], out);
+      for (int64_t g = 0; g < gn; ++g) {
+        if (shared_codec_ && m[g] != kNegInf) {  // the shared codec's rotated residual values, back once
+          shared_codec_->rotation().inverse(&rot[g * D_], &rot[g * D_]);
+          for (int64_t d = 0; d < D_; ++d) acc[g * D_ + d] += rot[g * D_ + d];
+        }
+        write_query(r, g0 + g, l[g], &acc[g * D_], out);
+      }
     }
   });
 }
 
 // Chunks [c0, c1) of one segment for queries g0 .. g0 + gn - 1 of row r,
-// folded and finished: m, l, acc [gn, D] plain sums.
+// folded and finished: m, l, acc [gn, D] plain sums; rot [gn, D] its rotated
+// residual values when its codec is the shared one (else folded into acc).
 void AttendCall::merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l,
-                               float* acc) {
+                               float* acc, float* rot) {
   const int s = chunks_[c0].seg;
   const int64_t k = seg_row(s, r).n_anchor, kc = k_max_[static_cast<size_t>(s)];
-  thread_local std::vector<float> w, rot;
+  thread_local std::vector<float> w;
   w.resize(static_cast<size_t>(4 * k));
-  rot.resize(static_cast<size_t>(4 * D_));
   for (int64_t g = 0; g < gn; ++g) {
     m[g] = kNegInf;
     l[g] = 0;
@@ -665,9 +702,11 @@ void AttendCall::merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, siz
     }
   }
   add_anchor_values(s, r, k, gn, w.data(), acc);
+  if (shares_codec(s)) return;
   for (int64_t g = 0; g < gn; ++g) {
     seg(s).codec->rotation().inverse(&rot[g * D_], &rot[g * D_]);
     for (int64_t d = 0; d < D_; ++d) acc[g * D_ + d] += rot[g * D_ + d];
+    std::fill_n(&rot[g * D_], D_, 0.0f);
   }
 }
 

@@ -2116,7 +2116,9 @@ void merge_partial(float& m_a, float& l_a, float* acc_a, float* w_a, float* rot_
   l_a = l_a * fa + l_b * fb;
   core::scale_add(fa, acc_a, fb, acc_b, D);
   if (w_a) core::scale_add(fa, w_a, fb, w_b, k);
-  if (rot_a) core::scale_add(fa, rot_a, fb, rot_b, D);
+  if (rot_a && rot_b) core::scale_add(fa, rot_a, fb, rot_b, D);
+  if (rot_a && !rot_b)  // b holds no rotated values (a dense chunk): a's only rescale
+    for (int64_t d = 0; d < D; ++d) rot_a[d] *= fa;
 }
 
 }  // namespace anchorkv::kernels
