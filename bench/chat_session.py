@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A multi-turn chat through `anchorkv serve` on loopback: per turn the prompt's
-tokens, the pool entry it added (`anchorkv_prefix_pool_bytes`) against that
-prompt's fp16 K/V, and the pool's total. Greedy answers of --answer tokens.
+tokens, those restored from the pool (`cached_tokens`), the bytes the turn
+added to the pool (`anchorkv_prefix_pool_bytes`) against the fp16 K/V of the
+tokens it prefilled, and the pool's total against one fp16 copy of the
+conversation. Greedy answers of --answer tokens.
 
     bench/chat_session.py --cli build/anchorkv -m ../shared/models/anchorkv-d128.gguf \\
         --cache anchorkv_tight:pre:obs:auto --turns 10 --json out.json
@@ -71,7 +73,7 @@ def main():
                 time.sleep(0.05)
         messages, rows, pool_before = [], [], 0.0
         print(f"{a.cache} theta {a.theta}: {a.turns} turns, {a.answer}-token greedy answers\n")
-        print(f"  {'turn':>4} {'prompt':>7} {'entry B':>10} {'fp16 B':>10} {'ratio':>7} {'pool B':>10} "
+        print(f"  {'turn':>4} {'prompt':>7} {'cached':>7} {'added B':>10} {'fp16 B':>10} {'ratio':>7} {'pool B':>10} "
               f"{'pool vs one fp16 copy':>22}")
         for turn in range(a.turns):
             messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
@@ -84,13 +86,14 @@ def main():
             j = r.json()
             messages.append({"role": "assistant", "content": j["choices"][0]["message"]["content"]})
             prompt = j["usage"]["prompt_tokens"]
+            cached = j["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
             pool = metrics(url)["anchorkv_prefix_pool_bytes"]
-            entry, fp16 = pool - pool_before, prompt * a.fp16_per_token
-            rows.append({"turn": turn, "prompt_tokens": prompt, "entry_bytes": entry, "entry_fp16_bytes": fp16,
-                         "entry_ratio": fp16 / entry if entry > 0 else None, "pool_bytes": pool,
-                         "pool_vs_fp16_copy": pool / fp16})
-            print(f"  {turn:>4} {prompt:>7} {entry:>10.0f} {fp16:>10} {fp16 / max(entry, 1):>6.1f}x {pool:>10.0f} "
-                  f"{pool / fp16:>21.2f}x")
+            added, fp16 = pool - pool_before, (prompt - cached) * a.fp16_per_token
+            rows.append({"turn": turn, "prompt_tokens": prompt, "cached_tokens": cached, "added_bytes": added,
+                         "added_fp16_bytes": fp16, "added_ratio": fp16 / added if added > 0 else None,
+                         "pool_bytes": pool, "pool_vs_fp16_copy": pool / (prompt * a.fp16_per_token)})
+            print(f"  {turn:>4} {prompt:>7} {cached:>7} {added:>10.0f} {fp16:>10} {fp16 / max(added, 1):>6.1f}x "
+                  f"{pool:>10.0f} {pool / (prompt * a.fp16_per_token):>21.2f}x")
             pool_before = pool
         if a.json:
             with open(a.json, "w") as f:

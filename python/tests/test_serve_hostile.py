@@ -153,7 +153,7 @@ def test_deadline_and_full_queue():
     s = Server(*CACHE, "--max-queue", "0")
     try:
         statuses = []
-        for _ in range(5):
+        for _ in range(20):  # a loaded machine may let a stream end first more than once
             with s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3000, "stream": True}, stream=True) as st:
                 next(st.iter_lines())
                 busy = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1})
@@ -228,6 +228,17 @@ def damage(files, anchorkv_core):
     anchorkv_core.save_caches(str(wrong_shape), other, list(tokens), list(logits), dict(entries))
 
 
+def touched_prompts(files, prompts, anchorkv_core):
+    """Which prompts begin with the tokens of one of the five blocks damage() damages. Such a prompt
+    restores a shorter chain (or none) and prefills the rest; its answer may differ in the last bits
+    from the one its whole chain gives, as any prompt restored from a shorter prefix may."""
+    touched = set()
+    for f in files[:5]:
+        tokens = list(anchorkv_core.load_caches(str(f))[1])
+        touched |= {i for i, p in enumerate(prompts) if p[:len(tokens)] == tokens}
+    return touched
+
+
 def test_damaged_pool_files_are_misses_at_start_and_after_indexing(tmp_path):
     import anchorkv
     core = anchorkv._core
@@ -238,16 +249,21 @@ def test_damaged_pool_files_are_misses_at_start_and_after_indexing(tmp_path):
     s = Server(*CACHE, "--cache-budget", "60000", "--cache-dir", str(spill))
     try:
         first = [s.post("/v1/completions", dict(body, prompt=p)).json()["choices"][0]["text"] for p in prompts]
-        files = sorted(spill.glob("prefix-*.akvc"))
+        files = sorted(spill.glob("block-*.akvc"))
         assert len(files) >= 5, files
+        touched = touched_prompts(files, prompts, core)
         damage(files, core)
-        # After indexing: each damaged entry is a miss (a fresh prefill, the same answer), never a 500.
-        for p, text in zip(prompts, first):
+        # After indexing: each damaged block ends its chain early (a prefill from there), never a 500;
+        # the prompts it does not touch give the same answer.
+        for i, (p, text) in enumerate(zip(prompts, first)):
             r = s.post("/v1/completions", dict(body, prompt=p))
-            assert r.status_code == 200 and r.json()["choices"][0]["text"] == text
-        # The prompt equal to a file's tokens whose logits are missing: no crash, the same answer.
+            assert r.status_code == 200 and r.json()["choices"][0]["text"]
+            assert i in touched or r.json()["choices"][0]["text"] == text
+        # Garbage, truncated, wrong tokens and another model's layers are dropped when a chain reaches
+        # them (one may sit behind another in the same chain); a block saved without logits is bad only
+        # where it ends a prompt (blocks inside a chain hold none), and then a shorter chain serves.
         m = s.metrics()
-        assert m["anchorkv_prefix_bad_entries_total"] >= 4, m
+        assert m["anchorkv_prefix_bad_entries_total"] >= 3, m
         assert m["anchorkv_server_errors_total"] == 0
     finally:
         assert s.stop() == 0
@@ -258,19 +274,21 @@ def test_damaged_pool_files_are_misses_at_start_and_after_indexing(tmp_path):
     finally:
         s.stop()
     spill2 = spill / "x"
-    files = sorted(spill2.glob("prefix-*.akvc"))
+    files = sorted(spill2.glob("block-*.akvc"))
+    touched = touched_prompts(files, prompts, core)
     damage(files, core)
-    os.mkfifo(spill2 / "prefix-900.akvc")
-    (spill2 / "prefix-901.akvc").mkdir()
-    (spill2 / ".prefix-902.akvc.tmp.AbCdEf").write_bytes(b"half a file")
+    os.mkfifo(spill2 / "block-900.akvc")
+    (spill2 / "block-901.akvc").mkdir()
+    (spill2 / ".block-902.akvc.tmp.AbCdEf").write_bytes(b"half a file")
     s = Server(*CACHE, "--cache-budget", "60000", "--cache-dir", str(spill2))
     try:
-        assert not (spill2 / ".prefix-902.akvc.tmp.AbCdEf").exists(), "temporary files are cleaned up"
-        for p, text in zip(prompts, first):
+        assert not (spill2 / ".block-902.akvc.tmp.AbCdEf").exists(), "temporary files are cleaned up"
+        for i, (p, text) in enumerate(zip(prompts, first)):
             r = s.post("/v1/completions", dict(body, prompt=p))
-            assert r.status_code == 200 and r.json()["choices"][0]["text"] == text
+            assert r.status_code == 200 and r.json()["choices"][0]["text"]
+            assert i in touched or r.json()["choices"][0]["text"] == text
         assert s.metrics()["anchorkv_server_errors_total"] == 0
-        assert stat.S_ISFIFO(os.stat(spill2 / "prefix-900.akvc").st_mode)
+        assert stat.S_ISFIFO(os.stat(spill2 / "block-900.akvc").st_mode)
     finally:
         assert s.stop() == 0
 
@@ -288,7 +306,7 @@ def test_a_pooled_file_without_logits_for_the_whole_prompt_does_not_crash(tmp_pa
             s.post("/v1/completions", {"prompt": [(j * 11 + i) % 240 + 4 for j in range(160)], "max_tokens": 1})
     finally:
         s.stop()
-    for f in spill.glob("prefix-*.akvc"):
+    for f in spill.glob("block-*.akvc"):
         natives, tokens, logits, entries = core.load_caches(str(f))
         core.save_caches(str(f), natives, list(tokens), [], dict(entries))  # valid: logits are optional
     s = Server(*CACHE, "--cache-budget", "60000", "--cache-dir", str(spill))

@@ -16,6 +16,7 @@
 #include "cache/anchorkv_segments.h"
 #include "cache/anchorkv_state.h"
 #include "cache/anchorkv_streaming.h"
+#include "cache/segment_chain.h"
 #include "cache/core.h"
 #include "compress/budget.h"
 #include "compress/compressor.h"
@@ -92,6 +93,7 @@ class AnchorKVStore final : public internal::CacheStore {
   void load_state(cache::ByteReader& r, const internal::CacheShape& shape) override;
 
   const AnchorKVState& state() const { return st_; }
+  AnchorKVState& mutable_state() { return st_; }
 
  private:
   void store_seed(const cache::StagedInput& in, const internal::CacheShape& shape);
@@ -367,6 +369,116 @@ std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader&
     c.recent_tokens = r.get<int64_t>("config.recent_tokens");
   }
   return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
+}
+
+namespace {
+
+// The state of an AnchorKVCache that can be cut into or joined from segments.
+bool holds_only_segments(const AnchorKVState& st) {
+  return st.streaming() && st.head.tokens == 0 && st.tail.tokens == 0 && !st.closing;
+}
+
+void require_only_segments(const AnchorKVState& st, const char* op) {
+  if (!holds_only_segments(st))
+    core::fail(ErrorCode::kInvalidState, op, "the cache is not a streaming AnchorKV cache holding only segments");
+}
+
+const AnchorKVCache& anchorkv_of(const KVCache& cache, const char* op) {
+  const auto* a = dynamic_cast<const AnchorKVCache*>(&cache);
+  if (!a) core::fail(ErrorCode::kInvalidArgument, op, "not an AnchorKVCache");
+  return *a;
+}
+
+std::vector<uint8_t> config_bytes(const internal::CacheStore& store) {
+  cache::ByteWriter w;
+  store.save_config(w);
+  return w.bytes();
+}
+
+// `seg` moved to start at cache position pos0 (its rows' key_rope with it).
+void move_segment(AnchorKVSegment& seg, const AnchorKVConfig& cfg, int64_t pos0) {
+  seg.pos0 = pos0;
+  const RopeOptions key_rope = segment_key_rope(cfg, pos0);
+  for (auto& row : seg.rows) row.key_rope = key_rope;
+}
+
+}  // namespace
+
+std::vector<int64_t> internal::segment_lengths(const KVCache& cache) {
+  const auto* a = dynamic_cast<const AnchorKVCache*>(&cache);
+  if (!a) return {};
+  auto r = CacheAccess::read<AnchorKVStore>(*a);
+  const AnchorKVState& st = r.store.state();
+  if (!holds_only_segments(st)) return {};
+  std::vector<int64_t> out;
+  for (const AnchorKVSegment& s : st.segments) out.push_back(s.tokens);
+  return out;
+}
+
+std::unique_ptr<KVCache> internal::copy_segments(const KVCache& cache, size_t first, size_t last) {
+  constexpr const char* op = "anchorkv::copy_segments";
+  const AnchorKVCache& a = anchorkv_of(cache, op);
+  auto out = std::make_unique<AnchorKVCache>(a.config());
+  auto r = CacheAccess::read<AnchorKVStore>(a);
+  const AnchorKVState& from = r.store.state();
+  require_only_segments(from, op);
+  if (first >= last || last > from.segments.size())
+    core::fail(ErrorCode::kInvalidArgument, op, "segments [" + std::to_string(first) + ", " + std::to_string(last) +
+                                                    ") of " + std::to_string(from.segments.size()));
+  AnchorKVState st;
+  st.config = from.config;
+  st.seen_prefill_call = true;
+  st.codec = from.codec;
+  st.tail.resize_rows(r.shape.rows());  // a streaming cache's head holds no rows
+  int64_t pos = 0;
+  for (size_t i = first; i < last; ++i) {
+    st.segments.push_back(from.segments[i]);
+    move_segment(st.segments.back(), st.config, pos);
+    pos += st.segments.back().tokens;
+  }
+  recount(st);
+  auto w = CacheAccess::write<AnchorKVStore>(*out);
+  w.shape = r.shape;
+  w.shape.seen = pos;
+  w.store.mutable_state() = std::move(st);
+  return out;
+}
+
+void internal::append_segments(KVCache& cache, const KVCache& more) {
+  constexpr const char* op = "anchorkv::append_segments";
+  if (&cache == &more) core::fail(ErrorCode::kInvalidArgument, op, "a cache appended to itself");
+  const AnchorKVCache& src = anchorkv_of(more, op);
+  auto& dst = const_cast<AnchorKVCache&>(anchorkv_of(cache, op));
+  auto r = CacheAccess::read<AnchorKVStore>(src);
+  auto w = CacheAccess::write<AnchorKVStore>(dst);
+  const AnchorKVState& add = r.store.state();
+  AnchorKVState& st = w.store.mutable_state();
+  require_only_segments(add, op);
+  if (w.shape.seen > 0) require_only_segments(st, op);
+  if (config_bytes(r.store) != config_bytes(w.store))
+    core::fail(ErrorCode::kInvalidArgument, op, "the caches' configs differ");
+  if (w.shape.known && (w.shape.B != r.shape.B || w.shape.H != r.shape.H || w.shape.D != r.shape.D))
+    core::fail(ErrorCode::kShapeMismatch, op, "the caches' B, H or D differ");
+  // Everything that may throw first, then a commit that cannot.
+  std::vector<AnchorKVSegment> adding = add.segments;
+  int64_t pos = w.shape.seen;
+  for (AnchorKVSegment& s : adding) {
+    move_segment(s, st.config, pos);
+    pos += s.tokens;
+  }
+  cache::ExactRows tail;  // a streaming cache's head holds no rows
+  tail.resize_rows(r.shape.rows());
+  st.segments.reserve(st.segments.size() + adding.size());
+  if (w.shape.seen == 0) {
+    st.head = cache::ExactRows{};
+    st.tail = std::move(tail);
+  }
+  for (AnchorKVSegment& s : adding) st.segments.push_back(std::move(s));
+  if (!st.codec) st.codec = add.codec;
+  st.seen_prefill_call = true;
+  recount(st);
+  w.shape = r.shape;
+  w.shape.seen = pos;
 }
 
 const internal::AnchorKVState& internal::unlocked_state(const AnchorKVCache& cache) {

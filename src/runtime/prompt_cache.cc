@@ -34,12 +34,6 @@ void hash_value(XXH64_state_t* h, const io::GgufValue& v) {
   }
 }
 
-std::string theta_string(double theta) {
-  std::ostringstream os;
-  os << theta;
-  return os.str();
-}
-
 // Metadata (with the tokenizer's vocabulary and merges), tensor infos and the
 // tensors' bytes: two files that differ in any weight (two fine-tunes of one
 // shape) never share an identity.
@@ -71,6 +65,12 @@ std::string identity_string(const model::LlamaWeights& w, uint64_t h) {
 }
 
 }  // namespace
+
+std::string theta_string(double theta) {
+  std::ostringstream os;
+  os << theta;
+  return os.str();
+}
 
 std::string model_identity(const io::GgufFile& f, const model::LlamaWeights& w) {
   return identity_string(w, gguf_hash(f));
@@ -160,13 +160,16 @@ std::string key_mismatch(const std::map<std::string, std::string>& entries, cons
   return "";
 }
 
+std::map<std::string, std::string> key_entries(const PromptCacheKey& key, const model::LlamaModel& m) {
+  return {{"model", key.identity},
+          {"cache", key.spec},
+          {"theta", theta_string(key.theta)},
+          {"keys", m.keys() == model::KeyRope::kPreRope ? "pre" : "post"}};
+}
+
 std::vector<uint8_t> prompt_file(const PromptCacheKey& key, const model::LlamaModel& m, std::vector<int32_t> tokens,
                                  std::vector<float> logits) {
-  PromptCacheMeta meta{std::move(tokens), std::move(logits), {}};
-  meta.entries = {{"model", key.identity},
-                  {"cache", key.spec},
-                  {"theta", theta_string(key.theta)},
-                  {"keys", m.keys() == model::KeyRope::kPreRope ? "pre" : "post"}};
+  PromptCacheMeta meta{std::move(tokens), std::move(logits), key_entries(key, m)};
   std::vector<const KVCache*> caches;
   for (const auto& c : m.caches()) caches.push_back(c.get());
   return serialize_caches(caches, meta);

@@ -25,6 +25,10 @@ struct PromptCacheKey {
   std::string identity, spec;  // model_identity(), cache spec
   double theta = 0;
 };
+// The metadata entries a file written for `key` by `m` holds.
+std::map<std::string, std::string> key_entries(const PromptCacheKey& key, const model::LlamaModel& m);
+// theta as files record it.
+std::string theta_string(double theta);
 // "" when a file's metadata entries were written for `key`, else why not.
 std::string key_mismatch(const std::map<std::string, std::string>& entries, const PromptCacheKey& key);
 // `m`'s caches as a cache file covering `tokens` (with the logits after them).

@@ -63,17 +63,6 @@ class SlotGuard {
   bool held_ = false;
 };
 
-// The tokens a spilled or pooled file covers, when it was written for `key`.
-std::optional<std::vector<int32_t>> pooled_tokens(const uint8_t* data, size_t size, const std::string& path,
-                                                  const runtime::PromptCacheKey& key) {
-  try {
-    LoadedCaches l = load_caches_from_memory(data, size, path);
-    if (runtime::key_mismatch(l.meta.entries, key).empty() && !l.meta.tokens.empty()) return std::move(l.meta.tokens);
-  } catch (const Error&) {
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- TextStream
@@ -124,27 +113,27 @@ Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& token
       tok_(tokenizer),
       opt_((runtime::make_model(weights, options.cache, options.theta, 1), std::move(options))),  // validates the spec
       pool_({opt_.pool_budget, opt_.cache_dir}, [this](const uint8_t* data, size_t size, const std::string& path) {
-        return pooled_tokens(data, size, path, key());
+        return runtime::block_info(data, size, path, key());
       }) {}
 
 std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m,
-                                          GenerateResult& res) {
+                                          GenerateResult& res, Chain& chain) {
   size_t limit = prompt.size();
   for (int attempt = 0; attempt < 4; ++attempt) {
-    const std::optional<PrefixPool::Entry> hit = pool_.longest_prefix(prompt, limit);
+    const std::optional<std::vector<PrefixPool::Block>> hit = pool_.longest_chain(prompt, limit);
     if (!hit) return {};
-    runtime::Restored r = runtime::restore_prompt(hit->file->data(), hit->file->size(), "prefix pool", key(), prompt, m);
+    runtime::ChainRestored c = runtime::restore_chain(*hit, key(), prompt, m);
+    runtime::Restored& r = c.restored;
     if (r.outcome == runtime::Restore::kUsed) {
-      // Still a prefix of the prompt, so correct to use; but an entry whose
-      // bytes cover other tokens than its index says is dropped.
-      if (r.tokens != static_cast<int64_t>(hit->tokens.size())) pool_.discard(hit->tokens);
       res.reused_tokens = r.tokens;
+      chain.end = {hit->back().info.key, r.tokens};
+      for (const auto& b : *hit) chain.restored.push_back(b.info.key);
       return std::move(r.logits);
     }
     if (r.outcome == runtime::Restore::kNoLogits) {
-      limit = hit->tokens.size() - 1;  // fine, but this prompt needs a shorter one
+      limit = hit->back().info.tokens.size() - 1;  // fine, but this prompt needs a shorter chain
     } else {
-      pool_.discard(hit->tokens);  // damaged, foreign, or not the tokens it was indexed as
+      pool_.discard((*hit)[c.bad_block].info.key);  // damaged, foreign, or not the block it was indexed as
     }
   }
   return {};
@@ -154,15 +143,17 @@ std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, mo
 // beginning with a pooled one than what was restored (another question about
 // the same document) first prefills up to that point and pools it, so the next
 // such prompt restores it.
-void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits) {
+void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits,
+                     Chain& chain) {
   const auto n = static_cast<int64_t>(prompt.size());
   if (m.position() >= n) return;
   auto prefill_to = [&](int64_t end) {
     logits = runtime::prefill_prompt(m, std::vector<int32_t>(prompt.begin() + m.position(), prompt.begin() + end));
     if (end < opt_.min_prefix) return;
-    std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
-    std::vector<uint8_t> file = runtime::prompt_file(key(), m, tokens, logits);
-    pool_.add(std::move(tokens), std::move(file));
+    const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
+    std::vector<runtime::ChainBlock> blocks = runtime::chain_blocks(key(), m, tokens, chain.end, logits);
+    chain.end = {blocks.back().info.key, end};
+    for (runtime::ChainBlock& b : blocks) pool_.add(std::move(b.info), std::move(b.file));
   };
   const int64_t shared = pool_.shared_prefix(prompt);
   if (shared > m.position() && shared < n && shared >= opt_.min_prefix) prefill_to(shared);
@@ -226,29 +217,32 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
     record(res);
     return res;
   }
+  Chain chain;
   try {
-    run(req, /*use_pool=*/true, res);
+    run(req, /*use_pool=*/true, res, chain);
   } catch (const Error&) {
-    // Whatever the pooled prefix held made the model fail (the file
-    // validated, yet its values do not work): it is dropped, and the request
-    // runs again from scratch unless text was already sent; an error without
-    // a pooled prefix is the request's own.
-    if (res.reused_tokens == 0) throw;
-    pool_.discard(std::vector<int32_t>(req.prompt.begin(), req.prompt.begin() + res.reused_tokens));
+    // Whatever the pooled chain held made the model fail (the files
+    // validated, yet their values do not work): its blocks are dropped, and
+    // the request runs again from scratch unless text was already sent; an
+    // error without a pooled prefix is the request's own.
+    if (chain.restored.empty()) throw;
+    for (uint64_t k : chain.restored) pool_.discard(k);
     if (res.completion_tokens > 0) throw;
     res = GenerateResult{};
     res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
-    run(req, /*use_pool=*/false, res);
+    chain = Chain{};
+    run(req, /*use_pool=*/false, res, chain);
   }
   record(res);
   return res;
 }
 
-void Engine::run(const GenerateRequest& req, bool use_pool, GenerateResult& res) {
+void Engine::run(const GenerateRequest& req, bool use_pool, GenerateResult& res, Chain& chain) {
   model::LlamaModel m = runtime::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
   auto t0 = Clock::now();
-  std::vector<float> logits = use_pool ? restore_prefix(req.prompt, m, res) : std::vector<float>();
-  prefill(req.prompt, m, logits);
+  chain.end = {runtime::chain_root(key()), 0};
+  std::vector<float> logits = use_pool ? restore_prefix(req.prompt, m, res, chain) : std::vector<float>();
+  prefill(req.prompt, m, logits, chain);
   res.prefill_s = since(t0);
   t0 = Clock::now();
   decode(req, m, std::move(logits), res);

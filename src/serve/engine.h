@@ -3,13 +3,15 @@
 //
 // Each request runs in one of `slots` parallel slots with caches of its own.
 // Before prefilling, the pool (prefix_pool.h) is searched for the longest
-// cached prompt that is a prefix of the new one; its caches (kept as
-// cache-file bytes, i.e. the compressed form) are validated and restored and
-// only the rest is prefilled. After the prefill the prompt's caches enter the
-// pool, which holds at most `pool_budget` bytes, evicting the least recently
-// used entries. A prompt that shares a longer beginning with a pooled prompt
-// (a second question about the same document) is prefilled in two steps and
-// that beginning is pooled too, so later prompts restore it.
+// chain of blocks that begins the new prompt; its caches (kept as cache-file
+// bytes, i.e. the compressed form) are validated and restored and only the
+// rest is prefilled. After the prefill the prompt's new blocks enter the pool
+// (runtime/prefix_chain.h: one per compressed segment for streaming AnchorKV,
+// so a chat's turns share the blocks of the turns before), which holds at
+// most `pool_budget` bytes, evicting the least recently used blocks. A
+// prompt that shares a longer beginning with a pooled prompt (a second
+// question about the same document) is prefilled in two steps and that
+// beginning is pooled too, so later prompts restore it.
 #pragma once
 
 #include <atomic>
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/prefix_chain.h"
 #include "runtime/prompt_cache.h"
 #include "model/llama.h"
 #include "model/sampler.h"
@@ -96,13 +99,20 @@ class Engine {
   const EngineOptions& options() const { return opt_; }
 
  private:
-  // Restores the longest usable pooled prefix into `m` (entries found bad are
+  // Where a request's caches stand against the pool: the chain they were
+  // restored from or pooled as, and the blocks restored.
+  struct Chain {
+    runtime::ChainEnd end;
+    std::vector<uint64_t> restored;
+  };
+  // Restores the longest usable pooled chain into `m` (blocks found bad are
   // dropped from the pool); returns the logits after it (empty when none).
-  std::vector<float> restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m, GenerateResult& res);
-  void prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits);
+  std::vector<float> restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m, GenerateResult& res,
+                                    Chain& chain);
+  void prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits, Chain& chain);
   void decode(const GenerateRequest& req, model::LlamaModel& m, std::vector<float> logits, GenerateResult& res);
   // One attempt: restore (when use_pool), prefill, decode.
-  void run(const GenerateRequest& req, bool use_pool, GenerateResult& res);
+  void run(const GenerateRequest& req, bool use_pool, GenerateResult& res, Chain& chain);
   void record(const GenerateResult& res);
   TokenLogprob token_logprob(const std::vector<float>& logits, int32_t token, int top) const;
   runtime::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }

@@ -1,7 +1,8 @@
 #include "serve/prefix_pool.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -22,9 +23,16 @@ bool begins(const std::vector<int32_t>& t, const std::vector<int32_t>& prompt) {
 }
 
 // A temporary file the atomic writer left behind when the process was killed
-// mid-write: ".prefix-N.akvc.tmp.XXXXXX".
+// mid-write: ".block-KEY.akvc.tmp.XXXXXX" (".prefix-N..." from older servers).
 bool leftover_temporary(const std::string& name) {
-  return name.rfind(".prefix-", 0) == 0 && name.find(".akvc.tmp.") != std::string::npos;
+  return (name.rfind(".block-", 0) == 0 || name.rfind(".prefix-", 0) == 0) &&
+         name.find(".akvc.tmp.") != std::string::npos;
+}
+
+std::string block_file(const std::string& folder, uint64_t key) {
+  char name[40];
+  std::snprintf(name, sizeof name, "block-%016" PRIx64 ".akvc", key);
+  return folder + "/" + name;
 }
 
 }  // namespace
@@ -49,70 +57,132 @@ void PrefixPool::index_folder(const Accept& accept) {
     if (p.extension() != ".akvc" || !it->is_regular_file(ec)) continue;  // no FIFOs, devices, folders
     try {
       const core::MappedFile f = core::MappedFile::open(p.string(), kOp);
-      if (std::optional<std::vector<int32_t>> tokens = accept(f.data(), f.size(), p.string()))
-        disk_.push_back({std::move(*tokens), p.string(), static_cast<int64_t>(f.size())});
+      std::optional<BlockInfo> info = accept(f.data(), f.size(), p.string());
+      if (info && !find(info->key))
+        disk_.push_back({std::move(*info), p.string(), static_cast<int64_t>(f.size())});
     } catch (const Error&) {
       // Unreadable: left alone, as files of other models and caches are.
     }
-    const std::string stem = p.stem().string();
-    if (stem.rfind("prefix-", 0) == 0) next_file_ = std::max<int64_t>(next_file_, std::atoll(stem.c_str() + 7) + 1);
   }
 }
 
-std::optional<PrefixPool::Entry> PrefixPool::longest_prefix(const std::vector<int32_t>& prompt, size_t max_tokens) {
+const BlockInfo* PrefixPool::find(uint64_t key) const {
+  for (const Block& b : memory_)
+    if (b.info.key == key) return &b.info;
+  for (const Spilled& s : disk_)
+    if (s.info.key == key) return &s.info;
+  return nullptr;
+}
+
+std::vector<uint64_t> PrefixPool::find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const {
+  std::vector<const BlockInfo*> ends;  // blocks that could end the chain, longest first
+  for (const Block& b : memory_) ends.push_back(&b.info);
+  for (const Spilled& s : disk_) ends.push_back(&s.info);
+  std::stable_sort(ends.begin(), ends.end(), [](const BlockInfo* a, const BlockInfo* b) {
+    return a->tokens.size() > b->tokens.size();
+  });
+  for (const BlockInfo* end : ends) {
+    if (end->tokens.size() > max_tokens || !begins(end->tokens, prompt)) continue;
+    std::vector<uint64_t> keys;  // walked back to a first block, every link held and consistent
+    for (const BlockInfo* b = end; b;) {
+      keys.push_back(b->key);
+      if (b->first == 0) {
+        std::reverse(keys.begin(), keys.end());
+        return keys;
+      }
+      const BlockInfo* parent = find(b->parent);
+      b = parent && static_cast<int64_t>(parent->tokens.size()) == b->first && begins(parent->tokens, prompt)
+              ? parent
+              : nullptr;
+    }
+  }
+  return {};
+}
+
+std::optional<std::vector<PrefixPool::Block>> PrefixPool::longest_chain(const std::vector<int32_t>& prompt,
+                                                                        size_t max_tokens) {
   for (;;) {
-    std::unique_lock lock(mu_);
-    auto fits = [&](const std::vector<int32_t>& t) { return t.size() <= max_tokens && begins(t, prompt); };
-    auto best = memory_.end();
-    for (auto it = memory_.begin(); it != memory_.end(); ++it)
-      if (fits(it->tokens) && (best == memory_.end() || it->tokens.size() > best->tokens.size())) best = it;
-    const size_t have = best == memory_.end() ? 0 : best->tokens.size();
-    auto disk = disk_.end();
-    for (auto it = disk_.begin(); it != disk_.end(); ++it)
-      if (fits(it->tokens) && it->tokens.size() > have && (disk == disk_.end() || it->tokens.size() > disk->tokens.size()))
-        disk = it;
-    if (disk != disk_.end()) {
-      Spilled s = std::move(*disk);
-      disk_.erase(disk);
-      lock.unlock();
-      if (std::optional<Entry> e = read_back(std::move(s))) return e;
-      continue;  // unreadable: dropped; look again
+    std::vector<Block> chain;        // in chain order; spilled links filled in below
+    std::vector<size_t> spilled_at;  // which of them are in the folder
+    std::vector<Spilled> spilled;
+    {
+      std::lock_guard lock(mu_);
+      const std::vector<uint64_t> keys = find_chain(prompt, max_tokens);
+      if (keys.empty()) {
+        ++counts_.misses;
+        return std::nullopt;
+      }
+      for (auto key = keys.rbegin(); key != keys.rend(); ++key) {  // the first block ends most recently used
+        auto it =
+            std::find_if(memory_.begin(), memory_.end(), [&](const Block& b) { return b.info.key == *key; });
+        if (it != memory_.end()) {
+          memory_.splice(memory_.begin(), memory_, it);
+          chain.push_back(memory_.front());
+        } else {
+          const auto d =
+              std::find_if(disk_.begin(), disk_.end(), [&](const Spilled& s) { return s.info.key == *key; });
+          spilled_at.push_back(chain.size());
+          spilled.push_back(*d);
+          chain.push_back({d->info, nullptr});
+        }
+      }
     }
-    if (best == memory_.end()) {
-      ++counts_.misses;
-      return std::nullopt;
+    // Spilled links are read outside the lock; the chain holds their bytes
+    // whether or not memory keeps them (a chain longer than the budget still
+    // comes back whole).
+    bool unreadable = false;
+    for (size_t i = 0; i < spilled.size() && !unreadable; ++i) {
+      chain[spilled_at[i]].file = read_spilled(spilled[i]);
+      unreadable = chain[spilled_at[i]].file == nullptr;
     }
-    memory_.splice(memory_.begin(), memory_, best);  // most recently used
+    if (unreadable) continue;  // that file is dropped: look again for a shorter chain
+    for (size_t i = 0; i < spilled.size(); ++i) keep_read_back(chain[spilled_at[i]], spilled[i].path);
+    std::reverse(chain.begin(), chain.end());
+    std::lock_guard lock(mu_);
     ++counts_.hits;
-    return memory_.front();
+    return chain;
   }
 }
 
-// Outside mu_: the spilled file's bytes, back into memory.
-std::optional<PrefixPool::Entry> PrefixPool::read_back(Spilled s) {
-  std::error_code ec;
-  Entry e;
+// Outside mu_: a spilled file's bytes, or null when it cannot be read (then
+// its entry is dropped, unless another request took it back meanwhile).
+std::shared_ptr<const std::vector<uint8_t>> PrefixPool::read_spilled(const Spilled& s) {
   try {
     const core::MappedFile f = core::MappedFile::open(s.path, kOp);
-    e = {std::move(s.tokens), std::make_shared<const std::vector<uint8_t>>(f.data(), f.data() + f.size())};
+    return std::make_shared<const std::vector<uint8_t>>(f.data(), f.data() + f.size());
   } catch (const Error&) {
     std::lock_guard lock(mu_);
-    ++counts_.bad_entries;
-    return std::nullopt;
+    const auto n =
+        std::erase_if(disk_, [&](const Spilled& d) { return d.info.key == s.info.key && d.path == s.path; });
+    if (n > 0) ++counts_.bad_entries;
+    return nullptr;
   }
-  fs::remove(s.path, ec);
-  std::vector<Entry> victims;
+}
+
+// A block read back from the folder moves into memory, unless another
+// request already took it. Its file goes first, so that a later spill of the
+// same block (to the same path) is never removed by this one.
+void PrefixPool::keep_read_back(const Block& b, const std::string& path) {
+  {
+    std::lock_guard lock(mu_);
+    const auto n =
+        std::erase_if(disk_, [&](const Spilled& d) { return d.info.key == b.info.key && d.path == path; });
+    if (n == 0) return;
+    ++counts_.disk_hits;
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+  std::vector<Block> victims;
   {
     std::lock_guard lock(mu_);
     if (ec) ++counts_.disk_errors;
-    ++counts_.disk_hits;
-    ++counts_.hits;
-    victims = make_room(static_cast<int64_t>(e.file->size()));
-    memory_bytes_ += static_cast<int64_t>(e.file->size());
-    memory_.push_front(e);
+    const auto size = static_cast<int64_t>(b.file->size());
+    if (size > opt_.budget || find(b.info.key)) return;  // too big to hold, or added again meanwhile
+    victims = make_room(size);
+    memory_bytes_ += size;
+    memory_.push_front(b);
   }
   spill(std::move(victims));
-  return e;
 }
 
 int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
@@ -124,13 +194,13 @@ int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
     while (i < n && t[i] == prompt[i]) ++i;
     best = std::max(best, i);
   };
-  for (const auto& e : memory_) consider(e.tokens);
-  for (const auto& d : disk_) consider(d.tokens);
+  for (const auto& b : memory_) consider(b.info.tokens);
+  for (const auto& d : disk_) consider(d.info.tokens);
   return static_cast<int64_t>(best);
 }
 
-std::vector<PrefixPool::Entry> PrefixPool::make_room(int64_t incoming) {
-  std::vector<Entry> victims;
+std::vector<PrefixPool::Block> PrefixPool::make_room(int64_t incoming) {
+  std::vector<Block> victims;
   while (!memory_.empty() && memory_bytes_ + incoming > opt_.budget) {
     memory_bytes_ -= static_cast<int64_t>(memory_.back().file->size());
     victims.push_back(std::move(memory_.back()));
@@ -140,65 +210,77 @@ std::vector<PrefixPool::Entry> PrefixPool::make_room(int64_t incoming) {
   return victims;
 }
 
-void PrefixPool::spill(std::vector<Entry> victims) {
+void PrefixPool::spill(std::vector<Block> victims) {
   if (opt_.folder.empty()) return;
-  for (Entry& e : victims) {
-    std::string path;
-    {
-      std::lock_guard lock(mu_);
-      path = opt_.folder + "/prefix-" + std::to_string(next_file_++) + ".akvc";
-    }
+  for (Block& b : victims) {
+    const std::string path = block_file(opt_.folder, b.info.key);
     try {
-      core::write_file_atomically(path, *e.file, kOp, kCacheFileMagic);
-    } catch (const Error&) {  // a full or read-only folder: the entry is dropped as without one
+      core::write_file_atomically(path, *b.file, kOp, kCacheFileMagic);
+    } catch (const Error&) {  // a full or read-only folder: the block is dropped as without one
       std::lock_guard lock(mu_);
       ++counts_.disk_errors;
       continue;
     }
     std::lock_guard lock(mu_);
-    disk_.push_back({std::move(e.tokens), path, static_cast<int64_t>(e.file->size())});
+    if (find(b.info.key)) continue;  // added again meanwhile: that one is held (and spilled to the same path)
+    disk_.push_back({std::move(b.info), path, static_cast<int64_t>(b.file->size())});
   }
 }
 
-void PrefixPool::add(std::vector<int32_t> tokens, std::vector<uint8_t> file) {
+void PrefixPool::add(BlockInfo info, std::vector<uint8_t> file) {
   const auto bytes = static_cast<int64_t>(file.size());
   if (bytes > opt_.budget) return;
-  Entry entry{std::move(tokens), std::make_shared<const std::vector<uint8_t>>(std::move(file))};
-  std::vector<Entry> victims;
+  Block block{std::move(info), std::make_shared<const std::vector<uint8_t>>(std::move(file))};
+  std::vector<Block> victims;
   {
     std::lock_guard lock(mu_);
     for (auto it = memory_.begin(); it != memory_.end(); ++it)
-      if (it->tokens == entry.tokens) {  // the same prompt again: refresh it
+      if (it->info.key == block.info.key) {  // the same block again: refresh it
         memory_bytes_ -= static_cast<int64_t>(it->file->size());
         memory_.erase(it);
         break;
       }
+    std::erase_if(disk_, [&](const Spilled& s) {
+      return s.info.key == block.info.key;
+    });  // its file: overwritten on spill
     victims = make_room(bytes);
     memory_bytes_ += bytes;
-    memory_.push_front(std::move(entry));
+    memory_.push_front(std::move(block));
   }
   spill(std::move(victims));
 }
 
-void PrefixPool::discard(const std::vector<int32_t>& tokens) {
+void PrefixPool::discard(uint64_t key) {
   std::vector<std::string> files;
   {
     std::lock_guard lock(mu_);
     ++counts_.bad_entries;
-    for (auto it = memory_.begin(); it != memory_.end();)
-      if (it->tokens == tokens) {
-        memory_bytes_ -= static_cast<int64_t>(it->file->size());
-        it = memory_.erase(it);
-      } else {
-        ++it;
-      }
-    for (auto it = disk_.begin(); it != disk_.end();)
-      if (it->tokens == tokens) {
-        files.push_back(it->path);
-        it = disk_.erase(it);
-      } else {
-        ++it;
-      }
+    std::vector<uint64_t> gone{key};  // the block, then every block after it
+    auto after_gone = [&](const BlockInfo& b) {
+      return std::find(gone.begin(), gone.end(), b.key) != gone.end() ||
+             (b.first > 0 && std::find(gone.begin(), gone.end(), b.parent) != gone.end());
+    };
+    for (bool more = true; more;) {
+      more = false;
+      for (auto it = memory_.begin(); it != memory_.end();)
+        if (after_gone(it->info)) {
+          if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
+          memory_bytes_ -= static_cast<int64_t>(it->file->size());
+          it = memory_.erase(it);
+          more = true;
+        } else {
+          ++it;
+        }
+      for (auto it = disk_.begin(); it != disk_.end();)
+        if (after_gone(it->info)) {
+          if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
+          files.push_back(it->path);
+          it = disk_.erase(it);
+          more = true;
+        } else {
+          ++it;
+        }
+    }
   }
   for (const std::string& f : files) {
     std::error_code ec;

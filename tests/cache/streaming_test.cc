@@ -10,6 +10,7 @@
 #include "cache/anchorkv_state.h"
 #include "cache/anchorkv_streaming.h"
 #include "cache/registry.h"
+#include "cache/segment_chain.h"
 #include "compress/compressor.h"
 
 namespace anchorkv {
@@ -317,6 +318,54 @@ TEST(Streaming, FilesRoundTripAndTheSessionGoesOn) {
     EXPECT_EQ(bits_of(back.fetch().keys), bits_of(c.fetch().keys));
     EXPECT_EQ(back.nbytes(), c.nbytes());
     expect_invariants(back);
+  }
+}
+
+// A cache that holds nothing exact cut into runs of segments (each saved as
+// a cache of its tokens alone) and appended back is the same cache, bit for
+// bit, and goes on as it would have; a cache with an exact tail has no
+// segments to give, and an append that does not fit changes nothing.
+TEST(Streaming, SegmentsCutIntoRunsAndAppendedBackAreTheSameCache) {
+  const Tokens x;
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
+    AnchorKVCache c(streaming(96, 24, layout));
+    x.feed(c, {130, 96, 96, 40});
+    c.compress_now();
+    const std::vector<int64_t> lengths = internal::segment_lengths(c);
+    ASSERT_GE(lengths.size(), 3u);
+    int64_t total = 0;
+    for (int64_t l : lengths) total += l;
+    EXPECT_EQ(total, c.offset());
+    auto saved = [](const KVCache& k) {  // through a cache file, as the pool keeps runs
+      const auto bytes = serialize_caches({&k});
+      return std::move(load_caches_from_memory(bytes.data(), bytes.size()).caches[0]);
+    };
+    const std::unique_ptr<KVCache> first = saved(*internal::copy_segments(c, 0, 1)),
+                                   rest = saved(*internal::copy_segments(c, 1, lengths.size()));
+    EXPECT_EQ(first->offset(), lengths[0]);
+    EXPECT_EQ(rest->offset(), total - lengths[0]);
+    EXPECT_EQ(internal::segment_lengths(*rest), std::vector<int64_t>(lengths.begin() + 1, lengths.end()));
+    AnchorKVCache joined(c.config());
+    internal::append_segments(joined, *first);
+    internal::append_segments(joined, *rest);
+    EXPECT_EQ(serialize_caches({&joined}), serialize_caches({&c}));
+    for (int64_t at = c.offset(); at < N; at += 45) {  // the session goes on the same
+      const int64_t n = std::min<int64_t>(45, N - at);
+      c.update(x.k(at, n), x.v(at, n));
+      joined.update(x.k(at, n), x.v(at, n));
+    }
+    EXPECT_EQ(bits_of(joined.fetch().keys), bits_of(c.fetch().keys));
+    EXPECT_EQ(bits_of(joined.fetch().values), bits_of(c.fetch().values));
+    expect_invariants(joined);
+    // c now holds an exact tail: no runs to give, none to take.
+    EXPECT_TRUE(internal::segment_lengths(c).empty());
+    EXPECT_THROW(internal::copy_segments(c, 0, 1), Error);
+    const auto before = serialize_caches({&c});
+    EXPECT_THROW(internal::append_segments(c, *rest), Error);
+    AnchorKVCache other(streaming(64, 24, layout));  // another config
+    EXPECT_THROW(internal::append_segments(other, *first), Error);
+    EXPECT_EQ(serialize_caches({&c}), before);
+    EXPECT_EQ(other.offset(), 0);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "eval/tasks.h"
 #include "io/gguf.h"
 #include "model/tokenizer.h"
+#include "runtime/prefix_chain.h"
 #include "runtime/session.h"
 
 namespace anchorkv::model {
@@ -239,6 +240,87 @@ TEST(Session, StaysCompressedThroughAGeneration) {
   EXPECT_GT(runtime::cache_totals(s).ratio(), 2.5);  // 800 tokens, fewer than 192 exact
   EXPECT_LT(runtime::cache_totals(o).ratio(), 2.0) << "the seed's cache keeps generated tokens exact";
   EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*o.caches()[0]).config().streaming());
+}
+
+// A prompt's blocks (one per segment) restore the session bit for bit: the
+// same logits, the same next steps; a later turn adds blocks after them
+// alone; blocks out of place, of another cache or not of this prompt are
+// refused and leave the model as it was.
+TEST(PrefixChain, BlocksRestoreTheSessionAndTheNextTurnAddsItsOwn) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  const std::string spec = "anchorkv_tight:pre:obs:auto";
+  const runtime::PromptCacheKey key{runtime::model_identity(path, w), spec, 0.05};
+  std::vector<int32_t> turn1 = {1};
+  for (int i = 0; i < 299; ++i) turn1.push_back(3 + (i * 37) % 200);
+  std::vector<int32_t> turn2 = turn1;
+  for (int i = 0; i < 330; ++i) turn2.push_back(3 + (i * 29) % 200);
+  auto held = [](const std::vector<runtime::ChainBlock>& blocks) {
+    std::vector<runtime::HeldBlock> out;
+    for (const auto& b : blocks) out.push_back({b.info, std::make_shared<const std::vector<uint8_t>>(b.file)});
+    return out;
+  };
+  LlamaModel s = runtime::make_model(w, spec, 0.05, 2);
+  const std::vector<float> logits1 = runtime::prefill_prompt(s, turn1);
+  const std::vector<runtime::ChainBlock> blocks1 = runtime::chain_blocks(key, s, turn1, {}, logits1);
+  ASSERT_GE(blocks1.size(), 2u) << "one block per segment";
+  uint64_t parent = runtime::chain_root(key);
+  int64_t end = 0;
+  for (const auto& b : blocks1) {
+    EXPECT_EQ(b.info.parent, parent);
+    EXPECT_EQ(b.info.first, end);
+    const auto info = runtime::block_info(b.file.data(), b.file.size(), "block", key);
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->key, b.info.key);
+    EXPECT_EQ(info->tokens, b.info.tokens);
+    parent = b.info.key;
+    end = static_cast<int64_t>(b.info.tokens.size());
+  }
+  EXPECT_EQ(end, 300);
+  EXPECT_FALSE(runtime::block_info(blocks1[0].file.data(), blocks1[0].file.size(), "block",
+                                   {key.identity, "anchorkv_tight:pre", 0.05}))
+      << "another cache's chains";
+
+  LlamaModel r = runtime::make_model(w, spec, 0.05, 2);
+  const runtime::ChainRestored c = runtime::restore_chain(held(blocks1), key, turn2, r);
+  ASSERT_EQ(c.restored.outcome, runtime::Restore::kUsed) << c.restored.why_not;
+  EXPECT_EQ(c.restored.tokens, 300);
+  EXPECT_EQ(c.restored.logits, logits1);
+  // Turn 2 on both: the same bits, and its blocks follow turn 1's.
+  const std::vector<int32_t> rest(turn2.begin() + 300, turn2.end());
+  const std::vector<float> logits2 = runtime::prefill_prompt(s, rest);
+  EXPECT_EQ(runtime::prefill_prompt(r, rest), logits2);
+  const std::vector<runtime::ChainBlock> blocks2 =
+      runtime::chain_blocks(key, r, turn2, {blocks1.back().info.key, 300}, logits2);
+  ASSERT_GE(blocks2.size(), 1u);
+  EXPECT_EQ(blocks2[0].info.parent, blocks1.back().info.key);
+  EXPECT_EQ(blocks2[0].info.first, 300);
+  std::vector<runtime::HeldBlock> whole = held(blocks1), after = held(blocks2);
+  whole.insert(whole.end(), after.begin(), after.end());
+  LlamaModel again = runtime::make_model(w, spec, 0.05, 2);
+  ASSERT_EQ(runtime::restore_chain(whole, key, turn2, again).restored.outcome, runtime::Restore::kUsed);
+  for (int32_t t : {5, 17, 42}) EXPECT_EQ(again.forward({t}), s.forward({t}));
+
+  LlamaModel bad = runtime::make_model(w, spec, 0.05, 2);
+  std::vector<runtime::HeldBlock> swapped = whole;
+  std::swap(swapped[0], swapped[1]);
+  runtime::ChainRestored b = runtime::restore_chain(swapped, key, turn2, bad);
+  EXPECT_EQ(b.restored.outcome, runtime::Restore::kDamaged);
+  EXPECT_EQ(b.bad_block, 0u);
+  std::vector<runtime::HeldBlock> renamed = whole;  // bytes of one block held under another's key
+  renamed[1].file = renamed[2].file;
+  b = runtime::restore_chain(renamed, key, turn2, bad);
+  EXPECT_EQ(b.restored.outcome, runtime::Restore::kDamaged);
+  EXPECT_EQ(b.bad_block, 1u);
+  std::vector<int32_t> other = turn2;
+  other[310] += 1;  // turn 2's blocks are not this prompt's
+  b = runtime::restore_chain(whole, key, other, bad);
+  EXPECT_EQ(b.restored.outcome, runtime::Restore::kNotPrefix);
+  EXPECT_EQ(b.bad_block, blocks1.size());
+  EXPECT_EQ(runtime::restore_chain(whole, {key.identity, spec, 0.1}, turn2, bad).restored.outcome,
+            runtime::Restore::kDamaged);
+  EXPECT_EQ(bad.position(), 0) << "a refused chain leaves the model as it was";
 }
 
 // The chat task: turns of a prompt and a scored answer through one session.

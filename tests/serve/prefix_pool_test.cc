@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -19,93 +20,157 @@ std::vector<int32_t> seq(int32_t first, int n) {
   for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
   return t;
 }
-// A "file" whose bytes name its tokens (the pool never parses entries).
-std::vector<uint8_t> bytes_of(const std::vector<int32_t>& t, size_t size) {
-  std::vector<uint8_t> b(size, static_cast<uint8_t>(t.size()));
-  return b;
+
+// A block of tokens base, base + 1, ... up to `end`, from `first` on.
+BlockInfo block(uint64_t key, uint64_t parent, int first, int end, int32_t base = 0) {
+  return {key, parent, first, seq(base, end)};
 }
 
+// A "file" that names its block (the pool never parses blocks; accept() here does).
+std::vector<uint8_t> bytes_of(const BlockInfo& b, size_t size) {
+  std::vector<uint8_t> out(std::max<size_t>(size, 28), 0);
+  const int32_t first = static_cast<int32_t>(b.first), end = static_cast<int32_t>(b.tokens.size()),
+                base = b.tokens.empty() ? 0 : b.tokens[0];
+  std::memcpy(&out[0], &b.key, 8);
+  std::memcpy(&out[8], &b.parent, 8);
+  std::memcpy(&out[16], &first, 4);
+  std::memcpy(&out[20], &end, 4);
+  std::memcpy(&out[24], &base, 4);
+  return out;
+}
+
+PrefixPool::Accept accept_named() {
+  return [](const uint8_t* data, size_t size, const std::string&) -> std::optional<BlockInfo> {
+    if (size < 28) return std::nullopt;
+    uint64_t key, parent;
+    int32_t first, end, base;
+    std::memcpy(&key, data, 8);
+    std::memcpy(&parent, data + 8, 8);
+    std::memcpy(&first, data + 16, 4);
+    std::memcpy(&end, data + 20, 4);
+    std::memcpy(&base, data + 24, 4);
+    return block(key, parent, first, end, base);
+  };
+}
+
+void add(PrefixPool& pool, const BlockInfo& b, size_t size = 100) { pool.add(b, bytes_of(b, size)); }
+
 fs::path scratch(const char* name) {
-  fs::path d = fs::temp_directory_path() / (std::string("anchorkv_pool_") + name + "_" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / (std::string("anchorkv_pool_") + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   return d;
 }
 
-PrefixPool::Accept accept_by_size() {
-  return [](const uint8_t* data, size_t size, const std::string&) -> std::optional<std::vector<int32_t>> {
-    if (size == 0) return std::nullopt;
-    return seq(0, data[0]);
-  };
+std::vector<uint64_t> keys_of(const std::optional<std::vector<PrefixPool::Block>>& chain) {
+  std::vector<uint64_t> k;
+  if (chain)
+    for (const auto& b : *chain) k.push_back(b.info.key);
+  return k;
 }
 
-TEST(PrefixPool, LongestPrefixFirstAndWithinTheLimit) {
-  PrefixPool pool({1 << 20, ""}, accept_by_size());
-  pool.add(seq(0, 10), bytes_of(seq(0, 10), 100));
-  pool.add(seq(0, 20), bytes_of(seq(0, 20), 100));
-  pool.add(seq(5, 30), bytes_of(seq(5, 30), 100));
-  const auto prompt = seq(0, 25);
-  auto hit = pool.longest_prefix(prompt, prompt.size());
-  ASSERT_TRUE(hit);
-  EXPECT_EQ(hit->tokens.size(), 20u);
-  hit = pool.longest_prefix(prompt, 19);  // an entry covering more than the limit is passed over
-  ASSERT_TRUE(hit);
-  EXPECT_EQ(hit->tokens.size(), 10u);
-  EXPECT_FALSE(pool.longest_prefix(seq(1, 25), 25));
+TEST(PrefixPool, LongestChainFollowsItsLinksWithinTheLimit) {
+  PrefixPool pool({1 << 20, ""}, accept_named());
+  add(pool, block(1, 0, 0, 10));
+  add(pool, block(2, 1, 10, 20));
+  add(pool, block(3, 2, 20, 30));
+  add(pool, block(4, 1, 10, 15, 100));  // tokens that begin no prompt of 0, 1, 2, ...
+  add(pool, block(5, 1, 12, 22));       // says it follows block 1, which ends at 10: no link
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 25), 25)), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 40), 40)), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 25), 19)),
+            (std::vector<uint64_t>{1}));  // a block past the limit is passed over
+  EXPECT_FALSE(pool.longest_chain(seq(1, 25), 25));
   EXPECT_EQ(pool.shared_prefix(seq(0, 15)), 15);
-  const PoolMetrics m = pool.metrics();
-  EXPECT_EQ(m.hits, 2);
+  PoolMetrics m = pool.metrics();
+  EXPECT_EQ(m.hits, 3);
   EXPECT_EQ(m.misses, 1);
-  EXPECT_EQ(m.entries, 3);
-  EXPECT_EQ(m.bytes, 300);
+  EXPECT_EQ(m.entries, 5);
+  EXPECT_EQ(m.bytes, 500);
+  // Dropping a block drops every block after it: the chain ends before it.
+  pool.discard(2);
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 40), 40)), (std::vector<uint64_t>{1}));
+  m = pool.metrics();
+  EXPECT_EQ(m.bad_entries, 1);
+  EXPECT_EQ(m.entries, 3);  // 1, 4 and 5 (5 never linked to 2)
 }
 
-TEST(PrefixPool, BudgetSpillsToTheFolderAndBadEntriesAreDropped) {
+TEST(PrefixPool, PromptsThatShareABeginningShareItsBlocks) {
+  PrefixPool pool({1 << 20, ""}, accept_named());
+  add(pool, block(1, 0, 0, 10));
+  add(pool, block(2, 1, 10, 20));
+  add(pool, block(1, 0, 0, 10));      // the same block again: refreshed, held once
+  add(pool, block(3, 1, 10, 18, 0));  // another continuation of block 1
+  EXPECT_EQ(pool.metrics().bytes, 300);
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 18), 18)), (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 20), 20)), (std::vector<uint64_t>{1, 2}));
+}
+
+TEST(PrefixPool, BudgetSpillsToTheFolderAndBadBlocksAreDropped) {
   const fs::path dir = scratch("spill");
   {
-    PrefixPool pool({250, dir.string()}, accept_by_size());
-    for (int i = 1; i <= 4; ++i) pool.add(seq(0, 10 * i), bytes_of(seq(0, 10 * i), 100));
+    PrefixPool pool({250, dir.string()}, accept_named());
+    for (int i = 1; i <= 4; ++i)
+      add(pool, block(static_cast<uint64_t>(i), static_cast<uint64_t>(i - 1), 10 * (i - 1), 10 * i));
     PoolMetrics m = pool.metrics();
     EXPECT_LE(m.bytes, 250);
     EXPECT_EQ(m.disk_entries, 2);
-    auto hit = pool.longest_prefix(seq(0, 12), 12);  // {0..9} was spilled first: read back from the folder
-    ASSERT_TRUE(hit);
-    EXPECT_EQ(hit->tokens.size(), 10u);
+    // Blocks 1 and 2 were spilled first: the chain reads them back from the folder.
+    EXPECT_EQ(keys_of(pool.longest_chain(seq(0, 45), 45)), (std::vector<uint64_t>{1, 2, 3, 4}));
     m = pool.metrics();
-    EXPECT_EQ(m.disk_hits, 1);
-    pool.discard(hit->tokens);
+    EXPECT_EQ(m.disk_hits, 2);
+    EXPECT_LE(m.bytes, 250);
+    pool.discard(1);
     EXPECT_EQ(pool.metrics().bad_entries, 1);
-    EXPECT_FALSE(pool.longest_prefix(seq(0, 12), 12));
+    EXPECT_FALSE(pool.longest_chain(seq(0, 12), 12));
+    for (int i = 1; i <= 4; ++i)
+      add(pool, block(static_cast<uint64_t>(i), static_cast<uint64_t>(i - 1), 10 * (i - 1), 10 * i));
   }
-  // A new pool indexes the folder; an unreadable spilled file is dropped, a FIFO never opened.
-  ASSERT_EQ(::mkfifo((dir / "prefix-77.akvc").c_str(), 0600), 0);
-  std::ofstream(dir / ".prefix-78.akvc.tmp.XyZ123") << "half";
-  PrefixPool again({250, dir.string()}, accept_by_size());
-  EXPECT_FALSE(fs::exists(dir / ".prefix-78.akvc.tmp.XyZ123"));
+  // A new pool indexes the folder; an unreadable file is dropped, a FIFO never opened.
+  ASSERT_EQ(::mkfifo((dir / "block-77.akvc").c_str(), 0600), 0);
+  std::ofstream(dir / ".block-0000000000000078.akvc.tmp.XyZ123") << "half";
+  PrefixPool again({250, dir.string()}, accept_named());
+  EXPECT_FALSE(fs::exists(dir / ".block-0000000000000078.akvc.tmp.XyZ123"));
   const int64_t indexed = again.metrics().disk_entries;
   EXPECT_GE(indexed, 1);
   for (const auto& f : fs::directory_iterator(dir))
     if (f.is_regular_file()) fs::remove(f.path());  // every spilled file vanishes
-  EXPECT_FALSE(again.longest_prefix(seq(0, 45), 45));
-  EXPECT_EQ(again.metrics().bad_entries, indexed);
+  EXPECT_FALSE(again.longest_chain(seq(0, 45), 45));
+  EXPECT_GE(again.metrics().bad_entries, 1);
+  EXPECT_EQ(again.metrics().disk_entries, 0);
   fs::remove_all(dir);
 }
 
 // Readers and writers at once, with spills and read-backs through a folder:
-// no entry is ever returned for a prompt it does not begin (run under TSan).
-TEST(PrefixPool, ConcurrentUseKeepsEveryAnswerAPrefix) {
+// every chain returned starts at token 0, links block to block, and begins
+// the prompt (run under TSan).
+TEST(PrefixPool, ConcurrentUseKeepsEveryChainLinkedAndAPrefix) {
   const fs::path dir = scratch("threads");
-  PrefixPool pool({2000, dir.string()}, accept_by_size());
+  PrefixPool pool({2000, dir.string()}, accept_named());
   std::atomic<int> wrong{0};
   std::vector<std::thread> ts;
   for (int t = 0; t < 4; ++t)
     ts.emplace_back([&, t] {
       for (int i = 0; i < 200; ++i) {
-        const int n = 1 + (i * 7 + t) % 40;
-        if (i % 3 == 0) pool.add(seq(0, n), bytes_of(seq(0, n), 150));
-        const auto prompt = seq(0, 1 + (i * 11 + t) % 50);
-        if (auto hit = pool.longest_prefix(prompt, prompt.size())) {
-          if (hit->tokens.size() > prompt.size() || (*hit->file)[0] != hit->tokens.size()) ++wrong;
-          if (i % 17 == 0) pool.discard(hit->tokens);
+        const int blocks = 1 + (i * 7 + t) % 5;  // a chain of 10-token blocks, keys 1..5
+        if (i % 3 == 0)
+          for (int b = 1; b <= blocks; ++b)
+            add(pool, block(static_cast<uint64_t>(b), static_cast<uint64_t>(b - 1), 10 * (b - 1), 10 * b),
+                150);
+        const auto prompt = seq(0, 1 + (i * 11 + t) % 60);
+        if (auto chain = pool.longest_chain(prompt, prompt.size())) {
+          int64_t end = 0;
+          uint64_t parent = 0;
+          for (const auto& b : *chain) {
+            if (b.info.first != end || (end > 0 && b.info.parent != parent) ||
+                b.info.tokens.size() > prompt.size() ||
+                !std::equal(b.info.tokens.begin(), b.info.tokens.end(), prompt.begin()) ||
+                accept_named()(b.file->data(), b.file->size(), "")->key != b.info.key)
+              ++wrong;
+            end = static_cast<int64_t>(b.info.tokens.size());
+            parent = b.info.key;
+          }
+          if (i % 17 == 0) pool.discard(chain->back().info.key);
         }
         (void)pool.shared_prefix(prompt);
         (void)pool.metrics();
