@@ -234,8 +234,9 @@ def touched_prompts(files, prompts, anchorkv_core):
     from the one its whole chain gives, as any prompt restored from a shorter prefix may."""
     touched = set()
     for f in files[:5]:
-        tokens = list(anchorkv_core.load_caches(str(f))[1])
-        touched |= {i for i, p in enumerate(prompts) if p[:len(tokens)] == tokens}
+        _, tokens, _, entries = anchorkv_core.load_caches(str(f))
+        first = int(entries["chain.first"])  # a block holds its own tokens, from this position
+        touched |= {i for i, p in enumerate(prompts) if p[first:first + len(tokens)] == list(tokens)}
     return touched
 
 

@@ -40,7 +40,7 @@ std::optional<BlockInfo> stated_info(const PromptCacheMeta& meta) {
   if (first.empty() || first.size() > 18 || first.find_first_not_of("0123456789") != std::string::npos)
     return std::nullopt;
   info.first = std::strtoll(first.c_str(), nullptr, 10);
-  if (meta.tokens.empty() || info.first >= static_cast<int64_t>(meta.tokens.size())) return std::nullopt;
+  if (meta.tokens.empty()) return std::nullopt;
   info.tokens = meta.tokens;
   return info;
 }
@@ -49,8 +49,7 @@ std::optional<BlockInfo> stated_info(const PromptCacheMeta& meta) {
 std::string inconsistency(const BlockInfo& info, const PromptCacheKey& key) {
   if (info.first == 0 && info.parent != chain_root(key))
     return "a first block whose parent is not the chain's root";
-  const size_t n = info.tokens.size() - static_cast<size_t>(info.first);
-  if (chain_key(info.parent, info.tokens.data() + info.first, n) != info.key)
+  if (chain_key(info.parent, info.tokens.data(), info.tokens.size()) != info.key)
     return "its key is not the hash of its parent and tokens";
   return "";
 }
@@ -121,7 +120,7 @@ std::vector<ChainBlock> chain_blocks(const PromptCacheKey& key, const model::Lla
   for (size_t s = next; s < lengths.size(); ++s) {
     const int64_t end = pos + lengths[s];
     BlockInfo info{chain_key(parent, tokens.data() + pos, static_cast<size_t>(lengths[s])), parent, pos,
-                   std::vector<int32_t>(tokens.begin(), tokens.begin() + end)};
+                   std::vector<int32_t>(tokens.begin() + pos, tokens.begin() + end)};
     std::vector<std::unique_ptr<KVCache>> own;
     std::vector<const KVCache*> caches;
     for (const auto& c : m.caches()) {
@@ -179,9 +178,12 @@ ChainRestored restore_chain(const std::vector<HeldBlock>& chain, const PromptCac
     if (info->key != b.info.key || info->tokens != b.info.tokens || info->first != end ||
         info->parent != parent)
       return fail(i, "not the block the chain links here");
-    if (info->tokens.size() > prompt.size() ||
-        !std::equal(info->tokens.begin(), info->tokens.end(), prompt.begin()))
-      return fail(i, "its tokens are not a prefix of the prompt", Restore::kNotPrefix);
+    if (!info->matches(prompt))
+      return fail(i, "its tokens are not the prompt's at its positions", Restore::kNotPrefix);
+    for (const auto& c : l.caches)
+      if (c->offset() != static_cast<int64_t>(info->tokens.size()))
+        return fail(i, "its caches hold " + std::to_string(c->offset()) + " positions for " +
+                           std::to_string(info->tokens.size()) + " tokens");
     try {
       if (i == 0) {
         caches = std::move(l.caches);
@@ -193,7 +195,7 @@ ChainRestored restore_chain(const std::vector<HeldBlock>& chain, const PromptCac
       return fail(i, e.what());
     }
     parent = info->key;
-    end = static_cast<int64_t>(info->tokens.size());
+    end = info->end();
     logits = std::move(l.meta.logits);
   }
   if (!logits.empty() && static_cast<int64_t>(logits.size()) != m.config().vocab)

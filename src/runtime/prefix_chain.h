@@ -55,7 +55,7 @@ std::optional<BlockInfo> block_info(const uint8_t* data, size_t size, const std:
 // Restores `m` from a chain (first block first) for `prompt`, as restore_prompt
 // does for one file: every block is checked (written for `key`, the key the
 // pool holds it under recomputed from its parent and token ids, linked to the
-// block before it, its tokens a prefix of `prompt`) and the caches of all of
+// block before it, its tokens `prompt`'s at its positions) and the caches of all of
 // them joined. kDamaged names the first bad block in `bad_block`.
 struct ChainRestored {
   Restored restored;

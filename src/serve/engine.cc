@@ -131,7 +131,7 @@ std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, mo
       return std::move(r.logits);
     }
     if (r.outcome == runtime::Restore::kNoLogits) {
-      limit = hit->back().info.tokens.size() - 1;  // fine, but this prompt needs a shorter chain
+      limit = static_cast<size_t>(hit->back().info.end() - 1);  // fine, but this prompt needs a shorter chain
     } else {
       pool_.discard((*hit)[c.bad_block].info.key);  // damaged, foreign, or not the block it was indexed as
     }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
+#include <unordered_map>
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
@@ -17,10 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kOp = "anchorkv serve";
-
-bool begins(const std::vector<int32_t>& t, const std::vector<int32_t>& prompt) {
-  return t.size() <= prompt.size() && std::equal(t.begin(), t.end(), prompt.begin());
-}
 
 // A temporary file the atomic writer left behind when the process was killed
 // mid-write: ".block-KEY.akvc.tmp.XXXXXX" (".prefix-N..." from older servers).
@@ -74,29 +71,50 @@ const BlockInfo* PrefixPool::find(uint64_t key) const {
   return nullptr;
 }
 
+std::unordered_multimap<uint64_t, const BlockInfo*> PrefixPool::children() const {
+  std::unordered_multimap<uint64_t, const BlockInfo*> out;
+  out.reserve(memory_.size() + disk_.size());
+  for (const Block& b : memory_)
+    if (b.info.first > 0) out.emplace(b.info.parent, &b.info);
+  for (const Spilled& s : disk_)
+    if (s.info.first > 0) out.emplace(s.info.parent, &s.info);
+  return out;
+}
+
+// Depth first from every first block that matches: a block follows its
+// parent when it starts where the parent ends and its tokens are the
+// prompt's there. `visit(path)` sees every chain so found.
+template <typename Visit>
+void PrefixPool::walk_chains(const std::vector<int32_t>& prompt, Visit&& visit) const {
+  const auto after = children();
+  std::vector<const BlockInfo*> path;
+  auto down = [&](auto&& self, const BlockInfo* b) -> void {
+    path.push_back(b);
+    visit(path);
+    const auto [lo, hi] = after.equal_range(b->key);
+    for (auto it = lo; it != hi; ++it)
+      if (it->second->first == b->end() && it->second->matches(prompt)) self(self, it->second);
+    path.pop_back();
+  };
+  auto start = [&](const BlockInfo& b) {
+    if (b.first == 0 && b.matches(prompt)) down(down, &b);
+  };
+  for (const Block& b : memory_) start(b.info);
+  for (const Spilled& s : disk_) start(s.info);
+}
+
 std::vector<uint64_t> PrefixPool::find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const {
-  std::vector<const BlockInfo*> ends;  // blocks that could end the chain, longest first
-  for (const Block& b : memory_) ends.push_back(&b.info);
-  for (const Spilled& s : disk_) ends.push_back(&s.info);
-  std::stable_sort(ends.begin(), ends.end(), [](const BlockInfo* a, const BlockInfo* b) {
-    return a->tokens.size() > b->tokens.size();
-  });
-  for (const BlockInfo* end : ends) {
-    if (end->tokens.size() > max_tokens || !begins(end->tokens, prompt)) continue;
-    std::vector<uint64_t> keys;  // walked back to a first block, every link held and consistent
-    for (const BlockInfo* b = end; b;) {
-      keys.push_back(b->key);
-      if (b->first == 0) {
-        std::reverse(keys.begin(), keys.end());
-        return keys;
-      }
-      const BlockInfo* parent = find(b->parent);
-      b = parent && static_cast<int64_t>(parent->tokens.size()) == b->first && begins(parent->tokens, prompt)
-              ? parent
-              : nullptr;
+  std::vector<uint64_t> best;
+  int64_t best_end = 0;
+  walk_chains(prompt, [&](const std::vector<const BlockInfo*>& path) {
+    const int64_t end = path.back()->end();
+    if (end <= static_cast<int64_t>(max_tokens) && end > best_end) {
+      best_end = end;
+      best.clear();
+      for (const BlockInfo* b : path) best.push_back(b->key);
     }
-  }
-  return {};
+  });
+  return best;
 }
 
 std::optional<std::vector<PrefixPool::Block>> PrefixPool::longest_chain(const std::vector<int32_t>& prompt,
@@ -187,16 +205,28 @@ void PrefixPool::keep_read_back(const Block& b, const std::string& path) {
 
 int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
   std::lock_guard lock(mu_);
-  size_t best = 0;
-  auto consider = [&](const std::vector<int32_t>& t) {
-    const size_t n = std::min(t.size(), prompt.size());
-    size_t i = 0;
-    while (i < n && t[i] == prompt[i]) ++i;
-    best = std::max(best, i);
+  // How far a block's tokens agree with the prompt's from its first position.
+  auto agree = [&](const BlockInfo& b) {
+    const auto n = std::min<int64_t>(static_cast<int64_t>(b.tokens.size()),
+                                     std::max<int64_t>(0, static_cast<int64_t>(prompt.size()) - b.first));
+    int64_t i = 0;
+    while (i < n && b.tokens[static_cast<size_t>(i)] == prompt[static_cast<size_t>(b.first + i)]) ++i;
+    return b.first + i;
   };
-  for (const auto& b : memory_) consider(b.info.tokens);
-  for (const auto& d : disk_) consider(d.info.tokens);
-  return static_cast<int64_t>(best);
+  int64_t best = 0;
+  for (const Block& b : memory_)  // first blocks that agree only in part
+    if (b.info.first == 0) best = std::max(best, agree(b.info));
+  for (const Spilled& s : disk_)
+    if (s.info.first == 0) best = std::max(best, agree(s.info));
+  const auto after = children();
+  walk_chains(prompt, [&](const std::vector<const BlockInfo*>& path) {  // and the blocks after a matching chain
+    const BlockInfo* b = path.back();
+    best = std::max(best, b->end());
+    const auto [lo, hi] = after.equal_range(b->key);
+    for (auto it = lo; it != hi; ++it)
+      if (it->second->first == b->end()) best = std::max(best, agree(*it->second));
+  });
+  return best;
 }
 
 std::vector<PrefixPool::Block> PrefixPool::make_room(int64_t incoming) {

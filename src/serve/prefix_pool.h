@@ -4,9 +4,10 @@
 // the block before it by key, so a prompt is a chain from a first block
 // (first token 0) to its last, and prompts that share a beginning share its
 // blocks. Keys are chained hashes the caller computes (runtime/prefix_chain.h);
-// the pool only links blocks by them and never trusts them alone: each block
-// carries every token id from position 0 to its end, matched against the
-// prompt, and callers verify the bytes when they use them.
+// the pool only links blocks by them and never trusts them alone: a block
+// carries its own token ids, and a chain is followed only where each block
+// starts where its parent ends and its tokens are the prompt's there; callers
+// verify the bytes when they use them.
 //
 // It holds at most `budget` bytes in memory, least recently used first out
 // (a chain's blocks are all used when it is); with a folder, blocks leaving
@@ -27,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/block_info.h"
@@ -79,6 +81,10 @@ class PrefixPool {
   };
   // Under mu_: the keys of the longest held chain (nothing when none).
   std::vector<uint64_t> find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const;
+  // Under mu_: every held block after a first one, by its parent's key.
+  std::unordered_multimap<uint64_t, const BlockInfo*> children() const;
+  template <typename Visit>
+  void walk_chains(const std::vector<int32_t>& prompt, Visit&& visit) const;
   const BlockInfo* find(uint64_t key) const;
   // Under mu_: moves blocks out of memory until `incoming` more bytes fit;
   // returns those to write to the folder (done by spill(), outside mu_).

@@ -270,12 +270,13 @@ TEST(PrefixChain, BlocksRestoreTheSessionAndTheNextTurnAddsItsOwn) {
   for (const auto& b : blocks1) {
     EXPECT_EQ(b.info.parent, parent);
     EXPECT_EQ(b.info.first, end);
+    EXPECT_TRUE(b.info.matches(turn1)) << "a block holds its own tokens";
     const auto info = runtime::block_info(b.file.data(), b.file.size(), "block", key);
     ASSERT_TRUE(info);
     EXPECT_EQ(info->key, b.info.key);
     EXPECT_EQ(info->tokens, b.info.tokens);
     parent = b.info.key;
-    end = static_cast<int64_t>(b.info.tokens.size());
+    end = b.info.end();
   }
   EXPECT_EQ(end, 300);
   EXPECT_FALSE(runtime::block_info(blocks1[0].file.data(), blocks1[0].file.size(), "block",

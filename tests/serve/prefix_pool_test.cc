@@ -21,16 +21,16 @@ std::vector<int32_t> seq(int32_t first, int n) {
   return t;
 }
 
-// A block of tokens base, base + 1, ... up to `end`, from `first` on.
+// The block of positions [first, end) of the prompt base, base + 1, ...
 BlockInfo block(uint64_t key, uint64_t parent, int first, int end, int32_t base = 0) {
-  return {key, parent, first, seq(base, end)};
+  return {key, parent, first, seq(base + first, end - first)};
 }
 
 // A "file" that names its block (the pool never parses blocks; accept() here does).
 std::vector<uint8_t> bytes_of(const BlockInfo& b, size_t size) {
   std::vector<uint8_t> out(std::max<size_t>(size, 28), 0);
-  const int32_t first = static_cast<int32_t>(b.first), end = static_cast<int32_t>(b.tokens.size()),
-                base = b.tokens.empty() ? 0 : b.tokens[0];
+  const int32_t first = static_cast<int32_t>(b.first), end = static_cast<int32_t>(b.end()),
+                base = b.tokens.empty() ? 0 : b.tokens[0] - first;
   std::memcpy(&out[0], &b.key, 8);
   std::memcpy(&out[8], &b.parent, 8);
   std::memcpy(&out[16], &first, 4);
@@ -82,6 +82,11 @@ TEST(PrefixPool, LongestChainFollowsItsLinksWithinTheLimit) {
             (std::vector<uint64_t>{1}));  // a block past the limit is passed over
   EXPECT_FALSE(pool.longest_chain(seq(1, 25), 25));
   EXPECT_EQ(pool.shared_prefix(seq(0, 15)), 15);
+  std::vector<int32_t> diverges = seq(0, 40);
+  diverges[23] = 999;  // inside block 3, after a chain of 1 and 2
+  EXPECT_EQ(pool.shared_prefix(diverges), 23);
+  diverges[13] = 999;  // inside block 2: block 3 no longer follows
+  EXPECT_EQ(pool.shared_prefix(diverges), 13);
   PoolMetrics m = pool.metrics();
   EXPECT_EQ(m.hits, 3);
   EXPECT_EQ(m.misses, 1);
@@ -162,12 +167,10 @@ TEST(PrefixPool, ConcurrentUseKeepsEveryChainLinkedAndAPrefix) {
           int64_t end = 0;
           uint64_t parent = 0;
           for (const auto& b : *chain) {
-            if (b.info.first != end || (end > 0 && b.info.parent != parent) ||
-                b.info.tokens.size() > prompt.size() ||
-                !std::equal(b.info.tokens.begin(), b.info.tokens.end(), prompt.begin()) ||
+            if (b.info.first != end || (end > 0 && b.info.parent != parent) || !b.info.matches(prompt) ||
                 accept_named()(b.file->data(), b.file->size(), "")->key != b.info.key)
               ++wrong;
-            end = static_cast<int64_t>(b.info.tokens.size());
+            end = b.info.end();
             parent = b.info.key;
           }
           if (i % 17 == 0) pool.discard(chain->back().info.key);
