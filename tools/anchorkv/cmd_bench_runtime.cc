@@ -1,5 +1,6 @@
 // `anchorkv bench runtime`: prefill and decode speed of a real model with each cache, side by side.
 #include <fmt/format.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@ struct Sample {
   // Per repetition: percentiles of the decode steps' times (a step that
   // closes a streaming segment compresses it), and the rate of the last 64.
   std::vector<double> p50_ms, p99_ms, max_ms, last_decode;
+  std::vector<double> prefill_peak;  // bytes the process's resident set grew by at most during the prefill
   double ratio = 1, ratio_end = 1;
   int64_t bytes = 0, full = 0, bytes_end = 0;
 };
@@ -71,6 +73,25 @@ void add_steps(Sample& s, const std::vector<double>& step_s) {
   s.last_decode.push_back(static_cast<double>(last) / std::max(t, 1e-9));
 }
 
+// Linux: a /proc/self/status field in bytes (-1 when unreadable).
+int64_t status_bytes(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string want = std::string(field) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(want, 0) == 0) return 1024 * std::stoll(line.substr(want.size()));
+  return -1;
+}
+
+// The resident set now, after freed heap pages went back to the kernel and
+// the high-water mark was reset to it: what a step allocates afresh (or
+// reuses from what was freed) counts in the next VmHWM.
+int64_t start_peak_window() {
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return status_bytes("VmRSS");
+}
+
 // The prompt: --text's tokens, padded (or made) to --ctx with seeded random ids.
 std::vector<int32_t> bench_prompt(const RuntimeBenchOptions& o, const runtime::ModelFile& mf) {
   std::vector<int32_t> prompt;
@@ -87,9 +108,12 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
              const std::vector<int32_t>& prompt, Sample& s) {
   model::LlamaModel m = runtime::make_model(w, cache, o.theta, o.threads);
   m.set_activations(o.activations);
+  const int64_t rss0 = start_peak_window();
   auto t0 = Clock::now();
   std::vector<float> logits = runtime::prefill_prompt(m, prompt);
   const double pre_s = since(t0);
+  const int64_t hwm = status_bytes("VmHWM");
+  if (rss0 >= 0 && hwm >= rss0) s.prefill_peak.push_back(static_cast<double>(hwm - rss0));
   const runtime::CacheTotals t = runtime::cache_totals(m);
   std::vector<double> step_s;
   step_s.reserve(static_cast<size_t>(o.n));
@@ -117,21 +141,23 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
 nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample>& samples) {
   size_t width = 21;  // the longest spec sets the first column
   for (const auto& c : o.caches) width = std::max(width, c.size());
-  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13} {:>8} {:>8} {:>8} {:>9} {:>11}\n", "cache",
+  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13} {:>8} {:>8} {:>8} {:>9} {:>11} {:>16}\n", "cache",
              width, "KV MiB", "ratio", "prefill t/s", "vs full", "decode t/s", "vs full", "1st step ms", "p50 ms",
-             "p99 ms", "max ms", "at end", "last 64 t/s");
+             "p99 ms", "max ms", "at end", "last 64 t/s", "prefill peak MiB");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& c : o.caches) {
     const Sample& s = samples[c];
     const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
+    const bool peak = !s.prefill_peak.empty();
     fmt::print("  {:<{}} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f}x "
-               "{:>11.1f}\n",
+               "{:>11.1f} {:>16}\n",
                c, width, static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
                full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first, median(s.p50_ms),
-               median(s.p99_ms), median(s.max_ms), s.ratio_end, median(s.last_decode));
+               median(s.p99_ms), median(s.max_ms), s.ratio_end, median(s.last_decode),
+               peak ? fmt::format("{:.1f}", median(s.prefill_peak) / (1 << 20)) : "-");
     rows.push_back({{"cache", c},
                     {"compression_ratio_after_prefill", s.ratio},
                     {"bytes_after_prefill", s.bytes},
@@ -145,6 +171,7 @@ nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample
                     {"last_64_steps_tok_s", median(s.last_decode)},
                     {"compression_ratio_at_end", s.ratio_end},
                     {"bytes_at_end", s.bytes_end},
+                    {"prefill_peak_rss_growth_bytes", peak ? nlohmann::json(median(s.prefill_peak)) : nlohmann::json()},
                     {"prefill_samples", s.prefill},
                     {"decode_samples", s.decode}});
   }
@@ -167,6 +194,8 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   fmt::print("{}: prompt {} tokens, {} greedy decode steps, theta {}, {} threads, {} activations, median of {}\n\n",
              o.model, o.ctx, o.n, o.theta, core::resolve_threads(o.threads), activations, o.reps);
   const nlohmann::json rows = report(o, samples);
+  fmt::print("\n  prefill peak: the most the resident memory grew during the prefill (the prompt's activations,\n"
+             "  the same for every cache, and the cache's own share; Linux VmHWM)\n");
   int64_t local = 0;
   for (int64_t l = 0; l < w.config.n_layers; ++l) local += w.config.is_local(l);
   if (local > 0 && !samples.empty())
