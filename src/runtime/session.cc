@@ -1,5 +1,7 @@
 #include "runtime/session.h"
 
+#include <algorithm>
+
 #include "anchorkv/anchorkv.h"
 
 namespace anchorkv::runtime {
@@ -38,8 +40,32 @@ void close_prompt(const model::LlamaModel& m) {
   }
 }
 
-std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_t>& prompt) {
-  std::vector<float> logits = m.forward(prompt);
+namespace {
+
+// Whether `m`'s caches give a prompt's meaning whatever calls bring it.
+bool takes_chunks(const model::LlamaModel& m) {
+  for (const auto& c : m.caches()) {
+    const auto* a = dynamic_cast<const AnchorKVCache*>(c.get());
+    const bool ok = (a && a->config().streaming()) || dynamic_cast<const FullKVCache*>(c.get()) ||
+                    dynamic_cast<const SlidingWindowKVCache*>(c.get());
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_t>& prompt, int64_t chunk,
+                                  const std::function<void()>& after_call) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (chunk <= 0 || chunk >= n || !takes_chunks(m)) chunk = n;
+  std::vector<float> logits;
+  for (int64_t at = 0; at < n || n == 0; at += chunk) {  // n == 0: forward's own error
+    const int64_t end = std::min(n, at + chunk);
+    logits = m.forward(std::vector<int32_t>(prompt.begin() + at, prompt.begin() + end));
+    if (after_call) after_call();
+    if (n == 0) break;
+  }
   close_prompt(m);
   return logits;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,9 +37,20 @@ model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& sp
 // cache holds it) and a pooled or saved prompt stores no exact tail; the
 // tokens generated after it stream. Other caches are left as they are.
 void close_prompt(const model::LlamaModel& m);
-// A prompt (or the rest of one) through the model, then close_prompt: how
-// every front end feeds a prompt. Returns the last position's logits.
-std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_t>& prompt);
+// A prompt (or the rest of one) through the model in calls of at most
+// `chunk` tokens (0: one call), then close_prompt: how every front end feeds
+// a prompt. Returns the last position's logits. Chunks bound the prefill's
+// memory (the activations of one call grow with its tokens: ~28 KB a token on
+// a 512-wide model, ~200 KB on an 8B one) and let a streaming cache compress
+// the prompt as it arrives; each chunk attends over the cache as stored
+// (compressed segments included), as a chat's next turn does. Only models
+// whose every cache is exact, a ring or streaming AnchorKV are chunked: the
+// one-shot caches (AnchorKV's seed mode, SnapKV, H2O, ...) compress or evict
+// at the end of their first call, so they take the prompt in one.
+inline constexpr int64_t kPrefillChunk = 2048;
+// `after_call` (when set) runs after each call, e.g. to watch the caches grow.
+std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_t>& prompt,
+                                  int64_t chunk = kPrefillChunk, const std::function<void()>& after_call = {});
 
 struct CacheTotals {
   int64_t bytes = 0, full = 0;  // stored bytes, fp16 bytes for the same tokens (all layers)

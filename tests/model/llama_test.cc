@@ -9,6 +9,7 @@
 #include "anchorkv/anchorkv.h"
 #include "cache/anchorkv_state.h"
 #include "cache/anchorkv_streaming.h"
+#include "core/rng.h"
 #include "eval/error_analysis.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
@@ -242,6 +243,42 @@ TEST(Session, StaysCompressedThroughAGeneration) {
   EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*o.caches()[0]).config().streaming());
 }
 
+// A long prompt goes through the model in chunks where the caches allow:
+// an exact cache gives the one-call logits (the same fp16 keys, another
+// summation order), a streaming cache holds the prompt compressed segment by
+// segment, and the one-shot caches take it in one call whatever the chunk.
+TEST(Session, LongPromptsArriveInChunksWhereTheCachesAllow) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 499; ++i) prompt.push_back(3 + (i * 41) % 200);
+  auto run = [&](const std::string& spec, int64_t chunk) {
+    LlamaModel m = runtime::make_model(w, spec, 0.05, 2);
+    std::vector<float> logits = runtime::prefill_prompt(m, prompt, chunk);
+    return std::make_pair(std::move(logits), runtime::cache_totals(m));
+  };
+  const auto [whole, whole_bytes] = run("full", 0);
+  const auto [chunked, chunked_bytes] = run("full", 96);
+  float largest = 0, diff = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    largest = std::max(largest, std::abs(whole[i]));
+    diff = std::max(diff, std::abs(whole[i] - chunked[i]));
+  }
+  EXPECT_LE(diff, 1e-4f * largest);
+  EXPECT_EQ(chunked_bytes.bytes, whole_bytes.bytes);
+  for (const char* oneshot : {"anchorkv_tight:pre:obs:auto:oneshot", "snapkv:obs"})
+    EXPECT_EQ(run(oneshot, 96).first, run(oneshot, 0).first) << oneshot << " takes the prompt in one call";
+  LlamaModel s = runtime::make_model(w, "anchorkv_tight:pre:obs:auto", 0.05, 2);
+  const std::vector<float> streamed = runtime::prefill_prompt(s, prompt, 96);
+  const auto& st = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*s.caches()[0]));
+  EXPECT_EQ(st.compressed_tokens(), 500);
+  EXPECT_GE(st.segments.size(), 4u) << "each chunk closes what left the window";
+  EXPECT_GT(runtime::cache_totals(s).ratio(), 10.0);
+  EXPECT_NE(streamed, run("anchorkv_tight:pre:obs:auto", 0).first)
+      << "later chunks attend over the compressed segments";
+}
+
 // A prompt's blocks (one per segment) restore the session bit for bit: the
 // same logits, the same next steps; a later turn adds blocks after them
 // alone; blocks out of place, of another cache or not of this prompt are
@@ -322,6 +359,49 @@ TEST(PrefixChain, BlocksRestoreTheSessionAndTheNextTurnAddsItsOwn) {
   EXPECT_EQ(runtime::restore_chain(whole, {key.identity, spec, 0.1}, turn2, bad).restored.outcome,
             runtime::Restore::kDamaged);
   EXPECT_EQ(bad.position(), 0) << "a refused chain leaves the model as it was";
+}
+
+// Random damage to a chain's blocks (bytes flipped, blocks dropped, swapped or
+// repeated): each restore is used or refused with the model untouched, and
+// the model decodes on either way (fuzz/chain_fuzz.cc goes past the checksums).
+TEST(PrefixChain, DamagedChainsAreRefusedAndTheModelGoesOn) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  const std::string spec = "anchorkv_tight:pre:seg32:recent8";
+  const runtime::PromptCacheKey key{"tiny", spec, 0.1};
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 159; ++i) prompt.push_back(3 + (i * 13) % 200);
+  LlamaModel s = runtime::make_model(w, spec, 0.1, 1);
+  const std::vector<float> logits = runtime::prefill_prompt(s, prompt, 40);
+  const std::vector<runtime::ChainBlock> blocks = runtime::chain_blocks(key, s, prompt, {}, logits);
+  ASSERT_GE(blocks.size(), 3u);
+  core::Rng rng(11);
+  int used = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<runtime::HeldBlock> chain;
+    for (const auto& b : blocks) chain.push_back({b.info, std::make_shared<const std::vector<uint8_t>>(b.file)});
+    const size_t edited = rng.next() % chain.size();
+    std::vector<uint8_t> file = *chain[edited].file;
+    for (uint64_t e = rng.next() % 3; e > 0; --e) file[rng.next() % file.size()] ^= static_cast<uint8_t>(1 + rng.next() % 255);
+    chain[edited].file = std::make_shared<const std::vector<uint8_t>>(std::move(file));
+    const uint64_t shape = rng.next() % 8;
+    if (shape == 1) chain.erase(chain.begin());
+    if (shape == 2) std::swap(chain.front(), chain.back());
+    if (shape == 3) chain.push_back(chain.back());
+    LlamaModel m = runtime::make_model(w, spec, 0.1, 1);
+    const runtime::ChainRestored r = runtime::restore_chain(chain, key, prompt, m);
+    if (r.restored.outcome == runtime::Restore::kUsed) {
+      ++used;
+      EXPECT_EQ(m.position(), r.restored.tokens);
+    } else {
+      EXPECT_EQ(m.position(), 0) << r.restored.why_not;
+      EXPECT_LT(r.bad_block, chain.size());
+    }
+    if (m.position() < 160) m.forward(std::vector<int32_t>(prompt.begin() + m.position(), prompt.end()));
+    EXPECT_EQ(m.forward({5}).size(), static_cast<size_t>(w.config.vocab));
+  }
+  EXPECT_GT(used, 0) << "undamaged chains (no edit, no reshaping) restore";
 }
 
 // The chat task: turns of a prompt and a scored answer through one session.
