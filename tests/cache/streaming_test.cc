@@ -327,8 +327,11 @@ TEST(Streaming, FilesRoundTripAndTheSessionGoesOn) {
 // segments to give, and an append that does not fit changes nothing.
 TEST(Streaming, SegmentsCutIntoRunsAndAppendedBackAreTheSameCache) {
   const Tokens x;
-  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
-    AnchorKVCache c(streaming(96, 24, layout));
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight, MetadataLayout::kCompact})
+  for (bool key_rope : {false, true}) {  // key residuals coded at the segment's positions move with it
+    AnchorKVConfig cfg = streaming(96, 24, layout);
+    if (key_rope) cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 0, {}};
+    AnchorKVCache c(cfg);
     x.feed(c, {130, 96, 96, 40});
     c.compress_now();
     const std::vector<int64_t> lengths = internal::segment_lengths(c);
@@ -363,6 +366,7 @@ TEST(Streaming, SegmentsCutIntoRunsAndAppendedBackAreTheSameCache) {
     const auto before = serialize_caches({&c});
     EXPECT_THROW(internal::append_segments(c, *rest), Error);
     AnchorKVCache other(streaming(64, 24, layout));  // another config
+    SCOPED_TRACE(key_rope ? "key_rope" : "no key_rope");
     EXPECT_THROW(internal::append_segments(other, *first), Error);
     EXPECT_EQ(serialize_caches({&c}), before);
     EXPECT_EQ(other.offset(), 0);
