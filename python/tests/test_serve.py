@@ -225,6 +225,21 @@ def test_a_conversation_pools_each_turns_new_segments_once():
         assert s.stop() == 0
 
 
+def test_the_spill_folder_keeps_its_budget(tmp_path):
+    spill = tmp_path / "spill"
+    s = Server(*CACHE, "--cache-budget", "60000", "--cache-dir", str(spill), "--cache-dir-budget", "80000")
+    try:
+        for i in range(8):
+            p = [(i * 13 + j) % 240 + 4 for j in range(160)]
+            assert s.post("/v1/completions", {"prompt": p, "max_tokens": 2}).status_code == 200
+        m = s.metrics()
+        on_disk = sum(f.stat().st_size for f in spill.glob("block-*.akvc"))
+        assert m["anchorkv_prefix_disk_evictions_total"] > 0, m
+        assert on_disk == m["anchorkv_prefix_disk_bytes"] <= 80000
+    finally:
+        assert s.stop() == 0
+
+
 def test_spill_to_disk_and_reload_give_identical_completions(tmp_path):
     spill = tmp_path / "spill"
     prompts = [[(i * 13 + j) % 240 + 4 for j in range(160)] for i in range(4)]

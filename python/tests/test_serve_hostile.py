@@ -170,6 +170,7 @@ def test_deadline_and_full_queue():
 
 def test_configuration_values_are_range_checked():
     for args, needle in ((["--max-body", "-1"], "max-body"), (["--cache-budget", "1e30"], "cache-budget"),
+                         (["--cache-dir-budget", "lots"], "cache-dir-budget"),
                          (["--max-prompt", "5000"], "context"), (["--parallel", "0"], "parallel"),
                          (["--theta", "2"], "theta")):
         r = subprocess.run([CLI, "serve", "-m", str(TINY), "--port", "1", *args], capture_output=True, text=True,

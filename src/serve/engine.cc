@@ -112,7 +112,7 @@ Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& token
     : weights_(weights),
       tok_(tokenizer),
       opt_((runtime::make_model(weights, options.cache, options.theta, 1), std::move(options))),  // validates the spec
-      pool_({opt_.pool_budget, opt_.cache_dir}, [this](const uint8_t* data, size_t size, const std::string& path) {
+      pool_({opt_.pool_budget, opt_.cache_dir, opt_.cache_dir_budget}, [this](const uint8_t* data, size_t size, const std::string& path) {
         return runtime::block_info(data, size, path, key());
       }) {}
 

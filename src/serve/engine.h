@@ -45,6 +45,7 @@ struct EngineOptions {
   // back on a hit (empty: evicted entries are dropped). Files found at start
   // are indexed when they were written for `model_identity` and this cache.
   std::string cache_dir;
+  int64_t cache_dir_budget = 0;  // bytes of spilled blocks cache_dir keeps (oldest out first); 0: no bound
   std::string model_identity;
 };
 

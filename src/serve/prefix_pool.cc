@@ -55,8 +55,10 @@ void PrefixPool::index_folder(const Accept& accept) {
     try {
       const core::MappedFile f = core::MappedFile::open(p.string(), kOp);
       std::optional<BlockInfo> info = accept(f.data(), f.size(), p.string());
-      if (info && !find(info->key))
+      if (info && !find(info->key)) {
         disk_.push_back({std::move(*info), p.string(), static_cast<int64_t>(f.size())});
+        disk_bytes_ += disk_.back().bytes;
+      }
     } catch (const Error&) {
       // Unreadable: left alone, as files of other models and caches are.
     }
@@ -170,8 +172,11 @@ std::shared_ptr<const std::vector<uint8_t>> PrefixPool::read_spilled(const Spill
     return std::make_shared<const std::vector<uint8_t>>(f.data(), f.data() + f.size());
   } catch (const Error&) {
     std::lock_guard lock(mu_);
-    const auto n =
-        std::erase_if(disk_, [&](const Spilled& d) { return d.info.key == s.info.key && d.path == s.path; });
+    const auto n = std::erase_if(disk_, [&](const Spilled& d) {
+      if (d.info.key != s.info.key || d.path != s.path) return false;
+      disk_bytes_ -= d.bytes;
+      return true;
+    });
     if (n > 0) ++counts_.bad_entries;
     return nullptr;
   }
@@ -183,8 +188,11 @@ std::shared_ptr<const std::vector<uint8_t>> PrefixPool::read_spilled(const Spill
 void PrefixPool::keep_read_back(const Block& b, const std::string& path) {
   {
     std::lock_guard lock(mu_);
-    const auto n =
-        std::erase_if(disk_, [&](const Spilled& d) { return d.info.key == b.info.key && d.path == path; });
+    const auto n = std::erase_if(disk_, [&](const Spilled& d) {
+      if (d.info.key != b.info.key || d.path != path) return false;
+      disk_bytes_ -= d.bytes;
+      return true;
+    });
     if (n == 0) return;
     ++counts_.disk_hits;
   }
@@ -251,9 +259,18 @@ void PrefixPool::spill(std::vector<Block> victims) {
       ++counts_.disk_errors;
       continue;
     }
-    std::lock_guard lock(mu_);
-    if (find(b.info.key)) continue;  // added again meanwhile: that one is held (and spilled to the same path)
-    disk_.push_back({std::move(b.info), path, static_cast<int64_t>(b.file->size())});
+    std::vector<std::string> files;
+    {
+      std::lock_guard lock(mu_);
+      if (find(b.info.key)) continue;  // added again meanwhile: that one is held (and spilled to the same path)
+      disk_.push_back({std::move(b.info), path, static_cast<int64_t>(b.file->size())});
+      disk_bytes_ += disk_.back().bytes;
+      // Over the folder's budget, the oldest spilled blocks go, with the
+      // blocks after them (no chain reaches those any more).
+      while (opt_.disk_budget > 0 && disk_bytes_ > opt_.disk_budget && !disk_.empty())
+        counts_.disk_evictions += drop_from(disk_.front().info.key, files);
+    }
+    remove_files(files);
   }
 }
 
@@ -270,9 +287,11 @@ void PrefixPool::add(BlockInfo info, std::vector<uint8_t> file) {
         memory_.erase(it);
         break;
       }
-    std::erase_if(disk_, [&](const Spilled& s) {
-      return s.info.key == block.info.key;
-    });  // its file: overwritten on spill
+    std::erase_if(disk_, [&](const Spilled& s) {  // its file: overwritten when it is spilled again
+      if (s.info.key != block.info.key) return false;
+      disk_bytes_ -= s.bytes;
+      return true;
+    });
     victims = make_room(bytes);
     memory_bytes_ += bytes;
     memory_.push_front(std::move(block));
@@ -280,41 +299,58 @@ void PrefixPool::add(BlockInfo info, std::vector<uint8_t> file) {
   spill(std::move(victims));
 }
 
+int64_t PrefixPool::drop_from(uint64_t key, std::vector<std::string>& files) {
+  std::vector<uint64_t> gone{key};  // the block, then every block after it
+  auto after_gone = [&](const BlockInfo& b) {
+    return std::find(gone.begin(), gone.end(), b.key) != gone.end() ||
+           (b.first > 0 && std::find(gone.begin(), gone.end(), b.parent) != gone.end());
+  };
+  int64_t dropped = 0;
+  for (bool more = true; more;) {
+    more = false;
+    for (auto it = memory_.begin(); it != memory_.end();)
+      if (after_gone(it->info)) {
+        if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
+        memory_bytes_ -= static_cast<int64_t>(it->file->size());
+        it = memory_.erase(it);
+        more = true;
+        ++dropped;
+      } else {
+        ++it;
+      }
+    for (auto it = disk_.begin(); it != disk_.end();)
+      if (after_gone(it->info)) {
+        if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
+        files.push_back(it->path);
+        disk_bytes_ -= it->bytes;
+        it = disk_.erase(it);
+        more = true;
+        ++dropped;
+      } else {
+        ++it;
+      }
+  }
+  return dropped;
+}
+
 void PrefixPool::discard(uint64_t key) {
   std::vector<std::string> files;
   {
     std::lock_guard lock(mu_);
     ++counts_.bad_entries;
-    std::vector<uint64_t> gone{key};  // the block, then every block after it
-    auto after_gone = [&](const BlockInfo& b) {
-      return std::find(gone.begin(), gone.end(), b.key) != gone.end() ||
-             (b.first > 0 && std::find(gone.begin(), gone.end(), b.parent) != gone.end());
-    };
-    for (bool more = true; more;) {
-      more = false;
-      for (auto it = memory_.begin(); it != memory_.end();)
-        if (after_gone(it->info)) {
-          if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
-          memory_bytes_ -= static_cast<int64_t>(it->file->size());
-          it = memory_.erase(it);
-          more = true;
-        } else {
-          ++it;
-        }
-      for (auto it = disk_.begin(); it != disk_.end();)
-        if (after_gone(it->info)) {
-          if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
-          files.push_back(it->path);
-          it = disk_.erase(it);
-          more = true;
-        } else {
-          ++it;
-        }
-    }
+    drop_from(key, files);
   }
+  remove_files(files);
+}
+
+void PrefixPool::remove_files(const std::vector<std::string>& files) {
   for (const std::string& f : files) {
     std::error_code ec;
     fs::remove(f, ec);
+    if (ec) {
+      std::lock_guard lock(mu_);
+      ++counts_.disk_errors;
+    }
   }
 }
 
@@ -324,7 +360,7 @@ PoolMetrics PrefixPool::metrics() const {
   m.entries = static_cast<int64_t>(memory_.size());
   m.bytes = memory_bytes_;
   m.disk_entries = static_cast<int64_t>(disk_.size());
-  for (const auto& d : disk_) m.disk_bytes += d.bytes;
+  m.disk_bytes = disk_bytes_;
   return m;
 }
 

@@ -11,7 +11,9 @@
 //
 // It holds at most `budget` bytes in memory, least recently used first out
 // (a chain's blocks are all used when it is); with a folder, blocks leaving
-// memory are written there and read back on a hit. Choices are made under
+// memory are written there and read back on a hit, and at most `disk_budget`
+// bytes of them stay there (the oldest spilled go first, with the blocks after
+// them). Choices are made under
 // the pool's own lock; reading and writing files happen outside it, so a slow
 // disk delays only the request that needs it.
 //
@@ -38,6 +40,7 @@ namespace anchorkv::serve {
 struct PoolOptions {
   int64_t budget = int64_t{1} << 30;  // bytes held in memory
   std::string folder;                 // spill folder; empty: evicted blocks are dropped
+  int64_t disk_budget = 0;            // bytes of spilled blocks in the folder; 0: no bound
 };
 
 struct PoolMetrics {
@@ -46,6 +49,7 @@ struct PoolMetrics {
   int64_t disk_entries = 0, disk_bytes = 0, disk_hits = 0;
   int64_t bad_entries = 0;  // damaged, foreign or unreadable blocks dropped
   int64_t disk_errors = 0;  // spills or removals the folder refused
+  int64_t disk_evictions = 0;  // spilled blocks removed for the folder's budget (with the blocks after them)
 };
 
 using runtime::BlockInfo;
@@ -93,12 +97,17 @@ class PrefixPool {
   std::shared_ptr<const std::vector<uint8_t>> read_spilled(const Spilled& s);
   void keep_read_back(const Block& b, const std::string& path);
   void index_folder(const Accept& accept);
+  // Under mu_: drops block `key` and every block after it, memory and folder
+  // (their files into `files`, removed outside mu_). Returns how many.
+  int64_t drop_from(uint64_t key, std::vector<std::string>& files);
+  void remove_files(const std::vector<std::string>& files);
 
   const PoolOptions opt_;
   mutable std::mutex mu_;
   std::list<Block> memory_;  // most recently used first
   int64_t memory_bytes_ = 0;
-  std::vector<Spilled> disk_;
+  std::vector<Spilled> disk_;  // oldest spill first
+  int64_t disk_bytes_ = 0;
   PoolMetrics counts_;  // the counters (entries and bytes are computed)
 };
 

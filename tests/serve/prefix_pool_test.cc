@@ -146,6 +146,31 @@ TEST(PrefixPool, BudgetSpillsToTheFolderAndBadBlocksAreDropped) {
   fs::remove_all(dir);
 }
 
+// The folder keeps its budget: the oldest spilled blocks go first, with the
+// blocks after them (a chain without its beginning is reached by nothing).
+TEST(PrefixPool, TheFolderKeepsItsBudgetOldestChainsFirst) {
+  const fs::path dir = scratch("folder_budget");
+  PrefixPool pool({250, dir.string(), 250}, accept_named());
+  for (int32_t base : {0, 100, 200}) {  // three chains of two 100-byte blocks
+    const auto k = static_cast<uint64_t>(base + 1);
+    add(pool, block(k, 0, 0, 10, base));
+    add(pool, block(k + 1, k, 10, 20, base));
+  }
+  const PoolMetrics m = pool.metrics();
+  EXPECT_EQ(m.disk_evictions, 2);  // the first chain, both blocks
+  EXPECT_EQ(m.disk_entries, 2);
+  EXPECT_LE(m.disk_bytes, 250);
+  EXPECT_FALSE(fs::exists(dir / "block-0000000000000001.akvc"));
+  EXPECT_FALSE(fs::exists(dir / "block-0000000000000002.akvc"));
+  EXPECT_FALSE(pool.longest_chain(seq(0, 20), 20));
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(100, 20), 20)), (std::vector<uint64_t>{101, 102}));
+  EXPECT_EQ(keys_of(pool.longest_chain(seq(200, 20), 20)), (std::vector<uint64_t>{201, 202}));
+  int files = 0;
+  for (const auto& f : fs::directory_iterator(dir)) files += f.is_regular_file();
+  EXPECT_EQ(files, pool.metrics().disk_entries);
+  fs::remove_all(dir);
+}
+
 // Readers and writers at once, with spills and read-backs through a folder:
 // every chain returned starts at token 0, links block to block, and begins
 // the prompt (run under TSan).

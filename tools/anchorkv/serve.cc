@@ -30,7 +30,7 @@ namespace {
 using json = nlohmann::json;
 
 struct ServeOptions {
-  std::string model, host = "127.0.0.1", chat_template, cache_budget = "1GiB";
+  std::string model, host = "127.0.0.1", chat_template, cache_budget = "1GiB", cache_dir_budget = "0";
   int port = 8080, parallel = 1, threads = 0;
   serve::EngineOptions engine;
   HttpLimits http;
@@ -386,12 +386,13 @@ std::string Server::metrics_text() const {
   metric("decode_seconds_total", "counter", "Time spent decoding.", m.decode_s);
   count("prefix_hits_total", "Requests that reused a pooled prefix.", pool.hits);
   count("prefix_misses_total", "Requests with no pooled prefix.", pool.misses);
-  gauge("prefix_pool_entries", "Prompt prefixes held.", pool.entries);
+  gauge("prefix_pool_entries", "Prefix blocks held in memory.", pool.entries);
   gauge("prefix_pool_bytes", "Bytes the prefix pool holds (compressed caches).", pool.bytes);
-  count("prefix_pool_evictions_total", "Prefixes evicted from memory for the byte budget.", pool.evictions);
-  gauge("prefix_disk_entries", "Prefixes spilled to --cache-dir.", pool.disk_entries);
-  gauge("prefix_disk_bytes", "Bytes of spilled prefixes.", pool.disk_bytes);
-  count("prefix_disk_hits_total", "Prefixes loaded back from --cache-dir.", pool.disk_hits);
+  count("prefix_pool_evictions_total", "Prefix blocks evicted from memory for the byte budget.", pool.evictions);
+  gauge("prefix_disk_entries", "Prefix blocks spilled to --cache-dir.", pool.disk_entries);
+  gauge("prefix_disk_bytes", "Bytes of spilled prefix blocks.", pool.disk_bytes);
+  count("prefix_disk_hits_total", "Prefix blocks read back from --cache-dir.", pool.disk_hits);
+  count("prefix_disk_evictions_total", "Spilled prefix blocks removed for --cache-dir-budget.", pool.disk_evictions);
   count("prefix_bad_entries_total", "Pooled or spilled prefixes found damaged or foreign, and dropped.",
         pool.bad_entries);
   count("prefix_disk_errors_total", "Spills or removals in --cache-dir that failed.", pool.disk_errors);
@@ -424,6 +425,12 @@ void settle_limits(ServeOptions& o, const model::LlamaWeights& w) {
   } catch (const std::exception&) {
     core_fail_arg("--cache-budget must be a size up to 1PiB such as 2GiB, 512MiB or 1000000, got '" +
                   o.cache_budget + "'");
+  }
+  try {
+    o.engine.cache_dir_budget = parse_bytes(o.cache_dir_budget);
+  } catch (const std::exception&) {
+    core_fail_arg("--cache-dir-budget must be a size up to 1PiB such as 20GiB, or 0 for no bound, got '" +
+                  o.cache_dir_budget + "'");
   }
   o.engine.slots = o.parallel;
   o.engine.threads = o.threads;
@@ -470,6 +477,8 @@ void register_serve(CLI::App& app) {
   sub->add_option("--cache-budget", o->cache_budget, "bytes of pooled prompt prefixes in memory, e.g. 2GiB");
   sub->add_option("--cache-dir", o->engine.cache_dir,
                   "spill prefixes evicted from memory here as cache files, and load them back on a hit");
+  sub->add_option("--cache-dir-budget", o->cache_dir_budget,
+                  "bytes of spilled prefixes --cache-dir keeps, the oldest removed first, e.g. 20GiB (0: no bound)");
   sub->add_option("--chat-template", o->chat_template,
                   "chatml, qwen3, llama3, mistral, gemma or phi3 (default: detected from the GGUF)");
   sub->add_option("--max-body", o->http.max_body, "largest request body, bytes (chunked or not)")
