@@ -50,41 +50,6 @@ void add_bias(float* y, int64_t T, const std::vector<float>& b) {
     for (int64_t i = 0; i < n; ++i) y[t * n + i] += b[i];
 }
 
-// A prefill chunk attends over what the cache held before it — read as
-// stored, never densified — followed by the chunk itself held exactly; the
-// cache compresses or evicts the chunk afterwards (the paper compresses "at
-// the end of prefill"; SnapKV/H2O score then evict). For the first chunk (an
-// empty cache) pre-RoPE keys arrive rotated (`k_rot`, head-major) and
-// attention needs no RoPE; otherwise the chunk is stored like the cache's keys
-// and `ao` carries the RoPE of pre-RoPE caches.
-Tensor attention_after_exact(const KVCache& held_cache, const TensorView& kv_k, const TensorView& kv_v,
-                             const TensorView& q_view, int64_t window, bool reference, int threads);
-
-Tensor prefill_attention(const KVCache& cache, const float* k_rot, const TensorView& kv_k, const TensorView& kv_v,
-                         const TensorView& q_view, const AttentionOptions& ao) {
-  FullKVCache chunk;
-  if (cache.offset() > 0) {
-    // A later chunk of a long prompt over an exact post-RoPE cache: the
-    // blocked causal kernel over both (per-query attend over the cache took
-    // 1.5x the prefill time at 32K in chunks of 2048).
-    if (dynamic_cast<const FullKVCache*>(&cache) && !ao.rope.enabled && ao.scale == 0.0f && !ao.reference)
-      return attention_after_exact(cache, kv_k, kv_v, q_view, 0, false, ao.threads);
-    chunk.update(kv_k, kv_v);
-    return attend(q_view, {&cache, &chunk}, ao);
-  }
-  const int64_t Hq = q_view.shape[1], Hk = kv_k.shape[1], T = kv_k.shape[2], hd = kv_k.shape[3];
-  const TensorView keys = k_rot ? TensorView::f32(k_rot, {1, Hk, T, hd}) : kv_k;
-  if (ao.reference || ao.scale != 0.0f) {  // attend() over the chunk: the reference
-    chunk.update(keys, kv_v);
-    return attend(q_view, chunk, ao);
-  }
-  Tensor y(DType::kF32, {1, Hq, T, hd});
-  kernels::causal_attention(static_cast<const float*>(q_view.data), static_cast<const float*>(keys.data),
-                            static_cast<const float*>(kv_v.data), Hq, Hk, T, hd,
-                            1.0f / std::sqrt(static_cast<float>(hd)), y.data_as<float>(), ao.threads);
-  return y;
-}
-
 // The chunk's queries over an exact cache's positions and the chunk's own
 // (post-RoPE keys, head-major): the blocked causal kernel over the two put
 // together, each query seeing the last `window` keys (0: all before it).
@@ -109,6 +74,38 @@ Tensor attention_after_exact(const KVCache& held_cache, const TensorView& kv_k, 
     kernels::causal_attention_ref(q, k.data(), v.data(), Hq, Hk, T, N, hd, scale, window, y.data_as<float>());
   else
     kernels::causal_attention(q, k.data(), v.data(), Hq, Hk, T, N, hd, scale, window, y.data_as<float>(), threads);
+  return y;
+}
+
+// A prefill chunk attends over what the cache held before it — read as
+// stored, never densified — followed by the chunk itself held exactly; the
+// cache compresses or evicts the chunk afterwards (the paper compresses "at
+// the end of prefill"; SnapKV/H2O score then evict). For the first chunk (an
+// empty cache) pre-RoPE keys arrive rotated (`k_rot`, head-major) and
+// attention needs no RoPE; otherwise the chunk is stored like the cache's keys
+// and `ao` carries the RoPE of pre-RoPE caches.
+Tensor prefill_attention(const KVCache& cache, const float* k_rot, const TensorView& kv_k, const TensorView& kv_v,
+                         const TensorView& q_view, const AttentionOptions& ao) {
+  FullKVCache chunk;
+  if (cache.offset() > 0) {
+    // A later chunk of a long prompt over an exact post-RoPE cache: the
+    // blocked causal kernel over both (per-query attend over the cache took
+    // 1.5x the prefill time at 32K in chunks of 2048).
+    if (dynamic_cast<const FullKVCache*>(&cache) && !ao.rope.enabled && ao.scale == 0.0f && !ao.reference)
+      return attention_after_exact(cache, kv_k, kv_v, q_view, 0, false, ao.threads);
+    chunk.update(kv_k, kv_v);
+    return attend(q_view, {&cache, &chunk}, ao);
+  }
+  const int64_t Hq = q_view.shape[1], Hk = kv_k.shape[1], T = kv_k.shape[2], hd = kv_k.shape[3];
+  const TensorView keys = k_rot ? TensorView::f32(k_rot, {1, Hk, T, hd}) : kv_k;
+  if (ao.reference || ao.scale != 0.0f) {  // attend() over the chunk: the reference
+    chunk.update(keys, kv_v);
+    return attend(q_view, chunk, ao);
+  }
+  Tensor y(DType::kF32, {1, Hq, T, hd});
+  kernels::causal_attention(static_cast<const float*>(q_view.data), static_cast<const float*>(keys.data),
+                            static_cast<const float*>(kv_v.data), Hq, Hk, T, hd,
+                            1.0f / std::sqrt(static_cast<float>(hd)), y.data_as<float>(), ao.threads);
   return y;
 }
 

@@ -30,7 +30,7 @@ uint64_t chain_root(const PromptCacheKey& key);
 uint64_t chain_key(uint64_t parent, const int32_t* tokens, size_t n);
 
 struct ChainEnd {
-  uint64_t key = 0;    // the last block's key (chain_root when none)
+  uint64_t key = 0;    // the last block's key (unused when tokens == 0: the chain starts at chain_root)
   int64_t tokens = 0;  // positions the chain covers
 };
 

@@ -58,13 +58,13 @@ bool takes_chunks(const model::LlamaModel& m) {
 std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_t>& prompt, int64_t chunk,
                                   const std::function<void()>& after_call) {
   const auto n = static_cast<int64_t>(prompt.size());
+  if (n == 0) return m.forward(prompt);  // forward's own error
   if (chunk <= 0 || chunk >= n || !takes_chunks(m)) chunk = n;
   std::vector<float> logits;
-  for (int64_t at = 0; at < n || n == 0; at += chunk) {  // n == 0: forward's own error
+  for (int64_t at = 0; at < n; at += chunk) {
     const int64_t end = std::min(n, at + chunk);
     logits = m.forward(std::vector<int32_t>(prompt.begin() + at, prompt.begin() + end));
     if (after_call) after_call();
-    if (n == 0) break;
   }
   close_prompt(m);
   return logits;

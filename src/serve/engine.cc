@@ -112,9 +112,10 @@ Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& token
     : weights_(weights),
       tok_(tokenizer),
       opt_((runtime::make_model(weights, options.cache, options.theta, 1), std::move(options))),  // validates the spec
-      pool_({opt_.pool_budget, opt_.cache_dir, opt_.cache_dir_budget}, [this](const uint8_t* data, size_t size, const std::string& path) {
-        return runtime::block_info(data, size, path, key());
-      }) {}
+      pool_({opt_.pool_budget, opt_.cache_dir, opt_.cache_dir_budget},
+            [this](const uint8_t* data, size_t size, const std::string& path) {
+              return runtime::block_info(data, size, path, key());
+            }) {}
 
 std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m,
                                           GenerateResult& res, Chain& chain) {
@@ -226,7 +227,7 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
     // the request runs again from scratch unless text was already sent; an
     // error without a pooled prefix is the request's own.
     if (chain.restored.empty()) throw;
-    for (uint64_t k : chain.restored) pool_.discard(k);
+    pool_.discard(chain.restored.front());  // and every block after it
     if (res.completion_tokens > 0) throw;
     res = GenerateResult{};
     res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
@@ -240,7 +241,6 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
 void Engine::run(const GenerateRequest& req, bool use_pool, GenerateResult& res, Chain& chain) {
   model::LlamaModel m = runtime::make_model(weights_, opt_.cache, opt_.theta, opt_.threads);
   auto t0 = Clock::now();
-  chain.end = {runtime::chain_root(key()), 0};
   std::vector<float> logits = use_pool ? restore_prefix(req.prompt, m, res, chain) : std::vector<float>();
   prefill(req.prompt, m, logits, chain);
   res.prefill_s = since(t0);
