@@ -96,6 +96,29 @@ uint64_t chain_key(uint64_t parent, const int32_t* tokens, size_t n) {
   return XXH64(b.data(), b.size(), 0);
 }
 
+std::vector<uint64_t> chain_keys(uint64_t parent, const int32_t* tokens, const std::vector<size_t>& lengths) {
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  std::vector<uint8_t> b;
+  put_u64(b, parent);
+  XXH64_update(&state, b.data(), b.size());
+  std::vector<uint64_t> out;
+  size_t done = 0;
+  for (size_t n : lengths) {
+    if (n < done) {  // out of order: on its own
+      out.push_back(chain_key(parent, tokens, n));
+      continue;
+    }
+    b.clear();
+    for (; done < n; ++done)
+      for (int k = 0; k < 4; ++k)
+        b.push_back(static_cast<uint8_t>(static_cast<uint32_t>(tokens[done]) >> (8 * k)));
+    XXH64_update(&state, b.data(), b.size());
+    out.push_back(XXH64_digest(&state));
+  }
+  return out;
+}
+
 std::vector<ChainBlock> chain_blocks(const PromptCacheKey& key, const model::LlamaModel& m,
                                      const std::vector<int32_t>& tokens, ChainEnd from,
                                      const std::vector<float>& logits) {

@@ -28,6 +28,9 @@ namespace anchorkv::runtime {
 uint64_t chain_root(const PromptCacheKey& key);
 // The key of the block after `parent` covering tokens [first, first + n).
 uint64_t chain_key(uint64_t parent, const int32_t* tokens, size_t n);
+// chain_key(parent, tokens, n) for every n of `lengths` (ascending), in one
+// pass over the longest.
+std::vector<uint64_t> chain_keys(uint64_t parent, const int32_t* tokens, const std::vector<size_t>& lengths);
 
 struct ChainEnd {
   uint64_t key = 0;    // the last block's key (unused when tokens == 0: the chain starts at chain_root)

@@ -115,26 +115,44 @@ Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& token
       pool_({opt_.pool_budget, opt_.cache_dir, opt_.cache_dir_budget},
             [this](const uint8_t* data, size_t size, const std::string& path) {
               return runtime::block_info(data, size, path, key());
-            }) {}
+            }) {
+  if (!opt_.store.url.empty())
+    store_ = std::make_unique<BlockStore>(opt_.store, runtime::chain_root(key()),
+                                          [this](const uint8_t* data, size_t size) {
+                                            return runtime::block_info(data, size, "kv store value", key());
+                                          });
+}
 
 std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m,
                                           GenerateResult& res, Chain& chain) {
   size_t limit = prompt.size();
   for (int attempt = 0; attempt < 4; ++attempt) {
-    const std::optional<std::vector<PrefixPool::Block>> hit = pool_.longest_chain(prompt, limit);
-    if (!hit) return {};
-    runtime::ChainRestored c = runtime::restore_chain(*hit, key(), prompt, m);
+    std::vector<PrefixPool::Block> blocks = pool_.longest_chain(prompt, limit).value_or(std::vector<PrefixPool::Block>());
+    const size_t local = blocks.size();
+    if (store_) {
+      const uint64_t parent = local > 0 ? blocks.back().info.key : runtime::chain_root(key());
+      const int64_t first = local > 0 ? blocks.back().info.end() : 0;
+      for (PrefixPool::Block& b : store_->extend(prompt, limit, parent, first)) blocks.push_back(std::move(b));
+    }
+    if (blocks.empty()) return {};
+    runtime::ChainRestored c = runtime::restore_chain(blocks, key(), prompt, m);
     runtime::Restored& r = c.restored;
     if (r.outcome == runtime::Restore::kUsed) {
       res.reused_tokens = r.tokens;
-      chain.end = {hit->back().info.key, r.tokens};
-      for (const auto& b : *hit) chain.restored.push_back(b.info.key);
+      chain.end = {blocks.back().info.key, r.tokens};
+      for (const auto& b : blocks) chain.restored.push_back(b.info.key);
+      for (size_t i = local; i < blocks.size(); ++i) pool_.add(blocks[i]);  // the store's, held here from now on
+      if (store_ && local > 0)  // the store may have lost them (evicted, or down when they were made)
+        store_->put(std::vector<PrefixPool::Block>(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(local)),
+                    /*known_present=*/true);
       return std::move(r.logits);
     }
     if (r.outcome == runtime::Restore::kNoLogits) {
-      limit = static_cast<size_t>(hit->back().info.end() - 1);  // fine, but this prompt needs a shorter chain
+      limit = static_cast<size_t>(blocks.back().info.end() - 1);  // fine, but this prompt needs a shorter chain
+    } else if (c.bad_block < local) {
+      pool_.discard(blocks[c.bad_block].info.key);  // damaged, foreign, or not the block it was indexed as
     } else {
-      pool_.discard((*hit)[c.bad_block].info.key);  // damaged, foreign, or not the block it was indexed as
+      store_->discard(blocks[c.bad_block].info.key);
     }
   }
   return {};
@@ -154,7 +172,12 @@ void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, s
     const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
     std::vector<runtime::ChainBlock> blocks = runtime::chain_blocks(key(), m, tokens, chain.end, logits);
     chain.end = {blocks.back().info.key, end};
-    for (runtime::ChainBlock& b : blocks) pool_.add(std::move(b.info), std::move(b.file));
+    std::vector<PrefixPool::Block> held;
+    for (runtime::ChainBlock& b : blocks) {
+      held.push_back({std::move(b.info), std::make_shared<const std::vector<uint8_t>>(std::move(b.file))});
+      pool_.add(held.back());
+    }
+    if (store_) store_->put(std::move(held));
   };
   const int64_t shared = pool_.shared_prefix(prompt);
   if (shared > m.position() && shared < n && shared >= opt_.min_prefix) prefill_to(shared);
@@ -228,6 +251,7 @@ GenerateResult Engine::generate(const GenerateRequest& req) {
     // error without a pooled prefix is the request's own.
     if (chain.restored.empty()) throw;
     pool_.discard(chain.restored.front());  // and every block after it
+    if (store_) store_->discard(chain.restored.front());  // the blocks after it are unreachable there
     if (res.completion_tokens > 0) throw;
     res = GenerateResult{};
     res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
@@ -269,6 +293,7 @@ EngineMetrics Engine::metrics() const {
     m = stats_;
   }
   m.pool = pool_.metrics();
+  if (store_) m.store = store_->metrics();
   return m;
 }
 

@@ -12,6 +12,10 @@
 // prompt that shares a longer beginning with a pooled prompt (a second
 // question about the same document) is prefilled in two steps and that
 // beginning is pooled too, so later prompts restore it.
+//
+// With a store shared by replicas (block_store.h), a chain is continued from
+// the store past where the pool's ends, the blocks found there join the pool,
+// and every new block is written to the store (in the background).
 #pragma once
 
 #include <atomic>
@@ -20,7 +24,9 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +35,7 @@
 #include "model/llama.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "serve/block_store.h"
 #include "serve/prefix_pool.h"
 
 namespace anchorkv::serve {
@@ -47,6 +54,9 @@ struct EngineOptions {
   std::string cache_dir;
   int64_t cache_dir_budget = 0;  // bytes of spilled blocks cache_dir keeps (oldest out first); 0: no bound
   std::string model_identity;
+  // A store shared by replicas (block_store.h), below the pool and the
+  // folder; store.url empty: none.
+  StoreOptions store;
 };
 
 struct GenerateRequest {
@@ -89,6 +99,7 @@ struct EngineMetrics {
   int64_t cancelled = 0, timed_out = 0, busy = 0;
   double prefill_s = 0, decode_s = 0;
   PoolMetrics pool;
+  std::optional<StoreMetrics> store;  // when there is one
 };
 
 class Engine {
@@ -98,6 +109,8 @@ class Engine {
   GenerateResult generate(const GenerateRequest& request);
   EngineMetrics metrics() const;
   const EngineOptions& options() const { return opt_; }
+  // Whether the shared store answers (nothing without one); takes no lock.
+  std::optional<bool> store_up() const { return store_ ? std::optional<bool>(store_->up()) : std::nullopt; }
 
  private:
   // Where a request's caches stand against the pool: the chain they were
@@ -106,8 +119,9 @@ class Engine {
     runtime::ChainEnd end;
     std::vector<uint64_t> restored;
   };
-  // Restores the longest usable pooled chain into `m` (blocks found bad are
-  // dropped from the pool); returns the logits after it (empty when none).
+  // Restores the longest usable chain into `m`: the pool's, continued from
+  // the store (blocks found bad are dropped where they came from); returns
+  // the logits after it (empty when none).
   std::vector<float> restore_prefix(const std::vector<int32_t>& prompt, model::LlamaModel& m, GenerateResult& res,
                                     Chain& chain);
   void prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, std::vector<float>& logits, Chain& chain);
@@ -125,6 +139,7 @@ class Engine {
   std::condition_variable slot_free_;
   int busy_slots_ = 0, waiting_ = 0;
   PrefixPool pool_;
+  std::unique_ptr<BlockStore> store_;
   mutable std::mutex stats_mutex_;  // guards stats_ (never held across work)
   EngineMetrics stats_;
 };

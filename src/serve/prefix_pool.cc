@@ -274,10 +274,9 @@ void PrefixPool::spill(std::vector<Block> victims) {
   }
 }
 
-void PrefixPool::add(BlockInfo info, std::vector<uint8_t> file) {
-  const auto bytes = static_cast<int64_t>(file.size());
+void PrefixPool::add(Block block) {
+  const auto bytes = static_cast<int64_t>(block.file->size());
   if (bytes > opt_.budget) return;
-  Block block{std::move(info), std::make_shared<const std::vector<uint8_t>>(std::move(file))};
   std::vector<Block> victims;
   {
     std::lock_guard lock(mu_);

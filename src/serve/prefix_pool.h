@@ -71,7 +71,10 @@ class PrefixPool {
   // The longest beginning `prompt` shares with any block.
   int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
   // Adds (or refreshes) a block; blocks over the budget leave memory.
-  void add(BlockInfo info, std::vector<uint8_t> file);
+  void add(Block block);
+  void add(BlockInfo info, std::vector<uint8_t> file) {
+    add({std::move(info), std::make_shared<const std::vector<uint8_t>>(std::move(file))});
+  }
   // Drops the block `key` and every block after it (a caller found it bad):
   // counted in bad_entries.
   void discard(uint64_t key);

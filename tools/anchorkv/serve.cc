@@ -31,6 +31,7 @@ using json = nlohmann::json;
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", chat_template, cache_budget = "1GiB", cache_dir_budget = "0";
+  int kv_store_timeout_ms = 250;
   int port = 8080, parallel = 1, threads = 0;
   serve::EngineOptions engine;
   HttpLimits http;
@@ -151,7 +152,12 @@ HttpResponse json_response(int status, const json& body) { return {status, "appl
 
 void Server::routes() {
   // Health answers from this thread alone: it never waits on the engine, a slot or the pool.
-  http_.route("GET", "/health", [](const HttpRequest&) { return json_response(200, {{"status", "ok"}}); });
+  // A store that is down degrades the service (every prompt is prefilled here), never fails it.
+  http_.route("GET", "/health", [this](const HttpRequest&) {
+    json body = {{"status", "ok"}};
+    if (const std::optional<bool> up = engine_.store_up()) body["kv_store"] = *up ? "up" : "down";
+    return json_response(200, body);
+  });
   http_.route("GET", "/v1/models", [this](const HttpRequest&) {
     return json_response(200, {{"object", "list"},
                                {"data", json::array({{{"id", name_}, {"object", "model"}, {"created", 0},
@@ -359,6 +365,24 @@ HttpResponse Server::stream(const serve::GenerateRequest& gen, const std::string
   return res;
 }
 
+template <class Metric, class Count>
+void store_metrics(const serve::StoreMetrics& s, Metric&& metric, Count&& count) {
+  metric("kv_store_up", "gauge", "Whether the shared store answers (0: down, requests go on without it).", s.up);
+  count("kv_store_lookups_total", "Lookups in the shared store.", s.lookups);
+  count("kv_store_hits_total", "Lookups that found blocks in the shared store.", s.hits);
+  count("kv_store_misses_total", "Lookups that found nothing (or a down store).", s.misses);
+  count("kv_store_blocks_read_total", "Blocks read from the shared store.", s.blocks_read);
+  count("kv_store_read_bytes_total", "Bytes of blocks read from the shared store.", s.bytes_read);
+  count("kv_store_blocks_written_total", "Blocks written to the shared store.", s.blocks_written);
+  count("kv_store_written_bytes_total", "Bytes of blocks written to the shared store.", s.bytes_written);
+  count("kv_store_errors_total", "Round trips to the shared store that failed (each marks it down).", s.errors);
+  count("kv_store_dropped_writes_total", "Blocks not written: the queue was full or the store down.",
+        s.dropped_writes);
+  count("kv_store_bad_entries_total", "Values in the shared store found damaged or foreign, and deleted.",
+        s.bad_entries);
+  metric("kv_store_lookup_seconds_total", "counter", "Time spent in lookups in the shared store.", s.lookup_seconds);
+}
+
 std::string Server::metrics_text() const {
   const serve::EngineMetrics m = engine_.metrics();
   const serve::PoolMetrics& pool = m.pool;
@@ -396,6 +420,7 @@ std::string Server::metrics_text() const {
   count("prefix_bad_entries_total", "Pooled or spilled prefixes found damaged or foreign, and dropped.",
         pool.bad_entries);
   count("prefix_disk_errors_total", "Spills or removals in --cache-dir that failed.", pool.disk_errors);
+  if (m.store) store_metrics(*m.store, metric, count);
   return out;
 }
 
@@ -432,6 +457,12 @@ void settle_limits(ServeOptions& o, const model::LlamaWeights& w) {
     core_fail_arg("--cache-dir-budget must be a size up to 1PiB such as 20GiB, or 0 for no bound, got '" +
                   o.cache_dir_budget + "'");
   }
+  if (!o.engine.store.url.empty()) {
+    serve::parse_redis_url(o.engine.store.url);  // an unknown scheme or a malformed address stops here
+    o.engine.store.timeout = std::chrono::milliseconds(o.kv_store_timeout_ms);
+    // A password in the environment keeps it off the command line (and out of `ps`).
+    if (const char* pw = std::getenv("ANCHORKV_KV_STORE_PASSWORD"); pw && *pw) o.engine.store.password = pw;
+  }
   o.engine.slots = o.parallel;
   o.engine.threads = o.threads;
   o.http.max_connections = std::max<unsigned>(o.http.max_connections, static_cast<unsigned>(o.parallel) + 8);
@@ -451,11 +482,14 @@ void serve_main(ServeOptions o) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a store that closes its socket is an error on the write, not the end of the server
   Server server(o, w, tok, chat, std::filesystem::path(o.model).filename().string());
   server.start();
-  std::fprintf(stderr, "anchorkv serve: %s on http://%s:%d (cache %s, theta %g, %d slot(s), pool %s, chat %s)\n",
+  std::fprintf(stderr, "anchorkv serve: %s on http://%s:%d (cache %s, theta %g, %d slot(s), pool %s, chat %s%s)\n",
                o.model.c_str(), o.host.c_str(), o.port, o.engine.cache.c_str(), o.engine.theta, o.parallel,
-               o.cache_budget.c_str(), serve::chat_template_name(chat));
+               o.cache_budget.c_str(), serve::chat_template_name(chat),
+               o.engine.store.url.empty() ? ""
+                                          : (", kv store " + serve::parse_redis_url(o.engine.store.url).redacted()).c_str());
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "anchorkv serve: signal %d, stopping\n", sig);
@@ -479,6 +513,16 @@ void register_serve(CLI::App& app) {
                   "spill prefixes evicted from memory here as cache files, and load them back on a hit");
   sub->add_option("--cache-dir-budget", o->cache_dir_budget,
                   "bytes of spilled prefixes --cache-dir keeps, the oldest removed first, e.g. 20GiB (0: no bound)");
+  sub->add_option("--kv-store", o->engine.store.url,
+                  "share prefix blocks with other replicas through a Redis-protocol store: "
+                  "redis://[user:password@]host[:port][/db] or unix:///path[?db=N] (password also from "
+                  "ANCHORKV_KV_STORE_PASSWORD)");
+  sub->add_option("--kv-store-timeout", o->kv_store_timeout_ms, "milliseconds a store round trip may take")
+      ->check(CLI::Range(1, 60000));
+  sub->add_option("--kv-store-ttl", o->engine.store.ttl_s, "seconds a block stays in the store (0: until evicted)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 31));
+  sub->add_option("--kv-store-queue", o->engine.store.queue, "blocks waiting to be written to the store; more are dropped")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   sub->add_option("--chat-template", o->chat_template,
                   "chatml, qwen3, llama3, mistral, gemma or phi3 (default: detected from the GGUF)");
   sub->add_option("--max-body", o->http.max_body, "largest request body, bytes (chunked or not)")
