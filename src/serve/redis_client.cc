@@ -164,6 +164,7 @@ RedisConnection::RedisConnection(const RedisAddress& a, std::chrono::millisecond
     throw RedisUnavailable("cannot set the timeout");
   }
   try {
+    const std::string db = std::to_string(a.db);  // the commands below are views: it outlives them
     std::vector<RedisCommand> hello;
     if (!a.user.empty() || !a.password.empty()) {
       if (a.user.empty())
@@ -171,7 +172,7 @@ RedisConnection::RedisConnection(const RedisAddress& a, std::chrono::millisecond
       else
         hello.push_back({"AUTH", a.user, a.password});
     }
-    if (a.db != 0) hello.push_back({"SELECT", std::to_string(a.db)});
+    if (a.db != 0) hello.push_back({"SELECT", db});
     hello.push_back({"PING"});
     // The server's own words (WRONGPASS, NOAUTH, ...) never repeat the password.
     for (const RedisReply& r : pipeline(hello))
