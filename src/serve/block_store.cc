@@ -14,9 +14,9 @@ using Clock = std::chrono::steady_clock;
 using runtime::BlockInfo;
 using runtime::HeldBlock;
 
-constexpr size_t kMaxLevels = 4096;      // blocks one lookup follows
-constexpr size_t kMaxCandidates = 256;   // lengths tried after one block (the longest)
-constexpr size_t kWriteBatch = 32;       // blocks per write pipeline
+constexpr size_t kMaxLevels = 4096;     // blocks one lookup follows
+constexpr size_t kMaxCandidates = 256;  // lengths tried after one block (the longest)
+constexpr size_t kWriteBatch = 32;      // blocks per write pipeline
 
 std::string hex(uint64_t x) {
   char s[20];
@@ -132,8 +132,8 @@ void BlockStore::reconnect() {
 
 // ---------------------------------------------------------------- lookups
 
-std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size_t max_tokens, uint64_t parent,
-                                        int64_t first) {
+std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size_t max_tokens,
+                                        uint64_t parent, int64_t first) {
   std::vector<BlockInfo> chain;
   const auto limit = static_cast<int64_t>(std::min(max_tokens, prompt.size()));
   std::optional<std::vector<RedisReply>> r = run({{"SMEMBERS", next_key(parent)}});
@@ -142,8 +142,7 @@ std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size
   for (int64_t pos = first; chain.size() < kMaxLevels;) {
     const std::vector<size_t> lengths = lengths_in(after, limit - pos);
     if (lengths.empty()) break;
-    const std::vector<uint64_t> keys =
-        runtime::chain_keys(parent, prompt.data() + pos, lengths);
+    const std::vector<uint64_t> keys = runtime::chain_keys(parent, prompt.data() + pos, lengths);
     // Each candidate's existence and the lengths after it, in one round trip.
     std::vector<std::string> words;
     words.reserve(2 * keys.size());
@@ -164,7 +163,8 @@ std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size
       }
     if (pick == keys.size()) break;
     const auto end = pos + static_cast<int64_t>(lengths[pick]);
-    chain.push_back({keys[pick], parent, pos, std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + end)});
+    chain.push_back(
+        {keys[pick], parent, pos, std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + end)});
     parent = keys[pick];
     pos = end;
     after = std::move((*r)[2 * pick + 1]);
@@ -172,12 +172,13 @@ std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size
   return chain;
 }
 
-std::vector<HeldBlock> BlockStore::extend(const std::vector<int32_t>& prompt, size_t max_tokens, uint64_t parent,
-                                          int64_t first) {
+std::vector<HeldBlock> BlockStore::extend(const std::vector<int32_t>& prompt, size_t max_tokens,
+                                          uint64_t parent, int64_t first) {
   const auto t0 = Clock::now();
   std::vector<HeldBlock> out;
   int64_t bad = 0, bytes = 0;
-  const std::vector<BlockInfo> found = up_ ? walk(prompt, max_tokens, parent, first) : std::vector<BlockInfo>();
+  const std::vector<BlockInfo> found =
+      up_ ? walk(prompt, max_tokens, parent, first) : std::vector<BlockInfo>();
   if (!found.empty()) {
     std::vector<std::string> words;
     words.reserve(found.size());

@@ -77,8 +77,8 @@ class BlockStore {
   // The blocks after `parent` (the chain root when `first` is 0) that
   // continue `prompt` from position `first` and end at most `max_tokens`
   // into it, first first; each verified. Empty on a miss or a down store.
-  std::vector<runtime::HeldBlock> extend(const std::vector<int32_t>& prompt, size_t max_tokens, uint64_t parent,
-                                         int64_t first);
+  std::vector<runtime::HeldBlock> extend(const std::vector<int32_t>& prompt, size_t max_tokens,
+                                         uint64_t parent, int64_t first);
   // Queues blocks to write. `known_present`: blocks the store probably has
   // already (restored from the replica's own pool): written only when a
   // check finds them missing (the store evicted them, or was down when they

@@ -127,12 +127,13 @@ std::vector<float> Engine::restore_prefix(const std::vector<int32_t>& prompt, mo
                                           GenerateResult& res, Chain& chain) {
   size_t limit = prompt.size();
   for (int attempt = 0; attempt < 4; ++attempt) {
-    std::vector<PrefixPool::Block> blocks = pool_.longest_chain(prompt, limit).value_or(std::vector<PrefixPool::Block>());
+    std::vector<PrefixPool::Block> blocks =
+        pool_.longest_chain(prompt, limit).value_or(std::vector<PrefixPool::Block>());
     const size_t local = blocks.size();
-    if (store_) {
+    const int64_t local_end = local > 0 ? blocks.back().info.end() : 0;
+    if (store_ && local_end < static_cast<int64_t>(limit)) {  // nothing to ask for when the pool covers it all
       const uint64_t parent = local > 0 ? blocks.back().info.key : runtime::chain_root(key());
-      const int64_t first = local > 0 ? blocks.back().info.end() : 0;
-      for (PrefixPool::Block& b : store_->extend(prompt, limit, parent, first)) blocks.push_back(std::move(b));
+      for (PrefixPool::Block& b : store_->extend(prompt, limit, parent, local_end)) blocks.push_back(std::move(b));
     }
     if (blocks.empty()) return {};
     runtime::ChainRestored c = runtime::restore_chain(blocks, key(), prompt, m);

@@ -12,8 +12,9 @@ namespace anchorkv::serve {
 namespace {
 
 [[noreturn]] void bad_url(const std::string& option, const std::string& why) {
-  core::fail(ErrorCode::kInvalidArgument, "anchorkv serve " + option,
-             why + " (expected redis://[user:password@]host[:port][/db] or unix://[user:password@]/path[?db=N])");
+  core::fail(
+      ErrorCode::kInvalidArgument, "anchorkv serve " + option,
+      why + " (expected redis://[user:password@]host[:port][/db] or unix://[user:password@]/path[?db=N])");
 }
 
 int parse_int(std::string_view s, int lo, int hi, const std::string& option, const char* what) {
@@ -33,7 +34,8 @@ std::string percent_decode(std::string_view s, const std::string& option) {
       continue;
     }
     unsigned v = 0;
-    if (i + 2 >= s.size() || std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16).ptr != s.data() + i + 3)
+    if (i + 2 >= s.size() ||
+        std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16).ptr != s.data() + i + 3)
       bad_url(option, "a '%' in the credentials is not followed by two hex digits");
     out.push_back(static_cast<char>(v));
     i += 2;
@@ -92,7 +94,8 @@ RedisAddress parse_redis_url(const std::string& url, const std::string& option) 
     }
     const size_t query = rest.find('?');
     a.path = std::string(rest.substr(0, query));
-    if (a.path.size() < 2 || a.path[0] != '/') bad_url(option, "a unix:// address needs an absolute socket path");
+    if (a.path.size() < 2 || a.path[0] != '/')
+      bad_url(option, "a unix:// address needs an absolute socket path");
     if (query != std::string_view::npos) {
       const std::string_view q = rest.substr(query + 1);
       if (q.substr(0, 3) != "db=") bad_url(option, "the only query a unix:// address takes is db=N");
@@ -101,8 +104,9 @@ RedisAddress parse_redis_url(const std::string& url, const std::string& option) 
     return a;
   }
   if (take_scheme("rediss://"))
-    bad_url(option, "rediss:// (TLS) is not supported by this build; reach the store over a private network or a "
-                    "unix socket, or put a TLS tunnel in front of it");
+    bad_url(option,
+            "rediss:// (TLS) is not supported by this build; reach the store over a private network or a "
+            "unix socket, or put a TLS tunnel in front of it");
   if (!take_scheme("redis://")) bad_url(option, "unknown scheme in '" + url.substr(0, url.find("://")) + "'");
   // The credentials end at the authority's '@' (RFC 3986: '@' and '/' in them are percent-encoded).
   if (const size_t at = rest.substr(0, rest.find('/')).find('@'); at != std::string_view::npos) {
@@ -119,16 +123,19 @@ RedisAddress parse_redis_url(const std::string& url, const std::string& option) 
     if (close == std::string_view::npos) bad_url(option, "an IPv6 address without its ']'");
     a.host = std::string(hostport.substr(1, close - 1));
     port_colon = close + 1 < hostport.size() ? close + 1 : std::string_view::npos;
-    if (port_colon != std::string_view::npos && hostport[port_colon] != ':') bad_url(option, "junk after ']'");
+    if (port_colon != std::string_view::npos && hostport[port_colon] != ':')
+      bad_url(option, "junk after ']'");
   } else {
     a.host = std::string(hostport.substr(0, port_colon));
   }
   if (a.host.empty()) bad_url(option, "no host");
   const bool v6 = a.host.find(':') != std::string::npos;
-  if (a.host.find_first_not_of(v6 ? "0123456789abcdefABCDEF:." : "0123456789abcdefghijklmnopqrstuvwxyz"
-                                                                  "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-_") != std::string::npos)
+  if (a.host.find_first_not_of(v6 ? "0123456789abcdefABCDEF:."
+                                  : "0123456789abcdefghijklmnopqrstuvwxyz"
+                                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-_") != std::string::npos)
     bad_url(option, "the host is not a name or an address");
-  if (port_colon != std::string_view::npos) a.port = parse_int(hostport.substr(port_colon + 1), 1, 65535, option, "port");
+  if (port_colon != std::string_view::npos)
+    a.port = parse_int(hostport.substr(port_colon + 1), 1, 65535, option, "port");
   return a;
 }
 

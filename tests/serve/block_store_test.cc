@@ -52,7 +52,8 @@ class RedisServer {
  public:
   explicit RedisServer(int port, std::vector<std::string> extra = {}) : port_(port) {
     std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no", "--logfile", "/dev/null"};
+                                     "--save",       "",       "--appendonly",       "no",     "--logfile",
+                                     "/dev/null"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -168,7 +169,8 @@ TEST(ChainKeys, EqualChainKeyAtEveryLength) {
   const std::vector<size_t> lengths = {1, 2, 64, 65, 299, 300, 7};  // the last out of order
   const std::vector<uint64_t> keys = runtime::chain_keys(kRoot, p.data(), lengths);
   ASSERT_EQ(keys.size(), lengths.size());
-  for (size_t i = 0; i < lengths.size(); ++i) EXPECT_EQ(keys[i], runtime::chain_key(kRoot, p.data(), lengths[i]));
+  for (size_t i = 0; i < lengths.size(); ++i)
+    EXPECT_EQ(keys[i], runtime::chain_key(kRoot, p.data(), lengths[i]));
 }
 
 TEST(RedisUrl, ParsesEveryFormAndRefusesOthers) {
@@ -191,9 +193,10 @@ TEST(RedisUrl, ParsesEveryFormAndRefusesOthers) {
   EXPECT_TRUE(a.unix_socket);
   EXPECT_EQ(a.path, "/run/redis/redis.sock");
   EXPECT_EQ(a.db, 2);
-  for (const char* bad : {"http://host:6379", "rediss://host:6379", "host:6379", "redis://", "redis://h:0",
-                          "redis://h:99999", "redis://h:12x", "redis://h/db", "unix://relative.sock",
-                          "unix:///s?x=1", "redis://u:%4@h", "redis://[::1", "redis://a@b@h:1", "redis://h\\x:1"}) {
+  for (const char* bad :
+       {"http://host:6379", "rediss://host:6379", "host:6379", "redis://", "redis://h:0", "redis://h:99999",
+        "redis://h:12x", "redis://h/db", "unix://relative.sock", "unix:///s?x=1", "redis://u:%4@h",
+        "redis://[::1", "redis://a@b@h:1", "redis://h\\x:1"}) {
     try {
       parse_redis_url(bad);
       ADD_FAILURE() << bad << " was accepted";
@@ -247,7 +250,8 @@ TEST(BlockStore, DamagedForeignTruncatedOrEvictedValuesEndTheChainThere) {
   RedisConnection direct = redis.connect();
   const std::vector<int32_t> q = prompt_of(100, 3);
   const std::vector<HeldBlock> foreign = chain_of(q, {100});  // a real block, not the one asked for
-  const std::string wrong_value(reinterpret_cast<const char*>(foreign[0].file->data()), foreign[0].file->size());
+  const std::string wrong_value(reinterpret_cast<const char*>(foreign[0].file->data()),
+                                foreign[0].file->size());
   const std::string good(reinterpret_cast<const char*>(chain[1].file->data()), chain[1].file->size());
   int64_t bad = 0;
   for (const std::string& damage : {std::string("garbage"), good.substr(0, good.size() - 5), wrong_value,
@@ -302,7 +306,8 @@ TEST(BlockStore, ADownStoreIsAMissAndIsUsedAgainWhenItComesBack) {
 TEST(BlockStore, PasswordsAndAclUsers) {
   NEED_REDIS();
   const int port = free_port();
-  RedisServer redis(port, {"--requirepass", "top secret", "--user", "alice", "on", ">al1ce", "~*", "&*", "+@all"});
+  RedisServer redis(port,
+                    {"--requirepass", "top secret", "--user", "alice", "on", ">al1ce", "~*", "&*", "+@all"});
   const std::string base = "127.0.0.1:" + std::to_string(port);
   const std::vector<int32_t> p = prompt_of(100);
   for (const std::string& url : {"redis://:top%20secret@" + base, "redis://alice:al1ce@" + base + "/2"}) {
@@ -349,7 +354,8 @@ TEST(BlockStore, ReplicasWritingAndReadingTheSameBlocksAtOnce) {
   b.flush();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(a.metrics().errors + b.metrics().errors, 0);
-  EXPECT_EQ(a.metrics().blocks_written + b.metrics().blocks_written, 10) << "each block written once (SET NX)";
+  EXPECT_EQ(a.metrics().blocks_written + b.metrics().blocks_written, 10)
+      << "each block written once (SET NX)";
   for (int i = 0; i < 5; ++i) EXPECT_EQ(a.extend(prompt_of(120, i), 120, kRoot, 0).size(), 2u);
 }
 
