@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <system_error>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
@@ -55,10 +56,7 @@ void PrefixPool::index_folder(const Accept& accept) {
     try {
       const core::MappedFile f = core::MappedFile::open(p.string(), kOp);
       std::optional<BlockInfo> info = accept(f.data(), f.size(), p.string());
-      if (info && !find(info->key)) {
-        disk_.push_back({std::move(*info), p.string(), static_cast<int64_t>(f.size())});
-        disk_bytes_ += disk_.back().bytes;
-      }
+      if (info && !find(info->key)) hold_on_disk({std::move(*info), p.string(), static_cast<int64_t>(f.size())});
     } catch (const Error&) {
       // Unreadable: left alone, as files of other models and caches are.
     }
@@ -66,21 +64,59 @@ void PrefixPool::index_folder(const Accept& accept) {
 }
 
 const BlockInfo* PrefixPool::find(uint64_t key) const {
-  for (const Block& b : memory_)
-    if (b.info.key == key) return &b.info;
-  for (const Spilled& s : disk_)
-    if (s.info.key == key) return &s.info;
-  return nullptr;
+  const auto it = where_.find(key);
+  if (it == where_.end()) return nullptr;
+  return it->second.in_memory ? &it->second.memory->info : &it->second.disk->info;
 }
 
-std::unordered_multimap<uint64_t, const BlockInfo*> PrefixPool::children() const {
-  std::unordered_multimap<uint64_t, const BlockInfo*> out;
-  out.reserve(memory_.size() + disk_.size());
-  for (const Block& b : memory_)
-    if (b.info.first > 0) out.emplace(b.info.parent, &b.info);
-  for (const Spilled& s : disk_)
-    if (s.info.first > 0) out.emplace(s.info.parent, &s.info);
-  return out;
+bool PrefixPool::spilled_at(uint64_t key, const std::string& path) const {
+  const auto it = where_.find(key);
+  return it != where_.end() && !it->second.in_memory && it->second.disk->path == path;
+}
+
+void PrefixPool::hold_in_memory(Block block) {
+  const BlockInfo& info = block.info;
+  if (info.first == 0) ++roots_[info.parent];
+  after_.emplace(info.parent, info.key);
+  memory_bytes_ += static_cast<int64_t>(block.file->size());
+  memory_.push_front(std::move(block));
+  where_[memory_.front().info.key] = {true, memory_.begin(), {}};
+}
+
+void PrefixPool::hold_on_disk(Spilled s) {
+  const BlockInfo& info = s.info;
+  if (info.first == 0) ++roots_[info.parent];
+  after_.emplace(info.parent, info.key);
+  disk_bytes_ += s.bytes;
+  disk_.push_back(std::move(s));
+  where_[disk_.back().info.key] = {false, {}, std::prev(disk_.end())};
+}
+
+void PrefixPool::unhold(uint64_t key) {
+  const auto w = where_.find(key);
+  if (w == where_.end()) return;
+  const BlockInfo& info = w->second.in_memory ? w->second.memory->info : w->second.disk->info;
+  if (info.first == 0 && --roots_[info.parent] == 0) roots_.erase(info.parent);
+  const auto [lo, hi] = after_.equal_range(info.parent);
+  for (auto it = lo; it != hi; ++it)
+    if (it->second == key) {
+      after_.erase(it);
+      break;
+    }
+  if (w->second.in_memory) {
+    memory_bytes_ -= static_cast<int64_t>(w->second.memory->file->size());
+    memory_.erase(w->second.memory);
+  } else {
+    disk_bytes_ -= w->second.disk->bytes;
+    disk_.erase(w->second.disk);
+  }
+  where_.erase(w);
+}
+
+template <typename Each>
+void PrefixPool::each_child(uint64_t parent, Each&& each) const {
+  const auto [lo, hi] = after_.equal_range(parent);
+  for (auto it = lo; it != hi; ++it) each(*find(it->second));
 }
 
 // Depth first from every first block that matches: a block follows its
@@ -88,21 +124,19 @@ std::unordered_multimap<uint64_t, const BlockInfo*> PrefixPool::children() const
 // prompt's there. `visit(path)` sees every chain so found.
 template <typename Visit>
 void PrefixPool::walk_chains(const std::vector<int32_t>& prompt, Visit&& visit) const {
-  const auto after = children();
   std::vector<const BlockInfo*> path;
   auto down = [&](auto&& self, const BlockInfo* b) -> void {
     path.push_back(b);
     visit(path);
-    const auto [lo, hi] = after.equal_range(b->key);
-    for (auto it = lo; it != hi; ++it)
-      if (it->second->first == b->end() && it->second->matches(prompt)) self(self, it->second);
+    each_child(b->key, [&](const BlockInfo& c) {
+      if (c.first == b->end() && c.first > 0 && c.matches(prompt)) self(self, &c);
+    });
     path.pop_back();
   };
-  auto start = [&](const BlockInfo& b) {
-    if (b.first == 0 && b.matches(prompt)) down(down, &b);
-  };
-  for (const Block& b : memory_) start(b.info);
-  for (const Spilled& s : disk_) start(s.info);
+  for (const auto& [root, n] : roots_)
+    each_child(root, [&](const BlockInfo& b) {
+      if (b.first == 0 && b.matches(prompt)) down(down, &b);
+    });
 }
 
 std::vector<uint64_t> PrefixPool::find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const {
@@ -133,17 +167,14 @@ std::optional<std::vector<PrefixPool::Block>> PrefixPool::longest_chain(const st
         return std::nullopt;
       }
       for (auto key = keys.rbegin(); key != keys.rend(); ++key) {  // the first block ends most recently used
-        auto it =
-            std::find_if(memory_.begin(), memory_.end(), [&](const Block& b) { return b.info.key == *key; });
-        if (it != memory_.end()) {
-          memory_.splice(memory_.begin(), memory_, it);
+        const Where& w = where_.at(*key);
+        if (w.in_memory) {
+          memory_.splice(memory_.begin(), memory_, w.memory);  // iterators stay valid
           chain.push_back(memory_.front());
         } else {
-          const auto d =
-              std::find_if(disk_.begin(), disk_.end(), [&](const Spilled& s) { return s.info.key == *key; });
           spilled_at.push_back(chain.size());
-          spilled.push_back(*d);
-          chain.push_back({d->info, nullptr});
+          spilled.push_back(*w.disk);
+          chain.push_back({w.disk->info, nullptr});
         }
       }
     }
@@ -172,12 +203,10 @@ std::shared_ptr<const std::vector<uint8_t>> PrefixPool::read_spilled(const Spill
     return std::make_shared<const std::vector<uint8_t>>(f.data(), f.data() + f.size());
   } catch (const Error&) {
     std::lock_guard lock(mu_);
-    const auto n = std::erase_if(disk_, [&](const Spilled& d) {
-      if (d.info.key != s.info.key || d.path != s.path) return false;
-      disk_bytes_ -= d.bytes;
-      return true;
-    });
-    if (n > 0) ++counts_.bad_entries;
+    if (spilled_at(s.info.key, s.path)) {
+      unhold(s.info.key);
+      ++counts_.bad_entries;
+    }
     return nullptr;
   }
 }
@@ -188,12 +217,8 @@ std::shared_ptr<const std::vector<uint8_t>> PrefixPool::read_spilled(const Spill
 void PrefixPool::keep_read_back(const Block& b, const std::string& path) {
   {
     std::lock_guard lock(mu_);
-    const auto n = std::erase_if(disk_, [&](const Spilled& d) {
-      if (d.info.key != b.info.key || d.path != path) return false;
-      disk_bytes_ -= d.bytes;
-      return true;
-    });
-    if (n == 0) return;
+    if (!spilled_at(b.info.key, path)) return;
+    unhold(b.info.key);
     ++counts_.disk_hits;
   }
   std::error_code ec;
@@ -205,8 +230,7 @@ void PrefixPool::keep_read_back(const Block& b, const std::string& path) {
     const auto size = static_cast<int64_t>(b.file->size());
     if (size > opt_.budget || find(b.info.key)) return;  // too big to hold, or added again meanwhile
     victims = make_room(size);
-    memory_bytes_ += size;
-    memory_.push_front(b);
+    hold_in_memory(b);
   }
   spill(std::move(victims));
 }
@@ -222,17 +246,16 @@ int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
     return b.first + i;
   };
   int64_t best = 0;
-  for (const Block& b : memory_)  // first blocks that agree only in part
-    if (b.info.first == 0) best = std::max(best, agree(b.info));
-  for (const Spilled& s : disk_)
-    if (s.info.first == 0) best = std::max(best, agree(s.info));
-  const auto after = children();
+  for (const auto& [root, n] : roots_)  // first blocks that agree only in part
+    each_child(root, [&](const BlockInfo& b) {
+      if (b.first == 0) best = std::max(best, agree(b));
+    });
   walk_chains(prompt, [&](const std::vector<const BlockInfo*>& path) {  // and the blocks after a matching chain
     const BlockInfo* b = path.back();
     best = std::max(best, b->end());
-    const auto [lo, hi] = after.equal_range(b->key);
-    for (auto it = lo; it != hi; ++it)
-      if (it->second->first == b->end()) best = std::max(best, agree(*it->second));
+    each_child(b->key, [&](const BlockInfo& c) {
+      if (c.first == b->end() && c.first > 0) best = std::max(best, agree(c));
+    });
   });
   return best;
 }
@@ -240,9 +263,8 @@ int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
 std::vector<PrefixPool::Block> PrefixPool::make_room(int64_t incoming) {
   std::vector<Block> victims;
   while (!memory_.empty() && memory_bytes_ + incoming > opt_.budget) {
-    memory_bytes_ -= static_cast<int64_t>(memory_.back().file->size());
-    victims.push_back(std::move(memory_.back()));
-    memory_.pop_back();
+    victims.push_back(memory_.back());
+    unhold(memory_.back().info.key);
     ++counts_.evictions;
   }
   return victims;
@@ -263,8 +285,7 @@ void PrefixPool::spill(std::vector<Block> victims) {
     {
       std::lock_guard lock(mu_);
       if (find(b.info.key)) continue;  // added again meanwhile: that one is held (and spilled to the same path)
-      disk_.push_back({std::move(b.info), path, static_cast<int64_t>(b.file->size())});
-      disk_bytes_ += disk_.back().bytes;
+      hold_on_disk({std::move(b.info), path, static_cast<int64_t>(b.file->size())});
       // Over the folder's budget, the oldest spilled blocks go, with the
       // blocks after them (no chain reaches those any more).
       while (opt_.disk_budget > 0 && disk_bytes_ > opt_.disk_budget && !disk_.empty())
@@ -280,54 +301,28 @@ void PrefixPool::add(Block block) {
   std::vector<Block> victims;
   {
     std::lock_guard lock(mu_);
-    for (auto it = memory_.begin(); it != memory_.end(); ++it)
-      if (it->info.key == block.info.key) {  // the same block again: refresh it
-        memory_bytes_ -= static_cast<int64_t>(it->file->size());
-        memory_.erase(it);
-        break;
-      }
-    std::erase_if(disk_, [&](const Spilled& s) {  // its file: overwritten when it is spilled again
-      if (s.info.key != block.info.key) return false;
-      disk_bytes_ -= s.bytes;
-      return true;
-    });
+    // The same block again: refreshed (a spilled file of it is overwritten when it is spilled again).
+    unhold(block.info.key);
     victims = make_room(bytes);
-    memory_bytes_ += bytes;
-    memory_.push_front(std::move(block));
+    hold_in_memory(std::move(block));
   }
   spill(std::move(victims));
 }
 
 int64_t PrefixPool::drop_from(uint64_t key, std::vector<std::string>& files) {
-  std::vector<uint64_t> gone{key};  // the block, then every block after it
-  auto after_gone = [&](const BlockInfo& b) {
-    return std::find(gone.begin(), gone.end(), b.key) != gone.end() ||
-           (b.first > 0 && std::find(gone.begin(), gone.end(), b.parent) != gone.end());
-  };
+  std::vector<uint64_t> gone{key};  // the block (held or not), then every held block after it
+  std::unordered_set<uint64_t> seen{key};
+  for (size_t i = 0; i < gone.size(); ++i)
+    each_child(gone[i], [&](const BlockInfo& c) {
+      if (c.first > 0 && seen.insert(c.key).second) gone.push_back(c.key);
+    });
   int64_t dropped = 0;
-  for (bool more = true; more;) {
-    more = false;
-    for (auto it = memory_.begin(); it != memory_.end();)
-      if (after_gone(it->info)) {
-        if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
-        memory_bytes_ -= static_cast<int64_t>(it->file->size());
-        it = memory_.erase(it);
-        more = true;
-        ++dropped;
-      } else {
-        ++it;
-      }
-    for (auto it = disk_.begin(); it != disk_.end();)
-      if (after_gone(it->info)) {
-        if (std::find(gone.begin(), gone.end(), it->info.key) == gone.end()) gone.push_back(it->info.key);
-        files.push_back(it->path);
-        disk_bytes_ -= it->bytes;
-        it = disk_.erase(it);
-        more = true;
-        ++dropped;
-      } else {
-        ++it;
-      }
+  for (uint64_t k : gone) {
+    const auto w = where_.find(k);
+    if (w == where_.end()) continue;
+    if (!w->second.in_memory) files.push_back(w->second.disk->path);
+    unhold(k);
+    ++dropped;
   }
   return dropped;
 }

@@ -86,13 +86,28 @@ class PrefixPool {
     std::string path;
     int64_t bytes = 0;
   };
+  using MemoryAt = std::list<Block>::iterator;
+  using DiskAt = std::list<Spilled>::iterator;
+  // Where a held block is: in memory or in the folder (never both).
+  struct Where {
+    bool in_memory = true;
+    MemoryAt memory;
+    DiskAt disk;
+  };
   // Under mu_: the keys of the longest held chain (nothing when none).
   std::vector<uint64_t> find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const;
-  // Under mu_: every held block after a first one, by its parent's key.
-  std::unordered_multimap<uint64_t, const BlockInfo*> children() const;
   template <typename Visit>
   void walk_chains(const std::vector<int32_t>& prompt, Visit&& visit) const;
+  // Under mu_: the held blocks after `parent` (first blocks: after their root).
+  template <typename Each>
+  void each_child(uint64_t parent, Each&& each) const;
   const BlockInfo* find(uint64_t key) const;
+  // Under mu_: whether block `key` is held in the folder, in the file `path`.
+  bool spilled_at(uint64_t key, const std::string& path) const;
+  // Under mu_: the indexes follow every insertion and removal.
+  void hold_in_memory(Block block);  // most recently used
+  void hold_on_disk(Spilled s);      // newest spill
+  void unhold(uint64_t key);         // from memory or the folder, with its bytes
   // Under mu_: moves blocks out of memory until `incoming` more bytes fit;
   // returns those to write to the folder (done by spill(), outside mu_).
   std::vector<Block> make_room(int64_t incoming);
@@ -109,8 +124,11 @@ class PrefixPool {
   mutable std::mutex mu_;
   std::list<Block> memory_;  // most recently used first
   int64_t memory_bytes_ = 0;
-  std::vector<Spilled> disk_;  // oldest spill first
+  std::list<Spilled> disk_;  // oldest spill first
   int64_t disk_bytes_ = 0;
+  std::unordered_map<uint64_t, Where> where_;           // every held block by key
+  std::unordered_multimap<uint64_t, uint64_t> after_;   // parent key -> keys of the held blocks after it
+  std::unordered_map<uint64_t, int64_t> roots_;         // parents of held first blocks -> how many
   PoolMetrics counts_;  // the counters (entries and bytes are computed)
 };
 
