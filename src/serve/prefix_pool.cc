@@ -14,6 +14,9 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace anchorkv::serve {
 namespace {
 
@@ -32,6 +35,8 @@ std::string block_file(const std::string& folder, uint64_t key) {
   std::snprintf(name, sizeof name, "block-%016" PRIx64 ".akvc", key);
   return folder + "/" + name;
 }
+
+uint64_t tokens_hash(const int32_t* t, size_t n) { return XXH64(t, n * sizeof(int32_t), 0); }
 
 }  // namespace
 
@@ -74,21 +79,42 @@ bool PrefixPool::spilled_at(uint64_t key, const std::string& path) const {
   return it != where_.end() && !it->second.in_memory && it->second.disk->path == path;
 }
 
+void PrefixPool::index_first(const BlockInfo& info) {
+  if (info.first != 0) return;
+  firsts_.insert(&info);
+  first_by_tokens_.emplace(tokens_hash(info.tokens.data(), info.tokens.size()), info.key);
+  ++first_lengths_[info.tokens.size()];
+}
+
+void PrefixPool::unindex_first(const BlockInfo& info) {
+  if (info.first != 0) return;
+  for (auto [lo, hi] = firsts_.equal_range(&info); lo != hi; ++lo)
+    if (*lo == &info) {
+      firsts_.erase(lo);
+      break;
+    }
+  for (auto [lo, hi] = first_by_tokens_.equal_range(tokens_hash(info.tokens.data(), info.tokens.size()));
+       lo != hi; ++lo)
+    if (lo->second == info.key) {
+      first_by_tokens_.erase(lo);
+      break;
+    }
+  if (--first_lengths_[info.tokens.size()] == 0) first_lengths_.erase(info.tokens.size());
+}
+
 void PrefixPool::hold_in_memory(Block block) {
-  const BlockInfo& info = block.info;
-  if (info.first == 0) ++roots_[info.parent];
-  after_.emplace(info.parent, info.key);
+  after_.emplace(block.info.parent, block.info.key);
   memory_bytes_ += static_cast<int64_t>(block.file->size());
   memory_.push_front(std::move(block));
+  index_first(memory_.front().info);
   where_[memory_.front().info.key] = {true, memory_.begin(), {}};
 }
 
 void PrefixPool::hold_on_disk(Spilled s) {
-  const BlockInfo& info = s.info;
-  if (info.first == 0) ++roots_[info.parent];
-  after_.emplace(info.parent, info.key);
+  after_.emplace(s.info.parent, s.info.key);
   disk_bytes_ += s.bytes;
   disk_.push_back(std::move(s));
+  index_first(disk_.back().info);
   where_[disk_.back().info.key] = {false, {}, std::prev(disk_.end())};
 }
 
@@ -96,7 +122,7 @@ void PrefixPool::unhold(uint64_t key) {
   const auto w = where_.find(key);
   if (w == where_.end()) return;
   const BlockInfo& info = w->second.in_memory ? w->second.memory->info : w->second.disk->info;
-  if (info.first == 0 && --roots_[info.parent] == 0) roots_.erase(info.parent);
+  unindex_first(info);
   const auto [lo, hi] = after_.equal_range(info.parent);
   for (auto it = lo; it != hi; ++it)
     if (it->second == key) {
@@ -133,10 +159,19 @@ void PrefixPool::walk_chains(const std::vector<int32_t>& prompt, Visit&& visit) 
     });
     path.pop_back();
   };
-  for (const auto& [root, n] : roots_)
-    each_child(root, [&](const BlockInfo& b) {
-      if (b.first == 0 && b.matches(prompt)) down(down, &b);
-    });
+  // First blocks of every length that fits: the hash of the prompt's
+  // beginning of that length finds them (one pass over the prompt).
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  size_t hashed = 0;
+  for (const auto& [length, n] : first_lengths_) {
+    if (length > prompt.size()) break;
+    XXH64_update(&state, prompt.data() + hashed, (length - hashed) * sizeof(int32_t));
+    hashed = length;
+    const auto [lo, hi] = first_by_tokens_.equal_range(XXH64_digest(&state));
+    for (auto it = lo; it != hi; ++it)
+      if (const BlockInfo* b = find(it->second); b->tokens.size() == length && b->matches(prompt)) down(down, b);
+  }
 }
 
 std::vector<uint64_t> PrefixPool::find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const {
@@ -246,10 +281,11 @@ int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
     return b.first + i;
   };
   int64_t best = 0;
-  for (const auto& [root, n] : roots_)  // first blocks that agree only in part
-    each_child(root, [&](const BlockInfo& b) {
-      if (b.first == 0) best = std::max(best, agree(b));
-    });
+  // First blocks that agree only in part: the longest agreement is with a
+  // neighbour of the prompt's place in token order.
+  const auto next = firsts_.lower_bound(prompt);
+  if (next != firsts_.end()) best = std::max(best, agree(**next));
+  if (next != firsts_.begin()) best = std::max(best, agree(**std::prev(next)));
   walk_chains(prompt, [&](const std::vector<const BlockInfo*>& path) {  // and the blocks after a matching chain
     const BlockInfo* b = path.back();
     best = std::max(best, b->end());

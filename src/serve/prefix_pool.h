@@ -26,9 +26,11 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -105,6 +107,8 @@ class PrefixPool {
   // Under mu_: whether block `key` is held in the folder, in the file `path`.
   bool spilled_at(uint64_t key, const std::string& path) const;
   // Under mu_: the indexes follow every insertion and removal.
+  void index_first(const BlockInfo& info);
+  void unindex_first(const BlockInfo& info);
   void hold_in_memory(Block block);  // most recently used
   void hold_on_disk(Spilled s);      // newest spill
   void unhold(uint64_t key);         // from memory or the folder, with its bytes
@@ -128,7 +132,19 @@ class PrefixPool {
   int64_t disk_bytes_ = 0;
   std::unordered_map<uint64_t, Where> where_;           // every held block by key
   std::unordered_multimap<uint64_t, uint64_t> after_;   // parent key -> keys of the held blocks after it
-  std::unordered_map<uint64_t, int64_t> roots_;         // parents of held first blocks -> how many
+  // First blocks, found without a scan: by the hash of their tokens (per
+  // length, for the chains that begin a prompt) and in token order (for the
+  // longest partial agreement, which is a neighbour of the prompt's place).
+  struct TokensLess {
+    using is_transparent = void;
+    static const std::vector<int32_t>& t(const BlockInfo* b) { return b->tokens; }
+    static const std::vector<int32_t>& t(const std::vector<int32_t>& v) { return v; }
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const { return t(a) < t(b); }
+  };
+  std::multiset<const BlockInfo*, TokensLess> firsts_;
+  std::unordered_multimap<uint64_t, uint64_t> first_by_tokens_;  // hash of a first block's tokens -> its key
+  std::map<size_t, int64_t> first_lengths_;                      // token counts of first blocks -> how many
   PoolMetrics counts_;  // the counters (entries and bytes are computed)
 };
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
 #include <thread>
 
 namespace anchorkv::serve {
@@ -98,6 +100,78 @@ TEST(PrefixPool, LongestChainFollowsItsLinksWithinTheLimit) {
   m = pool.metrics();
   EXPECT_EQ(m.bad_entries, 1);
   EXPECT_EQ(m.entries, 3);  // 1, 4 and 5 (5 never linked to 2)
+}
+
+// The pool finds chains through its indexes; the same answers come from
+// scanning every block (a reference written the plain way).
+TEST(PrefixPool, IndexedLookupsEqualAScanOfEveryBlock) {
+  std::mt19937 rng(7);
+  PrefixPool pool({1 << 30, ""}, accept_named());
+  std::vector<BlockInfo> held;
+  uint64_t next_key = 1;
+  auto token = [&] { return static_cast<int32_t>(rng() % 3); };  // few symbols: long shared beginnings
+  for (int i = 0; i < 300; ++i) {
+    BlockInfo b;
+    if (held.empty() || rng() % 3 == 0) {
+      b = {next_key++, 0, 0, {}};
+      b.tokens.resize(1 + rng() % 6);
+    } else {
+      const BlockInfo& parent = held[rng() % held.size()];
+      b = {next_key++, parent.key, parent.end(), {}};
+      b.tokens.resize(1 + rng() % 4);
+    }
+    for (auto& t : b.tokens) t = token();
+    held.push_back(b);
+    pool.add(b, std::vector<uint8_t>(8));
+  }
+  for (int q = 0; q < 300; ++q) {
+    std::vector<int32_t> prompt(1 + rng() % 14);
+    for (auto& t : prompt) t = token();
+    // Reference: the longest chain end, and the longest agreement of any block that starts where a
+    // matching chain (or the prompt) starts.
+    std::function<void(const BlockInfo&, int64_t&)> longest = [&](const BlockInfo& b, int64_t& best) {
+      best = std::max(best, b.end());
+      for (const BlockInfo& c : held)
+        if (c.first > 0 && c.parent == b.key && c.first == b.end() && c.matches(prompt)) longest(c, best);
+    };
+    int64_t want_end = 0, want_shared = 0;
+    auto agree = [&](const BlockInfo& b) {
+      int64_t i = 0;
+      while (i < static_cast<int64_t>(b.tokens.size()) && b.first + i < static_cast<int64_t>(prompt.size()) &&
+             b.tokens[static_cast<size_t>(i)] == prompt[static_cast<size_t>(b.first + i)])
+        ++i;
+      return b.first + i;
+    };
+    std::function<void(const BlockInfo&)> shared = [&](const BlockInfo& b) {
+      want_shared = std::max(want_shared, b.end());
+      for (const BlockInfo& c : held)
+        if (c.first > 0 && c.parent == b.key && c.first == b.end()) {
+          want_shared = std::max(want_shared, agree(c));
+          if (c.matches(prompt)) shared(c);
+        }
+    };
+    for (const BlockInfo& b : held)
+      if (b.first == 0) {
+        want_shared = std::max(want_shared, agree(b));
+        if (b.matches(prompt)) {
+          longest(b, want_end);
+          shared(b);
+        }
+      }
+    const auto chain = pool.longest_chain(prompt, prompt.size());
+    EXPECT_EQ(chain ? chain->back().info.end() : 0, want_end);
+    EXPECT_EQ(pool.shared_prefix(prompt), want_shared);
+    if (q % 10 == 0) {  // and after blocks leave
+      const uint64_t k = held[rng() % held.size()].key;
+      pool.discard(k);
+      std::vector<uint64_t> gone{k};
+      for (size_t i = 0; i < gone.size(); ++i)
+        for (const BlockInfo& c : held)
+          if (c.first > 0 && c.parent == gone[i]) gone.push_back(c.key);
+      std::erase_if(held, [&](const BlockInfo& b) { return std::count(gone.begin(), gone.end(), b.key) > 0; });
+      ASSERT_EQ(pool.metrics().entries, static_cast<int64_t>(held.size()));
+    }
+  }
 }
 
 TEST(PrefixPool, PromptsThatShareABeginningShareItsBlocks) {
