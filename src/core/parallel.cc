@@ -178,4 +178,22 @@ void parallel_for(int64_t n_tasks, int threads, const std::function<void(int64_t
   if (job.error) std::rethrow_exception(job.error);
 }
 
+void parallel_for_grouped(int64_t n_tasks, int threads, const std::function<int64_t(int64_t)>& cost,
+                          const std::function<void(int64_t)>& task) {
+  constexpr int64_t kRunsPerThread = 4;
+  const int64_t runs = std::min<int64_t>(n_tasks, kRunsPerThread * resolve_threads(threads));
+  if (runs <= 1 || runs == n_tasks) return parallel_for(n_tasks, threads, task);
+  std::vector<int64_t> until(static_cast<size_t>(n_tasks));  // cost of tasks [0, i]
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_tasks; ++i) until[static_cast<size_t>(i)] = total += std::max<int64_t>(1, cost(i));
+  std::vector<int64_t> first(static_cast<size_t>(runs + 1), n_tasks);  // run j: tasks [first[j], first[j + 1])
+  first[0] = 0;
+  for (int64_t j = 1; j < runs; ++j)
+    first[static_cast<size_t>(j)] =
+        std::lower_bound(until.begin(), until.end(), total * j / runs) - until.begin();
+  parallel_for(runs, threads, [&](int64_t j) {
+    for (int64_t i = first[static_cast<size_t>(j)]; i < first[static_cast<size_t>(j + 1)]; ++i) task(i);
+  });
+}
+
 }  // namespace anchorkv::core

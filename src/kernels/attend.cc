@@ -40,6 +40,9 @@ constexpr int64_t kMinChunk = 8192;   // tokens (or entries) per chunk at least
 // head a decode step would otherwise attend on one thread.
 constexpr int64_t kMinRopeEntryChunk = 2048;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// What a parallel task costs before its work, in multiply-adds (~1 us):
+// tasks cheaper than this are run together (core::parallel_for_grouped).
+constexpr int64_t kTaskCost = 4096;
 
 // Chunks of n tokens (or entries) in `parts` parts at most; they start on
 // the blocks of the rows' residual slot indexes.
@@ -361,7 +364,10 @@ void AttendCall::prepare_segments() {
       for (int64_t g = 0; g < nq_; ++g)
         shared_codec_->rotation().forward(row_queries(r) + g * D_, &ws_.rq[static_cast<size_t>((r * nq4() + g) * D_)]);
   }
-  core::parallel_for(n_seg() * R_, opt_.threads, [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
+  core::parallel_for_grouped(
+      n_seg() * R_, opt_.threads,
+      [&](int64_t t) { return kTaskCost + seg_row(static_cast<int>(t / R_), t % R_).n_anchor * D_; },
+      [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
 }
 
 // Pre-RoPE keys: the row's anchors rotated to their own positions (returned:
@@ -493,7 +499,12 @@ void AttendCall::run_chunks() {
   ws_.pacc.resize(n_part * static_cast<size_t>(D_));
   ws_.pw.resize(static_cast<size_t>(R_ * w_row_));
   ws_.prot.resize(has_c() ? n_part * static_cast<size_t>(D_) : 0);
-  core::parallel_for(R_ * C_, opt_.threads, [&](int64_t task) {
+  const auto cost = [&](int64_t task) {  // multiply-adds, roughly
+    const Chunk& c = chunks_[static_cast<size_t>(task % C_)];
+    const int64_t n = c.kind == Chunk::kAnchors ? k_max_[static_cast<size_t>(c.seg)] : c.b - c.a;
+    return kTaskCost + n * nq_ * D_ / (c.kind == Chunk::kEntries ? 8 : 1);
+  };
+  core::parallel_for_grouped(R_ * C_, opt_.threads, cost, [&](int64_t task) {
     const int64_t r = task / C_, ci = task % C_;
     const Chunk& c = chunks_[static_cast<size_t>(ci)];
     kernels::PartialView out = partial(r, ci);
@@ -522,8 +533,7 @@ void AttendCall::run_anchors(int s, int64_t r, kernels::PartialView out) {
     abs_pos.assign(p.anchor_pos.begin(), p.anchor_pos.end());
     for (auto& x : abs_pos) x += static_cast<int32_t>(seg(s).pos0);
   }
-  std::fill_n(out.acc, nq_ * D_, 0.0f);  // anchors contribute through w only
-  std::fill_n(out.rot, nq_ * D_, 0.0f);
+  // Anchors contribute through w only: acc and rot are left unwritten (merge_segment reads m, l and w).
   (opt_.reference ? kernels::anchors_chunk_ref : kernels::anchors_chunk)(
       compressed_queries(s, r), k, abs_pos.data(), masked, {out.m, out.l, out.acc, tw.data(), out.rot});
   for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * kc);  // stride k -> the segment's k_max
@@ -694,9 +704,15 @@ void AttendCall::merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, siz
     std::fill_n(&acc[g * D_], D_, 0.0f);
     std::fill_n(&w[g * k], k, 0.0f);
     std::fill_n(&rot[g * D_], D_, 0.0f);
-    for (size_t c = c0; c < c1; ++c) {
+    const int64_t q = g0 + g;
+    const kernels::PartialView a = partial(r, static_cast<int64_t>(c0));  // the anchors: first, and w alone
+    if (a.m[q] != kNegInf) {  // what merging it into the empty sums gives, bit for bit
+      m[g] = a.m[q];
+      l[g] = a.l[q];
+      std::copy_n(a.w + q * kc, k, &w[g * k]);
+    }
+    for (size_t c = c0 + 1; c < c1; ++c) {
       const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
-      const int64_t q = g0 + g;
       kernels::merge_partial(m[g], l[g], &acc[g * D_], &w[g * k], &rot[g * D_], v.m[q], v.l[q], v.acc + q * D_,
                              v.w + q * kc, v.rot + q * D_, D_, k);
     }

@@ -64,5 +64,25 @@ TEST(ParallelFor, NestedAndConcurrentCallsComplete) {
   EXPECT_EQ(total.load(), 4 * 200 * 120);
 }
 
+TEST(ParallelFor, GroupedRunsEveryTaskOnceInConsecutiveRuns) {
+  for (int threads : {1, 2, 3, 8})
+    for (int64_t n : {0, 1, 5, 8, 33, 1000}) {
+      std::vector<std::atomic<int>> ran(static_cast<size_t>(n));
+      std::vector<std::thread::id> by(static_cast<size_t>(n));
+      // Uneven costs: a few heavy tasks among many cheap ones (and zero costs, counted as one).
+      parallel_for_grouped(
+          n, threads, [](int64_t i) { return i % 97 == 0 ? int64_t{5000} : i % 3; },
+          [&](int64_t i) {
+            ++ran[static_cast<size_t>(i)];
+            by[static_cast<size_t>(i)] = std::this_thread::get_id();
+          });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ran[static_cast<size_t>(i)].load(), 1) << i;
+      // Runs are consecutive: a thread's tasks change owner at most runs - 1 times.
+      int64_t changes = 0;
+      for (int64_t i = 1; i < n; ++i) changes += by[static_cast<size_t>(i)] != by[static_cast<size_t>(i - 1)];
+      EXPECT_LE(changes, std::min<int64_t>(n, 4 * threads)) << n << " tasks, " << threads << " threads";
+    }
+}
+
 }  // namespace
 }  // namespace anchorkv::core
