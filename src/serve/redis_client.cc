@@ -3,6 +3,7 @@
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
+#include <cerrno>
 #include <charconv>
 
 #include "anchorkv/status.h"
@@ -209,8 +210,12 @@ std::vector<RedisReply> RedisConnection::pipeline(const std::vector<RedisCommand
   out.reserve(commands.size());
   for (size_t i = 0; i < commands.size(); ++i) {
     void* raw = nullptr;
-    if (redisGetReply(c_, &raw) != REDIS_OK || raw == nullptr)
-      throw RedisUnavailable(c_->err ? std::string(c_->errstr) : std::string("no reply"));
+    if (redisGetReply(c_, &raw) != REDIS_OK || raw == nullptr) {
+      const bool timed_out = c_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+      throw RedisUnavailable(timed_out ? std::string("no reply within the timeout")
+                             : c_->err ? std::string(c_->errstr)
+                                       : std::string("no reply"));
+    }
     auto* r = static_cast<redisReply*>(raw);
     out.push_back(convert(r));
     freeReplyObject(r);

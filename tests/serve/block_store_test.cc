@@ -303,6 +303,31 @@ TEST(BlockStore, ADownStoreIsAMissAndIsUsedAgainWhenItComesBack) {
   EXPECT_EQ(keys(store.extend(p, p.size(), kRoot, 0)), keys(chain));
 }
 
+// A server that accepts connections and never answers: down after the
+// timeout, and every call returns at once from then on.
+TEST(BlockStore, AStoreThatNeverAnswersIsDownAfterTheTimeout) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 16), 0);  // the kernel completes connections; nothing reads them
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  StoreOptions o = options("redis://127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  o.timeout = 100ms;
+  testing::internal::CaptureStderr();
+  BlockStore store(o, kRoot, verify_bytes());
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(store.up());
+  EXPECT_NE(said.find("no reply within the timeout"), std::string::npos) << said;
+  const std::vector<int32_t> p = prompt_of(100);
+  EXPECT_TRUE(store.extend(p, p.size(), kRoot, 0).empty());
+  store.put(chain_of(p, {100}));
+  EXPECT_EQ(store.metrics().dropped_writes, 1);
+  ::close(s);
+}
+
 TEST(BlockStore, PasswordsAndAclUsers) {
   NEED_REDIS();
   const int port = free_port();
