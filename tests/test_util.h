@@ -32,6 +32,16 @@ inline std::vector<float> random_kv(int64_t B, int64_t H, int64_t S, int64_t D, 
   return x;
 }
 
+// Normalized squared error of y against ref: sum (ref - y)^2 / sum ref^2.
+inline double nmse(const std::vector<float>& ref, const std::vector<float>& y) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    e += (ref[i] - y[i]) * (ref[i] - y[i]);
+    n += ref[i] * ref[i];
+  }
+  return e / std::max(n, 1e-30);
+}
+
 inline std::vector<uint16_t> bits_of(const Tensor& t) {
   const uint16_t* p = t.data_as<uint16_t>();
   return std::vector<uint16_t>(p, p + t.numel());

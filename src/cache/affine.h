@@ -21,4 +21,34 @@ inline float affine_dequantize(const uint8_t* codes, int64_t bit, int bits, cons
   return core::half_to_float(params[0]) * static_cast<float>(q) + core::half_to_float(params[1]);
 }
 
+// One side of one row of affine codes as attention reads them, tokens counted
+// from the region's first: token t's codes start at byte t * token_bytes,
+// channel d's at bit d * bits of them. Its (scale, zero) pair is per token and
+// group of `channel_group` channels (token_group == 0: group quantization,
+// KIVI's values) or per channel and group of `token_group` tokens (KIVI's keys).
+struct AffineSideView {
+  const uint8_t* codes = nullptr;
+  const uint16_t* params = nullptr;
+  int bits = 0;
+  int64_t token_bytes = 0;
+  int64_t channel_group = 0;
+  int64_t token_group = 0;
+
+  const uint16_t* params_of(int64_t t, int64_t d, int64_t D) const {
+    if (token_group > 0) return params + ((t / token_group) * D + d) * 2;
+    return params + (t * ((D + channel_group - 1) / channel_group) + d / channel_group) * 2;
+  }
+  float value(int64_t t, int64_t d, int64_t D) const {
+    return affine_dequantize(codes + t * token_bytes, d * bits, bits, params_of(t, d, D));
+  }
+};
+struct AffineRowView {
+  AffineSideView k, v;
+};
+
+// Whether attention can read codes of `bits` bits for head dim D in place:
+// every token's codes fill whole bytes (D * bits a multiple of 8), so a run of
+// tokens is one stream of codes.
+inline bool affine_attention_supported(int64_t D, int bits) { return D * bits % 8 == 0; }
+
 }  // namespace anchorkv::cache

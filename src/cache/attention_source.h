@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "anchorkv/cache.h"
+#include "cache/affine.h"
 #include "cache/input.h"
 #include "compress/codec.h"
 #include "compress/segment.h"
@@ -17,13 +18,16 @@
 namespace anchorkv::cache {
 
 // Every token of positions pos0 .. pos0 + n - 1, each kept whole: per row
-// either exact fp16 K and V [n, D] (k, v), or codes of whole tokens (coded:
-// TurboQuant's, scored in their rotated domain; k and v then empty).
+// exact fp16 K and V [n, D] (k, v), or codes of whole tokens: coded
+// (TurboQuant's, scored in their rotated domain) or affine (the quantized
+// baselines', scored on their integer codes). Only one of the three is filled.
 struct DenseRegion {
   std::vector<const uint16_t*> k, v;             // [rows]
   std::vector<compress::CodedRowView> coded;     // [rows]
+  std::vector<AffineRowView> affine;             // [rows]
   int64_t n = 0, pos0 = 0;
   bool is_coded() const { return !coded.empty(); }
+  bool is_affine() const { return !affine.empty(); }
 };
 
 // A compressed segment: one CompressedRow per row, `tokens` positions from pos0.

@@ -1,6 +1,8 @@
 // The quantized baselines: group-wise affine quantization of every token
 // (QuantizedKVCache) and KIVI (keys per channel, values per token, an fp16
-// window). Both use cache/affine.h and attend through the dense fetch.
+// window). Both use cache/affine.h; attention reads their codes in place
+// (kernels/coded_attention.h) where every token's codes fill whole bytes, and
+// their dense fetch otherwise.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -94,6 +96,18 @@ class QuantizedStore final : public internal::CacheStore {
     return out;
   }
 
+  cache::AttentionSource attention_source(const CacheShape& s) const override {
+    if (!cache::affine_attention_supported(s.D, bits_)) return cache::dense_source(fetch(s));
+    cache::AttentionSource src{s.B, s.H, s.D, s.seen};
+    if (s.seen == 0) return src;
+    cache::DenseRegion reg;
+    reg.n = s.seen;
+    for (int64_t r = 0; r < s.rows(); ++r)
+      reg.affine.push_back({side(codes_k_[r], params_k_[r], s.D), side(codes_v_[r], params_v_[r], s.D)});
+    src.dense_after.push_back(std::move(reg));
+    return src;
+  }
+
   void save_config(cache::ByteWriter& w) const override {
     w.put<int32_t>(bits_);
     w.put<int64_t>(group_);
@@ -133,6 +147,10 @@ class QuantizedStore final : public internal::CacheStore {
  private:
   int64_t groups(int64_t D) const { return (D + group_ - 1) / group_; }
   int64_t code_bytes(int64_t D) const { return (D * bits_ + 7) / 8; }
+  cache::AffineSideView side(const std::vector<uint8_t>& codes, const std::vector<uint16_t>& params,
+                             int64_t D) const {
+    return {codes.data(), params.data(), bits_, code_bytes(D), group_, 0};
+  }
   int bits_;
   int64_t group_;
   // Per row and side: codes [n, ceil(D*bits/8)], params [n, groups, 2] fp16 (scale, bias).
@@ -159,6 +177,7 @@ class KIVIStore final : public internal::CacheStore {
   }
 
   KVPair fetch(const CacheShape& s) const override;
+  cache::AttentionSource attention_source(const CacheShape& s) const override;
 
   void save_config(cache::ByteWriter& w) const override {
     w.put<int32_t>(bits_);
@@ -273,6 +292,25 @@ KVPair KIVIStore::fetch(const CacheShape& s) const {
     std::copy(window_.v[r].begin(), window_.v[r].end(), ov + quantized_ * D);
   }
   return out;
+}
+
+// The quantized groups as affine codes (keys per channel over each group of
+// tokens, values per token), then the fp16 window.
+cache::AttentionSource KIVIStore::attention_source(const CacheShape& s) const {
+  if (!cache::affine_attention_supported(s.D, bits_)) return cache::dense_source(fetch(s));
+  cache::AttentionSource src{s.B, s.H, s.D, s.seen};
+  if (s.seen == 0) return src;
+  if (quantized_ > 0) {
+    cache::DenseRegion reg;
+    reg.n = quantized_;
+    const int64_t token_bytes = v_token_code_bytes(s.D);  // a key token's codes too: D * bits fills whole bytes
+    for (int64_t r = 0; r < s.rows(); ++r)
+      reg.affine.push_back({{k_codes_[r].data(), k_params_[r].data(), bits_, token_bytes, 0, group_},
+                            {v_codes_[r].data(), v_params_[r].data(), bits_, token_bytes, group_, 0}});
+    src.dense_after.push_back(std::move(reg));
+  }
+  if (window_.tokens > 0) src.dense_after.push_back(cache::dense_region(window_, quantized_));
+  return src;
 }
 
 std::unique_ptr<internal::CacheStore> make_quantized(int bits, int64_t group_size) {

@@ -152,6 +152,13 @@ void check_no_coded(const cache::AttentionSource& src) {
 
 void check_key_rope(const RopeOptions& rope, const cache::CompressedRegion& seg);
 
+bool has_affine(const cache::AttentionSource& src) {
+  for (const auto* regions : {&src.dense_before, &src.dense_after})
+    for (const auto& r : *regions)
+      if (r.is_affine()) return true;
+  return false;
+}
+
 // A segment whose key residuals were coded after RoPE (AnchorKVConfig::key_rope)
 // is scored with the query rotated to its position, so attention must apply
 // the same RoPE at the same positions.
@@ -558,6 +565,12 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
       merge_tile(t, out);
       continue;
     }
+    if (reg.is_affine()) {
+      (opt_.reference ? kernels::affine_chunk_ref : kernels::affine_chunk)(q, qpos_.data(), nq_, reg.affine[r], a,
+                                                                           n, reg.pos0 + a, D_, t, coded);
+      merge_tile(t, out);
+      continue;
+    }
     const uint16_t* K = reg.k[r] + a * D_;
     const uint16_t* V = reg.v[r] + a * D_;
     if (rope_)
@@ -771,7 +784,11 @@ Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches
       evicts = true;
       evicting = l.store.name();
     }
-    cache::append_source(src, l.store.attention_source(l.shape), kOp);
+    cache::AttentionSource own = l.store.attention_source(l.shape);
+    // RoPE inside attention rotates each key at its position: affine codes are
+    // scored as stored, so such a call reads the cache's dense fetch instead.
+    if (opt.rope.enabled && has_affine(own)) own = cache::dense_source(l.store.fetch(l.shape));
+    cache::append_source(src, std::move(own), kOp);
   }
   check_query(query, src, opt);
   if (opt.rope.enabled) check_rope(opt.rope, src, evicts, evicting);

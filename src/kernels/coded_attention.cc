@@ -1,6 +1,7 @@
 #include "kernels/coded_attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -48,6 +49,155 @@ void softmax_rows(float* s, int64_t nq, int64_t n, float* m, float* l) {
 void mask_scores(const int64_t* qpos, int64_t nq, int64_t n, int64_t pos_a, float* s) {
   for (int64_t g = 0; g < nq; ++g)
     for (int64_t i = std::max<int64_t>(0, qpos[g] - pos_a + 1); i < n; ++i) s[g * n + i] = kNegInf;
+}
+
+// Plain attention over tokens a .. a + n - 1 rebuilt one at a time by
+// key(t, x) and value(t, x) into x [D]: the scalar twins' common body.
+template <class Key, class Value>
+void dense_ref(const float* q, const int64_t* qpos, int64_t nq, int64_t a, int64_t n, int64_t pos_a, int64_t D,
+               PartialView out, CodedScratch& s, Key key, Value value) {
+  s.x.resize(static_cast<size_t>(D));
+  s.s.resize(static_cast<size_t>(nq * n));
+  for (int64_t i = 0; i < n; ++i) {
+    key(a + i, s.x.data());
+    for (int64_t g = 0; g < nq; ++g) {
+      float dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += q[g * D + d] * s.x[d];
+      s.s[g * n + i] = pos_a + i <= qpos[g] ? dot : kNegInf;
+    }
+  }
+  for (int64_t g = 0; g < nq; ++g) {
+    float* r = &s.s[g * n];
+    const float mx = *std::max_element(r, r + n);
+    out.m[g] = mx;
+    out.l[g] = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      r[i] = mx == kNegInf ? 0.0f : std::exp(r[i] - mx);
+      out.l[g] += r[i];
+    }
+  }
+  std::fill_n(out.acc, nq * D, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    value(a + i, s.x.data());
+    for (int64_t g = 0; g < nq; ++g)
+      for (int64_t d = 0; d < D; ++d) out.acc[g * D + d] += s.s[g * n + i] * s.x[d];
+  }
+}
+
+// ---------------------------------------------------------------- affine codes
+
+// The integers 0 .. 255 as floats: decode_codes' levels for affine codes.
+const float* code_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(i);
+    return t;
+  }();
+  return table.data();
+}
+
+// The integer codes of tokens t0 .. t0 + nb - 1 as floats: [nb, D] (one stream: affine_attention_supported).
+void decode_ints(const cache::AffineSideView& side, int64_t t0, int64_t nb, int64_t D, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(nb * D));
+  core::decode_codes(side.codes + t0 * side.token_bytes, side.bits, code_values(), nb * D, out.data());
+}
+
+// Keys with a (scale, zero) per token and channel group, added to s.s [nq, n]:
+//   q . k_t = sum over groups of scale (q_grp . c_t,grp) + zero * sum(q_grp).
+void score_token_scaled(const float* q, int64_t nq, const cache::AffineSideView& k, int64_t a, int64_t n, int64_t D,
+                        CodedScratch& s) {
+  const int64_t cg = std::min(k.channel_group, D), groups = (D + cg - 1) / cg;
+  s.bias.assign(static_cast<size_t>(nq * groups), 0.0f);
+  for (int64_t g = 0; g < nq; ++g)
+    for (int64_t d = 0; d < D; ++d) s.bias[g * groups + d / cg] += q[g * D + d];
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t nb = std::min(kBlock, n - b0);
+    decode_ints(k, a + b0, nb, D, s.levels);
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      const int64_t off = grp * cg;
+      core::dot_matrix(q + off, nq, D, s.levels.data() + off, nb, D, std::min(cg, D - off), s.dots.data(), nb);
+      for (int64_t i = 0; i < nb; ++i) {
+        const uint16_t* p = k.params_of(a + b0 + i, off, D);
+        const float scale = core::half_to_float(p[0]), zero = core::half_to_float(p[1]);
+        for (int64_t g = 0; g < nq; ++g)
+          s.s[g * n + b0 + i] += scale * s.dots[g * nb + i] + zero * s.bias[g * groups + grp];
+      }
+    }
+  }
+}
+
+// The queries scaled by token t's group's per-channel scales (s.rq [nq, D])
+// and their dots with its zeros (s.bias [nq]).
+void fold_channel_scales(const float* q, int64_t nq, const cache::AffineSideView& k, int64_t t, int64_t D,
+                         CodedScratch& s) {
+  const uint16_t* p = k.params_of(t, 0, D);
+  s.scale.resize(static_cast<size_t>(2 * D));
+  core::f16_to_f32_n(p, s.scale.data(), 2 * D);  // (scale, zero) per channel
+  s.rq.resize(static_cast<size_t>(nq * D));
+  s.bias.assign(static_cast<size_t>(nq), 0.0f);
+  for (int64_t g = 0; g < nq; ++g)
+    for (int64_t d = 0; d < D; ++d) {
+      s.rq[g * D + d] = q[g * D + d] * s.scale[2 * d];
+      s.bias[g] += q[g * D + d] * s.scale[2 * d + 1];
+    }
+}
+
+// Keys with a (scale, zero) per channel and group of tokens (KIVI), into s.s:
+//   q . k_t = (q * scale) . c_t + q . zero, the query scaled once per group.
+void score_channel_scaled(const float* q, int64_t nq, const cache::AffineSideView& k, int64_t a, int64_t n,
+                          int64_t D, CodedScratch& s) {
+  const int64_t tg = k.token_group;
+  for (int64_t b0 = 0; b0 < n;) {
+    const int64_t t = a + b0, nb = std::min({kBlock, n - b0, (t / tg + 1) * tg - t});
+    if (b0 == 0 || t % tg == 0) fold_channel_scales(q, nq, k, t, D, s);
+    decode_ints(k, t, nb, D, s.levels);
+    core::dot_matrix(s.rq.data(), nq, D, s.levels.data(), nb, D, D, s.dots.data(), nb);
+    for (int64_t g = 0; g < nq; ++g)
+      for (int64_t i = 0; i < nb; ++i) s.s[g * n + b0 + i] = s.dots[g * nb + i] + s.bias[g];
+    b0 += nb;
+  }
+}
+
+// Values with one (scale, zero) per token, probabilities s.s [nq, n] -> acc:
+// codes weighted by p * scale, plus sum(p * zero) on every channel.
+void accumulate_one_scale(int64_t nq, const cache::AffineSideView& v, int64_t a, int64_t n, int64_t D,
+                          CodedScratch& s, float* acc) {
+  s.bias.assign(static_cast<size_t>(nq), 0.0f);
+  s.w.resize(static_cast<size_t>(nq * kBlock));
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t nb = std::min(kBlock, n - b0);
+    decode_ints(v, a + b0, nb, D, s.levels);
+    for (int64_t i = 0; i < nb; ++i) {
+      const uint16_t* p = v.params_of(a + b0 + i, 0, D);
+      const float scale = core::half_to_float(p[0]), zero = core::half_to_float(p[1]);
+      for (int64_t g = 0; g < nq; ++g) {
+        const float pr = s.s[g * n + b0 + i];
+        s.w[g * nb + i] = pr * scale;
+        s.bias[g] += pr * zero;
+      }
+    }
+    core::accumulate_rows(s.w.data(), nb, s.levels.data(), nb, nq, D, acc, D);
+  }
+  for (int64_t g = 0; g < nq; ++g)
+    for (int64_t d = 0; d < D; ++d) acc[g * D + d] += s.bias[g];
+}
+
+// Values with several (scale, zero) pairs per token: a block of tokens
+// rebuilt in place (scale * code + zero), then summed with the probabilities.
+void accumulate_rebuilt(int64_t nq, const cache::AffineSideView& v, int64_t a, int64_t n, int64_t D,
+                        CodedScratch& s, float* acc) {
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t nb = std::min(kBlock, n - b0);
+    decode_ints(v, a + b0, nb, D, s.levels);
+    for (int64_t i = 0; i < nb; ++i) {
+      float* x = &s.levels[i * D];
+      for (int64_t d = 0; d < D; ++d) {
+        const uint16_t* p = v.params_of(a + b0 + i, d, D);
+        x[d] = core::half_to_float(p[0]) * x[d] + core::half_to_float(p[1]);
+      }
+    }
+    core::accumulate_rows(&s.s[b0], n, s.levels.data(), nb, nq, D, acc, D);
+  }
 }
 
 }  // namespace
@@ -118,32 +268,36 @@ void coded_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const comp
     s.dots.resize(static_cast<size_t>(2 * D));
     side.coder->decode(codes, scales, side.channels, x, s.dots.data());
   };
-  s.x.resize(static_cast<size_t>(D));
-  s.s.resize(static_cast<size_t>(nq * n));
-  for (int64_t i = 0; i < n; ++i) {
-    token(row.k, a + i, s.x.data());
-    for (int64_t g = 0; g < nq; ++g) {
-      float dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += q[g * D + d] * s.x[d];
-      s.s[g * n + i] = pos_a + i <= qpos[g] ? dot : kNegInf;
-    }
-  }
-  for (int64_t g = 0; g < nq; ++g) {
-    float* r = &s.s[g * n];
-    const float mx = *std::max_element(r, r + n);
-    out.m[g] = mx;
-    out.l[g] = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      r[i] = mx == kNegInf ? 0.0f : std::exp(r[i] - mx);
-      out.l[g] += r[i];
-    }
-  }
+  dense_ref(
+      q, qpos, nq, a, n, pos_a, D, out, s, [&](int64_t t, float* x) { token(row.k, t, x); },
+      [&](int64_t t, float* x) { token(row.v, t, x); });
+}
+
+void affine_chunk(const float* q, const int64_t* qpos, int64_t nq, const cache::AffineRowView& row, int64_t a,
+                  int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& s) {
+  s.s.assign(static_cast<size_t>(nq * n), 0.0f);
+  s.dots.resize(static_cast<size_t>(nq * kBlock));
+  if (row.k.token_group > 0)
+    score_channel_scaled(q, nq, row.k, a, n, D, s);
+  else
+    score_token_scaled(q, nq, row.k, a, n, D, s);
+  if (pos_a + n - 1 > *std::min_element(qpos, qpos + nq)) mask_scores(qpos, nq, n, pos_a, s.s.data());
+  softmax_rows(s.s.data(), nq, n, out.m, out.l);
   std::fill_n(out.acc, nq * D, 0.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    token(row.v, a + i, s.x.data());
-    for (int64_t g = 0; g < nq; ++g)
-      for (int64_t d = 0; d < D; ++d) out.acc[g * D + d] += s.s[g * n + i] * s.x[d];
-  }
+  if (row.v.token_group == 0 && row.v.channel_group >= D)
+    accumulate_one_scale(nq, row.v, a, n, D, s, out.acc);
+  else
+    accumulate_rebuilt(nq, row.v, a, n, D, s, out.acc);
+}
+
+void affine_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const cache::AffineRowView& row,
+                      int64_t a, int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& s) {
+  auto token = [D](const cache::AffineSideView& side, int64_t t, float* x) {
+    for (int64_t d = 0; d < D; ++d) x[d] = side.value(t, d, D);
+  };
+  dense_ref(
+      q, qpos, nq, a, n, pos_a, D, out, s, [&](int64_t t, float* x) { token(row.k, t, x); },
+      [&](int64_t t, float* x) { token(row.v, t, x); });
 }
 
 }  // namespace anchorkv::kernels

@@ -1,13 +1,20 @@
-// Attention over tokens coded whole (compress::TokenCoder, TurboQuant's
-// quantizer), read as they are stored: each query is rotated into every key
-// group's domain once per call, a token's score is its scale times the dot of
-// its levels with the rotated query, and values accumulate in their rotated
-// domain, turned back once per query at the end. No fp16 K/V is rebuilt.
+// Attention over tokens coded whole, read as they are stored; no fp16 K/V is
+// rebuilt.
+// - TurboQuant's codes (compress::TokenCoder): each query is rotated into
+//   every key group's domain once per call, a token's score is its scale times
+//   the dot of its levels with the rotated query, and values accumulate in
+//   their rotated domain, turned back once per query at the end.
+// - Affine codes (cache/affine.h: group quantization, KIVI): a token's score
+//   is taken on its integer codes, the scales and zeros folded in per group
+//   (KIVI's per-channel key scales multiply the query once per token group);
+//   values accumulate codes weighted by probability times scale when a token
+//   has one scale, and are rebuilt a block of tokens at a time otherwise.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "cache/affine.h"
 #include "compress/token_coder.h"
 #include "kernels/attention_kernels.h"
 
@@ -15,7 +22,7 @@ namespace anchorkv::kernels {
 
 // Buffers of one coded_chunk call, reused across calls (one per thread).
 struct CodedScratch {
-  std::vector<float> rq, s, levels, dots, w, acc, x, scale;
+  std::vector<float> rq, s, levels, dots, w, acc, x, scale, bias;
   std::vector<uint8_t> bytes;
 };
 
@@ -29,5 +36,13 @@ void coded_chunk(const float* q, const int64_t* qpos, int64_t nq, const compress
                  int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& scratch);
 void coded_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const compress::CodedRowView& row,
                      int64_t a, int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& scratch);
+
+// The same contract over a row of affine codes (tokens a .. a + n - 1 of the
+// region). The _ref twin rebuilds each token with AffineSideView::value and
+// runs plain loops; they agree to float rounding.
+void affine_chunk(const float* q, const int64_t* qpos, int64_t nq, const cache::AffineRowView& row, int64_t a,
+                  int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& scratch);
+void affine_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const cache::AffineRowView& row,
+                      int64_t a, int64_t n, int64_t pos_a, int64_t D, PartialView out, CodedScratch& scratch);
 
 }  // namespace anchorkv::kernels

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <string>
 
 #include "../test_util.h"
 #include "cache/registry.h"
@@ -13,6 +14,7 @@
 namespace anchorkv {
 namespace {
 
+using testing_util::nmse;
 using testing_util::random_kv;
 
 TensorView view(const std::vector<float>& x, int64_t B, int64_t H, int64_t S, int64_t D) {
@@ -124,6 +126,82 @@ TEST(KIVICache, BytesByHandWindowExactAndErrorBounded) {
   EXPECT_EQ(out.keys.shape()[2], 128);
   EXPECT_EQ(c.nbytes(), H * (3 * (32 * 128 * 2 / 8 + 128 * 4) + 96 * (128 * 2 / 8 + 16) + 32 * 128 * 4));
   EXPECT_THROW(KIVICache(3), Error);
+}
+
+// Attention over `c` on its codes: the same bits for 1 and 2 threads, the
+// scalar twin within float rounding, and dense attention over its fetch
+// within the fetch's fp16 rounding; decode and queries inside the cache.
+void expect_attention_on_codes(const KVCache& c, int64_t G, const std::string& what) {
+  const KVPair rec = c.fetch();
+  const Shape4 shape = rec.keys.shape();
+  const int64_t B = shape[0], H = shape[1], D = shape[3];
+  FullKVCache dense;
+  dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), shape), TensorView::f16(rec.values.data_as<uint16_t>(), shape));
+  for (int64_t Sq : {1, 5}) {
+    const auto q = random_kv(B, H * G, Sq, D, 9);
+    const TensorView qv = TensorView::f32(q.data(), {B, H * G, Sq, D});
+    AttentionOptions one;
+    one.threads = 1;
+    AttentionOptions two = one, ref = one;
+    two.threads = 2;
+    ref.reference = true;
+    const auto y = attend(qv, c, one).to_f32();
+    EXPECT_EQ(y, attend(qv, c, two).to_f32()) << what << " Sq " << Sq;
+    EXPECT_LE(nmse(attend(qv, c, ref).to_f32(), y), 1e-10) << what << " Sq " << Sq;
+    // Within the fetch's fp16 rounding, and not the fetch itself (the codes are read in f32).
+    const double off_fetch = nmse(attend(qv, dense, one).to_f32(), y);
+    EXPECT_LE(off_fetch, 1e-5) << what << " Sq " << Sq;
+    EXPECT_GT(off_fetch, 0) << what << " Sq " << Sq;
+  }
+}
+
+TEST(QuantizedBaselines, AttendOnTheirCodesAsDenseAttentionOverTheFetch) {
+  const int64_t B = 1, H = 2, S = 300;
+  struct Case {
+    int bits;
+    int64_t group, D;
+  };
+  // One scale per token (group >= D), several, a short last group, 8 bits.
+  for (const Case& cs : {Case{4, 128, 128}, Case{4, 64, 128}, Case{2, 32, 128}, Case{2, 64, 80}, Case{8, 64, 64}}) {
+    QuantizedKVCache c(cs.bits, cs.group);
+    const auto K = random_kv(B, H, S, cs.D, 3), V = random_kv(B, H, S, cs.D, 4);
+    c.update(view(K, B, H, S, cs.D), view(V, B, H, S, cs.D));
+    expect_attention_on_codes(c, 4, "quantized" + std::to_string(cs.bits) + " g" + std::to_string(cs.group));
+  }
+  // KIVI: key groups over tokens, then the fp16 window; a session that keeps
+  // moving groups out of the window.
+  for (const Case& cs : {Case{2, 32, 128}, Case{4, 32, 64}, Case{2, 16, 96}}) {
+    KIVICache c(cs.bits, cs.group, 32);
+    const auto K = random_kv(B, H, S, cs.D, 5), V = random_kv(B, H, S, cs.D, 6);
+    c.update(view(K, B, H, S, cs.D), view(V, B, H, S, cs.D));
+    for (int i = 0; i < 40; ++i) {
+      const auto t = random_kv(B, H, 1, cs.D, 20 + i);
+      c.update(view(t, B, H, 1, cs.D), view(t, B, H, 1, cs.D));
+      if (i % 13 == 0) expect_attention_on_codes(c, 2, "kivi" + std::to_string(cs.bits) + " step " + std::to_string(i));
+    }
+  }
+}
+
+TEST(QuantizedBaselines, RopeInsideAttentionAndOddWidthsReadTheFetch) {
+  const int64_t B = 1, H = 1, S = 90, G = 2;
+  // D * bits not a multiple of 8: codes straddle tokens, attention reads the fetch.
+  for (int64_t D : {6, 64}) {
+    KIVICache c(2, 16, 8);
+    const auto K = random_kv(B, H, S, D, 7), V = random_kv(B, H, S, D, 8);
+    c.update(view(K, B, H, S, D), view(V, B, H, S, D));
+    const KVPair rec = c.fetch();
+    FullKVCache dense;
+    dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), rec.keys.shape()),
+                 TensorView::f16(rec.values.data_as<uint16_t>(), rec.values.shape()));
+    const auto q = random_kv(B, H * G, 1, D, 9);
+    const TensorView qv = TensorView::f32(q.data(), {B, H * G, 1, D});
+    AttentionOptions rope;
+    rope.rope.enabled = true;
+    EXPECT_EQ(attend(qv, c, rope).to_f32(), attend(qv, dense, rope).to_f32()) << D;
+    if (D == 6) {
+      EXPECT_EQ(attend(qv, c).to_f32(), attend(qv, dense).to_f32());
+    }
+  }
 }
 
 TEST(H2OCache, KeepsHeavyHittersAndRecentWithinBudget) {

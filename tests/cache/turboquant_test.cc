@@ -19,6 +19,7 @@
 namespace anchorkv {
 namespace {
 
+using testing_util::nmse;
 using testing_util::random_kv;
 
 std::vector<float> gaussian(int64_t n, uint64_t seed) {
@@ -123,15 +124,6 @@ TEST(TurboQuantCache, BytesHoldOverASessionAndEveryTokenIsCoded) {
   EXPECT_THROW(TurboQuantCache(0.5, 4), Error);
   EXPECT_THROW(TurboQuantCache(4, 2.3), Error);
   EXPECT_THROW(TurboQuantCache(4.25, 4), Error);
-}
-
-double nmse(const std::vector<float>& ref, const std::vector<float>& y) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    e += (ref[i] - y[i]) * (ref[i] - y[i]);
-    n += ref[i] * ref[i];
-  }
-  return e / std::max(n, 1e-30);
 }
 
 // Attention on the codes = dense attention over the cache's reconstruction;
