@@ -48,7 +48,10 @@ struct AffineRowView {
 
 // Whether attention can read codes of `bits` bits for head dim D in place:
 // every token's codes fill whole bytes (D * bits a multiple of 8), so a run of
-// tokens is one stream of codes.
-inline bool affine_attention_supported(int64_t D, int bits) { return D * bits % 8 == 0; }
+// tokens is one stream of codes, and so does each group of `channel_group`
+// channels that shares a (scale, zero) pair.
+inline bool affine_attention_supported(int64_t D, int bits, int64_t channel_group) {
+  return D * bits % 8 == 0 && (channel_group >= D || channel_group * bits % 8 == 0);
+}
 
 }  // namespace anchorkv::cache

@@ -97,7 +97,7 @@ class QuantizedStore final : public internal::CacheStore {
   }
 
   cache::AttentionSource attention_source(const CacheShape& s) const override {
-    if (!cache::affine_attention_supported(s.D, bits_)) return cache::dense_source(fetch(s));
+    if (!cache::affine_attention_supported(s.D, bits_, group_)) return cache::dense_source(fetch(s));
     cache::AttentionSource src{s.B, s.H, s.D, s.seen};
     if (s.seen == 0) return src;
     cache::DenseRegion reg;
@@ -172,8 +172,9 @@ class KIVIStore final : public internal::CacheStore {
     for (auto* rows : {&k_params_, &v_params_}) rows->resize(static_cast<size_t>(R));
     window_.resize_rows(R);
     window_.append(in);
-    // Move whole key groups out of the window while it holds more than `residual` tokens.
-    while (window_.tokens - group_ >= residual_) quantize_oldest_group(R, shape.D);
+    // Whole key groups leave the window while it holds a group beyond `residual` tokens.
+    const int64_t spare = window_.tokens - residual_;
+    if (spare >= group_) quantize_oldest_groups(R, shape.D, spare / group_);
   }
 
   KVPair fetch(const CacheShape& s) const override;
@@ -206,7 +207,7 @@ class KIVIStore final : public internal::CacheStore {
   }
 
  private:
-  void quantize_oldest_group(int64_t R, int64_t D);
+  void quantize_oldest_groups(int64_t R, int64_t D, int64_t groups);
   int64_t k_group_code_bytes(int64_t D) const { return (group_ * D * bits_ + 7) / 8; }
   int64_t v_token_code_bytes(int64_t D) const { return (D * bits_ + 7) / 8; }
   int64_t v_groups(int64_t D) const { return (D + group_ - 1) / group_; }
@@ -224,31 +225,35 @@ class KIVIStore final : public internal::CacheStore {
   cache::ExactRows window_;  // the fp16 tail, rows x [n, D]
 };
 
-void KIVIStore::quantize_oldest_group(int64_t R, int64_t D) {
+// The window's first `groups` key groups quantized, then dropped from it at
+// once (one move of the window, not one per group).
+void KIVIStore::quantize_oldest_groups(int64_t R, int64_t D, int64_t groups) {
   const int64_t G = group_, kcb = k_group_code_bytes(D), vcb = v_token_code_bytes(D), vg = v_groups(D);
   std::vector<float> kf(static_cast<size_t>(G * D)), vf(kf.size());
   for (int64_t r = 0; r < R; ++r) {
-    core::f16_to_f32_n(window_.k[r].data(), kf.data(), G * D);
-    core::f16_to_f32_n(window_.v[r].data(), vf.data(), G * D);
     const size_t kc0 = k_codes_[r].size(), kp0 = k_params_[r].size();
-    k_codes_[r].resize(kc0 + static_cast<size_t>(kcb), 0);
-    k_params_[r].resize(kp0 + static_cast<size_t>(2 * D));
-    for (int64_t d = 0; d < D; ++d)  // per channel over the group's tokens; codes laid out [token, channel]
-      cache::affine_quantize(&kf[d], G, D, bits_, &k_params_[r][kp0 + 2 * d], &k_codes_[r][kc0], d * bits_,
-                             D * bits_);
-    for (int64_t t = 0; t < G; ++t) {
-      const size_t vc0 = v_codes_[r].size(), vp0 = v_params_[r].size();
-      v_codes_[r].resize(vc0 + static_cast<size_t>(vcb), 0);
-      v_params_[r].resize(vp0 + static_cast<size_t>(2 * vg));
-      for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi)
-        cache::affine_quantize(&vf[t * D + g0], std::min(G, D - g0), 1, bits_, &v_params_[r][vp0 + 2 * gi],
-                               &v_codes_[r][vc0], g0 * bits_, bits_);
+    const size_t vc0 = v_codes_[r].size(), vp0 = v_params_[r].size();
+    k_codes_[r].resize(kc0 + static_cast<size_t>(groups * kcb), 0);
+    k_params_[r].resize(kp0 + static_cast<size_t>(groups * 2 * D));
+    v_codes_[r].resize(vc0 + static_cast<size_t>(groups * G * vcb), 0);
+    v_params_[r].resize(vp0 + static_cast<size_t>(groups * G * 2 * vg));
+    for (int64_t j = 0; j < groups; ++j) {
+      core::f16_to_f32_n(window_.k[r].data() + j * G * D, kf.data(), G * D);
+      core::f16_to_f32_n(window_.v[r].data() + j * G * D, vf.data(), G * D);
+      uint8_t* kc = &k_codes_[r][kc0 + static_cast<size_t>(j * kcb)];
+      uint16_t* kp = &k_params_[r][kp0 + static_cast<size_t>(j * 2 * D)];
+      for (int64_t d = 0; d < D; ++d)  // per channel over the group's tokens; codes laid out [token, channel]
+        cache::affine_quantize(&kf[d], G, D, bits_, &kp[2 * d], kc, d * bits_, D * bits_);
+      for (int64_t t = 0; t < G; ++t) {
+        uint8_t* vc = &v_codes_[r][vc0 + static_cast<size_t>((j * G + t) * vcb)];
+        uint16_t* vp = &v_params_[r][vp0 + static_cast<size_t>((j * G + t) * 2 * vg)];
+        for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi)
+          cache::affine_quantize(&vf[t * D + g0], std::min(G, D - g0), 1, bits_, &vp[2 * gi], vc, g0 * bits_, bits_);
+      }
     }
-    window_.k[r].erase(window_.k[r].begin(), window_.k[r].begin() + G * D);
-    window_.v[r].erase(window_.v[r].begin(), window_.v[r].begin() + G * D);
   }
-  window_.tokens -= G;
-  quantized_ += G;
+  window_.drop_front(groups * G, D);
+  quantized_ += groups * G;
 }
 
 void KIVIStore::load_state(cache::ByteReader& r, const CacheShape& s) {
@@ -297,7 +302,7 @@ KVPair KIVIStore::fetch(const CacheShape& s) const {
 // The quantized groups as affine codes (keys per channel over each group of
 // tokens, values per token), then the fp16 window.
 cache::AttentionSource KIVIStore::attention_source(const CacheShape& s) const {
-  if (!cache::affine_attention_supported(s.D, bits_)) return cache::dense_source(fetch(s));
+  if (!cache::affine_attention_supported(s.D, bits_, group_)) return cache::dense_source(fetch(s));
   cache::AttentionSource src{s.B, s.H, s.D, s.seen};
   if (s.seen == 0) return src;
   if (quantized_ > 0) {

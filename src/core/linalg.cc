@@ -326,6 +326,60 @@ void DecodeCodes(const uint8_t* HWY_RESTRICT codes, int bits, const float* HWY_R
   }
 }
 
+// Affine codes of rows rebuilt (decode_affine): per row and channel group the
+// 2^b levels zero + k * scale fill one table vector, then the codes are looked
+// up as in DecodeCodes, reading exactly the bytes of each vector's codes so a
+// group's last vector never reads past its row.
+template <int kBits>
+void DecodeAffineRows(const uint8_t* HWY_RESTRICT codes, const float* HWY_RESTRICT pairs, int64_t rows,
+                      int64_t D, int64_t cg, float* HWY_RESTRICT out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  constexpr uint32_t kMask = (1u << kBits) - 1;
+  const bool lanes = kBits < 8 && (N == 8 || N == 16) && int64_t{kMask} < N;
+  const int64_t row_bytes = D * kBits / 8, groups = (D + cg - 1) / cg;
+  const auto lane = hn::Iota(du, 0);
+  const auto shifts = hn::Mul(hn::And(lane, hn::Set(du, 7u)), hn::Set(du, static_cast<uint32_t>(kBits)));
+  const auto upper = hn::RebindMask(du, hn::Gt(hn::BitCast(di, lane), hn::Set(di, 7)));
+  constexpr int kWordBits = kBits < 8 ? 8 * kBits : 32;  // kBits bytes: eight codes (8-bit codes take no table)
+  constexpr uint64_t word_mask = (uint64_t{1} << kWordBits) - 1;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t grp = 0, off = 0; grp < groups; ++grp, off += cg) {
+      const float scale = pairs[(r * groups + grp) * 2], zero = pairs[(r * groups + grp) * 2 + 1];
+      const uint8_t* c = codes + r * row_bytes + off * kBits / 8;
+      float* o = out + r * D + off;
+      const int64_t n = std::min(cg, D - off);
+      int64_t i = 0;
+      if (lanes) {
+        const auto lv = hn::MulAdd(hn::Iota(df, 0), hn::Set(df, scale), hn::Set(df, zero));
+        for (; i + N <= n; i += N) {
+          uint64_t x = 0;
+          std::memcpy(&x, c + i * kBits / 8, std::min<size_t>(8, static_cast<size_t>(N * kBits / 8)));
+          const auto w0 = static_cast<uint32_t>(x & word_mask), w1 = static_cast<uint32_t>((x >> kWordBits) & word_mask);
+          const auto w = hn::IfThenElse(upper, hn::Set(du, w1), hn::Set(du, w0));
+          const auto idx = hn::BitCast(di, hn::And(hn::Shr(w, shifts), hn::Set(du, kMask)));
+          hn::StoreU(hn::TableLookupLanes(lv, hn::IndicesFromVec(df, idx)), df, o + i);
+        }
+      }
+      for (; i < n; ++i) {
+        const uint32_t v = (c[i * kBits / 8] >> (i * kBits % 8)) & kMask;
+        o[i] = std::fma(static_cast<float>(v), scale, zero);
+      }
+    }
+}
+
+void DecodeAffine(const uint8_t* HWY_RESTRICT codes, int bits, const float* HWY_RESTRICT pairs, int64_t rows,
+                  int64_t D, int64_t cg, float* HWY_RESTRICT out) {
+  switch (bits) {
+    case 1: return DecodeAffineRows<1>(codes, pairs, rows, D, cg, out);
+    case 2: return DecodeAffineRows<2>(codes, pairs, rows, D, cg, out);
+    case 4: return DecodeAffineRows<4>(codes, pairs, rows, D, cg, out);
+    default: return DecodeAffineRows<8>(codes, pairs, rows, D, cg, out);
+  }
+}
+
 // out[g, :] += sum_r W[g, r] * Z[r, :]; a block of up to 8 vectors of out stays
 // in registers across all r.
 void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_RESTRICT Z, int64_t n, int64_t nq,
@@ -380,6 +434,7 @@ HWY_EXPORT(DotVec);
 HWY_EXPORT(AccumulateRows);
 HWY_EXPORT(Decode2Bit);
 HWY_EXPORT(DecodeCodes);
+HWY_EXPORT(DecodeAffine);
 HWY_EXPORT(Fwht);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(ExpSpan);
@@ -497,6 +552,24 @@ void decode_codes_ref(const uint8_t* codes, int bits, const float* levels, int64
     }
     out[i] = levels[v];
   }
+}
+
+void decode_affine(const uint8_t* codes, int bits, const float* pairs, int64_t rows, int64_t D, int64_t cg,
+                   float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeAffine)(codes, bits, pairs, rows, D, std::min(cg, D), out);
+}
+
+void decode_affine_ref(const uint8_t* codes, int bits, const float* pairs, int64_t rows, int64_t D, int64_t cg,
+                       float* out) {
+  cg = std::min(cg, D);
+  const int64_t groups = (D + cg - 1) / cg;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) {
+      const int64_t bit = (r * D + d) * bits;
+      const auto v = static_cast<uint32_t>((codes[bit / 8] >> (bit % 8)) & ((1u << bits) - 1));
+      const float* p = pairs + (r * groups + d / cg) * 2;
+      out[r * D + d] = std::fma(static_cast<float>(v), p[0], p[1]);
+    }
 }
 
 void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D, float* out,

@@ -52,6 +52,16 @@ void decode_codes_2bit_ref(const uint8_t* codes, const float* levels, int64_t D,
 void decode_codes(const uint8_t* codes, int bits, const float* levels, int64_t n, float* out);
 void decode_codes_ref(const uint8_t* codes, int bits, const float* levels, int64_t n, float* out);
 
+// Rows of affine codes rebuilt: out[r * D + d] = fma(c, scale, zero) with c
+// the b-bit code (b in {1, 2, 4, 8}) of channel d of row r, rows of D * b / 8
+// bytes packed LSB first, and (scale, zero) = pairs[2 (r * ceil(D / cg) + d / cg)]:
+// one pair per row and group of cg channels. D * b and cg * b (when cg < D)
+// are multiples of 8.
+void decode_affine(const uint8_t* codes, int bits, const float* pairs, int64_t rows, int64_t D, int64_t cg,
+                   float* out);
+void decode_affine_ref(const uint8_t* codes, int bits, const float* pairs, int64_t rows, int64_t D, int64_t cg,
+                       float* out);
+
 // out[g * ldo + :D] += sum_{r < n} W[g * ldw + r] * Z[r * D + :D] for g < nq
 // (the value side of attention over n rows at once).
 void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D,

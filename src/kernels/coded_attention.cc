@@ -102,27 +102,25 @@ void decode_ints(const cache::AffineSideView& side, int64_t t0, int64_t nb, int6
   core::decode_codes(side.codes + t0 * side.token_bytes, side.bits, code_values(), nb * D, out.data());
 }
 
-// Keys with a (scale, zero) per token and channel group, added to s.s [nq, n]:
-//   q . k_t = sum over groups of scale (q_grp . c_t,grp) + zero * sum(q_grp).
+// Tokens t0 .. t0 + nb - 1 rebuilt from codes with a (scale, zero) per token
+// and channel group: out [nb, D].
+void decode_token_scaled(const cache::AffineSideView& side, int64_t t0, int64_t nb, int64_t D, CodedScratch& s,
+                         std::vector<float>& out) {
+  const int64_t cg = std::min(side.channel_group, D), groups = (D + cg - 1) / cg;
+  s.scale.resize(static_cast<size_t>(nb * groups * 2));
+  core::f16_to_f32_n(side.params + t0 * groups * 2, s.scale.data(), nb * groups * 2);
+  out.resize(static_cast<size_t>(nb * D));
+  core::decode_affine(side.codes + t0 * side.token_bytes, side.bits, s.scale.data(), nb, D, cg, out.data());
+}
+
+// Keys with a (scale, zero) per token and channel group, into s.s [nq, n]:
+// rebuilt a block at a time in L1 (as cheap as decoding the bare codes).
 void score_token_scaled(const float* q, int64_t nq, const cache::AffineSideView& k, int64_t a, int64_t n, int64_t D,
                         CodedScratch& s) {
-  const int64_t cg = std::min(k.channel_group, D), groups = (D + cg - 1) / cg;
-  s.bias.assign(static_cast<size_t>(nq * groups), 0.0f);
-  for (int64_t g = 0; g < nq; ++g)
-    for (int64_t d = 0; d < D; ++d) s.bias[g * groups + d / cg] += q[g * D + d];
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, n - b0);
-    decode_ints(k, a + b0, nb, D, s.levels);
-    for (int64_t grp = 0; grp < groups; ++grp) {
-      const int64_t off = grp * cg;
-      core::dot_matrix(q + off, nq, D, s.levels.data() + off, nb, D, std::min(cg, D - off), s.dots.data(), nb);
-      for (int64_t i = 0; i < nb; ++i) {
-        const uint16_t* p = k.params_of(a + b0 + i, off, D);
-        const float scale = core::half_to_float(p[0]), zero = core::half_to_float(p[1]);
-        for (int64_t g = 0; g < nq; ++g)
-          s.s[g * n + b0 + i] += scale * s.dots[g * nb + i] + zero * s.bias[g * groups + grp];
-      }
-    }
+    decode_token_scaled(k, a + b0, nb, D, s, s.levels);
+    core::dot_matrix(q, nq, D, s.levels.data(), nb, D, D, &s.s[b0], n);
   }
 }
 
@@ -134,12 +132,17 @@ void fold_channel_scales(const float* q, int64_t nq, const cache::AffineSideView
   s.scale.resize(static_cast<size_t>(2 * D));
   core::f16_to_f32_n(p, s.scale.data(), 2 * D);  // (scale, zero) per channel
   s.rq.resize(static_cast<size_t>(nq * D));
-  s.bias.assign(static_cast<size_t>(nq), 0.0f);
-  for (int64_t g = 0; g < nq; ++g)
+  s.bias.resize(static_cast<size_t>(nq));
+  const float* pair = s.scale.data();
+  for (int64_t g = 0; g < nq; ++g) {
+    float* rq = &s.rq[g * D];
+    float bias = 0;
     for (int64_t d = 0; d < D; ++d) {
-      s.rq[g * D + d] = q[g * D + d] * s.scale[2 * d];
-      s.bias[g] += q[g * D + d] * s.scale[2 * d + 1];
+      rq[d] = q[g * D + d] * pair[2 * d];
+      bias += q[g * D + d] * pair[2 * d + 1];
     }
+    s.bias[g] = bias;
+  }
 }
 
 // Keys with a (scale, zero) per channel and group of tokens (KIVI), into s.s:
@@ -158,43 +161,18 @@ void score_channel_scaled(const float* q, int64_t nq, const cache::AffineSideVie
   }
 }
 
-// Values with one (scale, zero) per token, probabilities s.s [nq, n] -> acc:
-// codes weighted by p * scale, plus sum(p * zero) on every channel.
-void accumulate_one_scale(int64_t nq, const cache::AffineSideView& v, int64_t a, int64_t n, int64_t D,
-                          CodedScratch& s, float* acc) {
-  s.bias.assign(static_cast<size_t>(nq), 0.0f);
-  s.w.resize(static_cast<size_t>(nq * kBlock));
+// Values, probabilities s.s [nq, n] -> acc [nq, D]: a block of tokens rebuilt,
+// then summed with the probabilities.
+void accumulate_values(int64_t nq, const cache::AffineSideView& v, int64_t a, int64_t n, int64_t D,
+                       CodedScratch& s, float* acc) {
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, n - b0);
-    decode_ints(v, a + b0, nb, D, s.levels);
-    for (int64_t i = 0; i < nb; ++i) {
-      const uint16_t* p = v.params_of(a + b0 + i, 0, D);
-      const float scale = core::half_to_float(p[0]), zero = core::half_to_float(p[1]);
-      for (int64_t g = 0; g < nq; ++g) {
-        const float pr = s.s[g * n + b0 + i];
-        s.w[g * nb + i] = pr * scale;
-        s.bias[g] += pr * zero;
-      }
-    }
-    core::accumulate_rows(s.w.data(), nb, s.levels.data(), nb, nq, D, acc, D);
-  }
-  for (int64_t g = 0; g < nq; ++g)
-    for (int64_t d = 0; d < D; ++d) acc[g * D + d] += s.bias[g];
-}
-
-// Values with several (scale, zero) pairs per token: a block of tokens
-// rebuilt in place (scale * code + zero), then summed with the probabilities.
-void accumulate_rebuilt(int64_t nq, const cache::AffineSideView& v, int64_t a, int64_t n, int64_t D,
-                        CodedScratch& s, float* acc) {
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t nb = std::min(kBlock, n - b0);
-    decode_ints(v, a + b0, nb, D, s.levels);
-    for (int64_t i = 0; i < nb; ++i) {
-      float* x = &s.levels[i * D];
-      for (int64_t d = 0; d < D; ++d) {
-        const uint16_t* p = v.params_of(a + b0 + i, d, D);
-        x[d] = core::half_to_float(p[0]) * x[d] + core::half_to_float(p[1]);
-      }
+    if (v.token_group == 0) {
+      decode_token_scaled(v, a + b0, nb, D, s, s.levels);
+    } else {  // a pair per channel and group of tokens (no cache stores values so)
+      s.levels.resize(static_cast<size_t>(nb * D));
+      for (int64_t i = 0; i < nb; ++i)
+        for (int64_t d = 0; d < D; ++d) s.levels[i * D + d] = v.value(a + b0 + i, d, D);
     }
     core::accumulate_rows(&s.s[b0], n, s.levels.data(), nb, nq, D, acc, D);
   }
@@ -284,10 +262,7 @@ void affine_chunk(const float* q, const int64_t* qpos, int64_t nq, const cache::
   if (pos_a + n - 1 > *std::min_element(qpos, qpos + nq)) mask_scores(qpos, nq, n, pos_a, s.s.data());
   softmax_rows(s.s.data(), nq, n, out.m, out.l);
   std::fill_n(out.acc, nq * D, 0.0f);
-  if (row.v.token_group == 0 && row.v.channel_group >= D)
-    accumulate_one_scale(nq, row.v, a, n, D, s, out.acc);
-  else
-    accumulate_rebuilt(nq, row.v, a, n, D, s, out.acc);
+  accumulate_values(nq, row.v, a, n, D, s, out.acc);
 }
 
 void affine_chunk_ref(const float* q, const int64_t* qpos, int64_t nq, const cache::AffineRowView& row,

@@ -4,11 +4,11 @@
 //   every key group's domain once per call, a token's score is its scale times
 //   the dot of its levels with the rotated query, and values accumulate in
 //   their rotated domain, turned back once per query at the end.
-// - Affine codes (cache/affine.h: group quantization, KIVI): a token's score
-//   is taken on its integer codes, the scales and zeros folded in per group
-//   (KIVI's per-channel key scales multiply the query once per token group);
-//   values accumulate codes weighted by probability times scale when a token
-//   has one scale, and are rebuilt a block of tokens at a time otherwise.
+// - Affine codes (cache/affine.h: group quantization, KIVI): a token's
+//   (scale, zero) per channel group makes a level table per group, so a block
+//   of tokens is rebuilt in L1 for the cost of decoding its codes; KIVI's keys,
+//   with a pair per channel and group of tokens, are scored on their integer
+//   codes against the query scaled once per token group.
 #pragma once
 
 #include <cstdint>

@@ -128,15 +128,21 @@ TEST(KIVICache, BytesByHandWindowExactAndErrorBounded) {
   EXPECT_THROW(KIVICache(3), Error);
 }
 
+// `c`'s dense fetch appended to `dense`.
+void copy_fetch(const KVCache& c, FullKVCache& dense) {
+  const KVPair rec = c.fetch();
+  dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), rec.keys.shape()),
+               TensorView::f16(rec.values.data_as<uint16_t>(), rec.values.shape()));
+}
+
 // Attention over `c` on its codes: the same bits for 1 and 2 threads, the
 // scalar twin within float rounding, and dense attention over its fetch
 // within the fetch's fp16 rounding; decode and queries inside the cache.
 void expect_attention_on_codes(const KVCache& c, int64_t G, const std::string& what) {
-  const KVPair rec = c.fetch();
-  const Shape4 shape = rec.keys.shape();
+  const Shape4 shape = c.fetch().keys.shape();
   const int64_t B = shape[0], H = shape[1], D = shape[3];
   FullKVCache dense;
-  dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), shape), TensorView::f16(rec.values.data_as<uint16_t>(), shape));
+  copy_fetch(c, dense);
   for (int64_t Sq : {1, 5}) {
     const auto q = random_kv(B, H * G, Sq, D, 9);
     const TensorView qv = TensorView::f32(q.data(), {B, H * G, Sq, D});
@@ -189,10 +195,8 @@ TEST(QuantizedBaselines, RopeInsideAttentionAndOddWidthsReadTheFetch) {
     KIVICache c(2, 16, 8);
     const auto K = random_kv(B, H, S, D, 7), V = random_kv(B, H, S, D, 8);
     c.update(view(K, B, H, S, D), view(V, B, H, S, D));
-    const KVPair rec = c.fetch();
     FullKVCache dense;
-    dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), rec.keys.shape()),
-                 TensorView::f16(rec.values.data_as<uint16_t>(), rec.values.shape()));
+    copy_fetch(c, dense);
     const auto q = random_kv(B, H * G, 1, D, 9);
     const TensorView qv = TensorView::f32(q.data(), {B, H * G, 1, D});
     AttentionOptions rope;
@@ -202,6 +206,16 @@ TEST(QuantizedBaselines, RopeInsideAttentionAndOddWidthsReadTheFetch) {
       EXPECT_EQ(attend(qv, c).to_f32(), attend(qv, dense).to_f32());
     }
   }
+  // Channel groups whose codes do not fill whole bytes (3 channels of 2 bits).
+  const int64_t D = 64;
+  QuantizedKVCache c(2, 3);
+  const auto K = random_kv(B, H, S, D, 7), V = random_kv(B, H, S, D, 8);
+  c.update(view(K, B, H, S, D), view(V, B, H, S, D));
+  FullKVCache dense;
+  copy_fetch(c, dense);
+  const auto q = random_kv(B, H * G, 1, D, 9);
+  const TensorView qv = TensorView::f32(q.data(), {B, H * G, 1, D});
+  EXPECT_EQ(attend(qv, c).to_f32(), attend(qv, dense).to_f32());
 }
 
 TEST(H2OCache, KeepsHeavyHittersAndRecentWithinBudget) {

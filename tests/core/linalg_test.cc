@@ -174,6 +174,34 @@ TEST(Linalg, DecodeCodesMatchesReferenceAndThePackedLayout) {
     }
 }
 
+TEST(Linalg, DecodeAffineMatchesReferenceAndTheAffineFormula) {
+  Rng rng(11);
+  struct Case {
+    int bits;
+    int64_t D, cg;
+  };
+  // One pair per row (cg >= D), whole vectors, a short last group, groups shorter than a vector.
+  for (const Case& c : {Case{2, 128, 128}, Case{2, 128, 32}, Case{4, 128, 64}, Case{2, 80, 64}, Case{4, 64, 8},
+                        Case{1, 64, 16}, Case{8, 64, 64}, Case{8, 40, 16}})
+    for (int64_t rows : {1, 3, 32}) {
+      const int64_t n = rows * c.D, groups = (c.D + c.cg - 1) / c.cg;
+      std::vector<uint8_t> raw(static_cast<size_t>(n)), packed(static_cast<size_t>(core::packed_bytes(n, c.bits)));
+      for (auto& x : raw) x = static_cast<uint8_t>(rng.below(1u << c.bits));
+      core::pack_codes(raw.data(), n, c.bits, packed.data());
+      std::vector<float> pairs(static_cast<size_t>(rows * groups * 2));
+      for (auto& p : pairs) p = static_cast<float>(rng.uniform() * 2 - 1);
+      std::vector<float> got(static_cast<size_t>(n)), ref(got.size());
+      decode_affine(packed.data(), c.bits, pairs.data(), rows, c.D, c.cg, got.data());
+      decode_affine_ref(packed.data(), c.bits, pairs.data(), rows, c.D, c.cg, ref.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = i / c.D, d = i % c.D;
+        const float* p = &pairs[static_cast<size_t>((r * groups + d / c.cg) * 2)];
+        ASSERT_EQ(ref[i], std::fma(static_cast<float>(raw[i]), p[0], p[1])) << c.bits << " bits, i=" << i;
+        ASSERT_NEAR(got[i], ref[i], 1e-6f) << c.bits << " bits, D=" << c.D << " cg=" << c.cg << " i=" << i;
+      }
+    }
+}
+
 TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
   Rng rng(12);
   for (int64_t k : {1, 2, 15, 16, 17, 64, 257}) {
