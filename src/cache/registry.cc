@@ -1,6 +1,8 @@
 #include "cache/registry.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cctype>
 #include <exception>
 
@@ -157,6 +159,30 @@ bool count_modifier(const std::string& mod, const std::string& prefix, int64_t* 
   return true;
 }
 
+// "layersW0/W1/...": the positive weights into *out; false when `mod` is not :layers.
+bool layer_weights_modifier(const std::string& mod, std::vector<double>* out, const std::string& spec) {
+  constexpr size_t kMaxLayers = 1024;
+  if (mod.size() <= 6 || mod.compare(0, 6, "layers") != 0) return false;
+  auto bad = [&] {
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+               "cache '" + spec + "': ':" + mod + "' needs one positive weight per layer, e.g. :layers1.3/0.9/0.9/0.9");
+  };
+  if (!out->empty()) core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec", "cache '" + spec + "' repeats ':layers'");
+  std::vector<double> w;
+  for (size_t at = 6; at <= mod.size();) {
+    const size_t slash = std::min(mod.find('/', at), mod.size());
+    const std::string item = mod.substr(at, slash - at);
+    char* end = nullptr;
+    const double x = item.empty() || item.size() > 16 ? -1.0 : std::strtod(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size() || !std::isfinite(x) || x <= 0 || x > 1e6) bad();
+    w.push_back(x);
+    if (w.size() > kMaxLayers) bad();
+    at = slash + 1;
+  }
+  *out = std::move(w);
+  return true;
+}
+
 // :oneshot, :segN and :recentN: AnchorKV only, consistent with each other.
 void check_streaming_modifiers(const CacheSpec& c, const std::string& spec) {
   constexpr const char* op = "anchorkv::parse_cache_spec";
@@ -199,6 +225,10 @@ CacheSpec parse_cache_spec(const std::string& spec) {
       at = next;
       continue;
     }
+    if (!flag && layer_weights_modifier(mod, &c.layer_weights, spec)) {
+      at = next;
+      continue;
+    }
     if (!flag && c.kind->make_param) {  // the kind's own parameter, checked by building the cache once
       if (!c.param.empty()) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' has two parameters");
       c.kind->make_param(mod);
@@ -209,7 +239,7 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     if (!flag)
       core::fail(ErrorCode::kInvalidArgument, op,
                  "cache '" + spec + "': unknown modifier ':" + mod +
-                     "' (known: :pre, :obs, :auto, :keyrope, :segN, :recentN, :oneshot)");
+                     "' (known: :pre, :obs, :auto, :keyrope, :segN, :recentN, :oneshot, :layersW0/W1/...)");
     if (*flag) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + mod + "'");
     *flag = true;
     at = next;
@@ -230,8 +260,22 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :keyrope codes AnchorKV key residuals at their positions, so it needs an "
                "AnchorKV cache with :pre");
+  if (!c.layer_weights.empty() && !c.kind->byte_budgeted)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': " + name + " has no byte budget to share out with :layers");
   check_streaming_modifiers(c, spec);
   return c;
+}
+
+double CacheSpec::layer_theta(double theta, int64_t layer, int64_t layers) const {
+  if (layer_weights.empty()) return theta;
+  if (static_cast<int64_t>(layer_weights.size()) != layers)
+    core::fail(ErrorCode::kInvalidArgument, "anchorkv::parse_cache_spec",
+               "cache '" + spec + "': :layers gives " + std::to_string(layer_weights.size()) +
+                   " weights for a model of " + std::to_string(layers) + " layers");
+  double sum = 0;
+  for (double w : layer_weights) sum += w;
+  return theta * layer_weights[static_cast<size_t>(layer)] * static_cast<double>(layers) / sum;
 }
 
 std::string cache_modifier_help() {
@@ -254,7 +298,9 @@ std::string cache_modifier_help() {
          "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); AnchorKV:segN:recentM "
          "streams, closing the exact tail's oldest N tokens into a compressed segment whenever it holds M + N "
          "(the runtime streams by default: :seg128:recent32, docs/spec.md 4.8) and AnchorKV:oneshot compresses the first prefill "
-         "only, keeping later tokens exact (the seed); modifiers combine, e.g. anchorkv_compact:pre:obs:auto" +
+         "only, keeping later tokens exact (the seed); NAME:layersW0/W1/... shares a byte-budgeted cache's theta "
+         "out by layer (layer l takes theta * W_l / mean W; one weight per layer); modifiers combine, e.g. "
+         "anchorkv_compact:pre:obs:auto" +
          params;
 }
 

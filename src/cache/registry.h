@@ -50,6 +50,8 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 //   :recentN with :segN, N exact tokens behind the newest segment (recent_tokens)
 //   :oneshot AnchorKV compresses the first prefill once and keeps later tokens
 //         exact (the seed), where the runtime would stream (runtime/session.h)
+//   :layersW0/W1/... a byte-budgeted cache's theta per layer: layer l takes
+//         theta * W_l / mean(W), so the model's bytes stay theta's (one weight per layer)
 //   :PARAM a kind's own parameter (CacheKind::make_param), e.g. turboquant:k2.5v2
 // Throws Error(kInvalidArgument).
 struct CacheSpec {
@@ -61,11 +63,15 @@ struct CacheSpec {
   bool oneshot = false;
   int64_t segment_tokens = 0;  // :segN, or 0
   int64_t recent_tokens = -1;  // :recentN, or -1 (unset)
+  std::vector<double> layer_weights;  // :layersW0/W1/..., or empty (theta in every layer)
   std::string param;  // the kind's parameter modifier, or empty
   std::string spec;   // as written
   // The cache, streaming when segment_tokens > 0 (AnchorKV kinds only).
   std::unique_ptr<KVCache> make(double theta, int threads) const;
   bool anchorkv() const { return static_cast<bool>(kind->make_auto); }
+  // Layer `layer`'s theta in a model of `layers` layers; throws
+  // Error(kInvalidArgument) when :layers names another count.
+  double layer_theta(double theta, int64_t layer, int64_t layers) const;
   // The queries a runtime passes with each update (CacheKind::observation_window, or 0).
   int64_t observation_window() const { return observe ? kind->observation_window : 0; }
 };

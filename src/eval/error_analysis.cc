@@ -270,15 +270,16 @@ ErrorAnalysis analyze_errors(const model::LlamaWeights& w, const std::vector<int
   ErrorAnalysis out;
   const std::vector<LayerCapture> layers = capture(w, toks, threads);
   for (int64_t l = 0; l < c.n_layers; ++l)
-    layer_errors(layers[static_cast<size_t>(l)], spec, theta, threads, c, l, N, P, stride, rope, out.heads);
+    layer_errors(layers[static_cast<size_t>(l)], spec, spec.layer_theta(theta, l, c.n_layers), threads, c, l, N, P,
+                 stride, rope, out.heads);
 
   const auto ref = continuation_logp(w, toks, P, cache::parse_cache_spec("full"),
                                      [](int64_t) { return std::make_unique<FullKVCache>(); }, threads);
-  auto make = [&] { return make_layer_cache(spec, w.config, theta, threads); };
-  out.kl_all = mean_kl(ref, continuation_logp(w, toks, P, spec, [&](int64_t) { return make(); }, threads));
+  auto make = [&](int64_t l) { return make_layer_cache(spec, w.config, spec.layer_theta(theta, l, c.n_layers), threads); };
+  out.kl_all = mean_kl(ref, continuation_logp(w, toks, P, spec, make, threads));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto only_l = [&](int64_t i) -> std::unique_ptr<KVCache> {
-      if (i == l) return make();
+      if (i == l) return make(l);
       return std::make_unique<FullKVCache>();
     };
     out.layers.push_back({l, mean_kl(ref, continuation_logp(w, toks, P, spec, only_l, threads)),

@@ -22,7 +22,11 @@ cache::CacheSpec session_spec(const std::string& spec) {
 model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& spec, double theta, int threads) {
   const cache::CacheSpec c = session_spec(spec);
   model::LlamaModel m(
-      w, [c, theta, threads, &w](int64_t) { return make_layer_cache(c, w.config, theta, threads); }, threads,
+      w,
+      [c, theta, threads, &w](int64_t layer) {
+        return make_layer_cache(c, w.config, c.layer_theta(theta, layer, w.config.n_layers), threads);
+      },
+      threads,
       c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
   m.set_observation_window(c.observation_window(), c.segment_tokens > 0);
   return m;

@@ -409,5 +409,23 @@ TEST(Streaming, CacheSpecsChooseIt) {
   EXPECT_NE(cache::cache_modifier_help().find(":oneshot"), std::string::npos);
 }
 
+TEST(CacheSpecs, LayersShareTheBudgetOutKeepingItsMean) {
+  const cache::CacheSpec s = cache::parse_cache_spec("anchorkv_tight:pre:layers1.3/0.9/0.9/0.9:obs");
+  ASSERT_EQ(s.layer_weights, (std::vector<double>{1.3, 0.9, 0.9, 0.9}));
+  EXPECT_NEAR(s.layer_theta(0.05, 0, 4), 0.05 * 1.3 * 4 / 4.0, 1e-12);
+  EXPECT_NEAR(s.layer_theta(0.05, 3, 4), 0.05 * 0.9 * 4 / 4.0, 1e-12);
+  const cache::CacheSpec u = cache::parse_cache_spec("snapkv:layers2/1/1");  // weights need not sum to the count
+  double sum = 0;
+  for (int64_t l = 0; l < 3; ++l) sum += u.layer_theta(0.1, l, 3);
+  EXPECT_NEAR(sum, 0.3, 1e-12);
+  EXPECT_DOUBLE_EQ(cache::parse_cache_spec("anchorkv").layer_theta(0.1, 7, 12), 0.1);
+  EXPECT_THROW(s.layer_theta(0.05, 0, 5), Error);  // four weights, five layers
+  for (const char* bad : {"anchorkv:layers", "anchorkv:layers1//2", "anchorkv:layers1/0", "anchorkv:layers-1/2",
+                          "anchorkv:layers1/x", "anchorkv:layers1/inf", "anchorkv:layers1/2/", "kivi2:layers1/2",
+                          "full:layers1", "anchorkv:layers1/2:layers2/1"})
+    EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
+  EXPECT_NE(cache::cache_modifier_help().find(":layers"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace anchorkv

@@ -207,6 +207,20 @@ TEST_P(Models, ObservationQueriesReachTheCaches) {
   EXPECT_TRUE(any_differs) << "the queries changed no layer's choice";
 }
 
+// :layers gives each layer's cache its share of theta; a model of another
+// layer count refuses the spec.
+TEST(Session, LayerWeightsSetEachLayersTheta) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  ASSERT_EQ(w.config.n_layers, 4);
+  LlamaModel m = runtime::make_model(w, "anchorkv_tight:layers2/1/0.5/0.5", 0.05, 1);
+  const double want[] = {0.1, 0.05, 0.025, 0.025};
+  for (int l = 0; l < 4; ++l)
+    EXPECT_NEAR(dynamic_cast<const AnchorKVCache&>(*m.caches()[static_cast<size_t>(l)]).config().theta, want[l], 1e-12);
+  EXPECT_THROW(runtime::make_model(w, "anchorkv_tight:layers1/1/1", 0.05, 1), Error);
+}
+
 // The runtime streams AnchorKV: a prompt is compressed whole at its end, the
 // tokens generated after it close into segments behind an exact window (with
 // the decode steps' own queries), and :oneshot is the seed's cache.
