@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "../test_util.h"
+#include "attention_on_codes.h"
 #include "cache/registry.h"
 #include "anchorkv/anchorkv.h"
 #include "eval/compare.h"
@@ -14,7 +16,8 @@
 namespace anchorkv {
 namespace {
 
-using testing_util::nmse;
+using testing_util::copy_fetch;
+using testing_util::expect_attention_on_codes;
 using testing_util::random_kv;
 
 TensorView view(const std::vector<float>& x, int64_t B, int64_t H, int64_t S, int64_t D) {
@@ -128,39 +131,6 @@ TEST(KIVICache, BytesByHandWindowExactAndErrorBounded) {
   EXPECT_THROW(KIVICache(3), Error);
 }
 
-// `c`'s dense fetch appended to `dense`.
-void copy_fetch(const KVCache& c, FullKVCache& dense) {
-  const KVPair rec = c.fetch();
-  dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), rec.keys.shape()),
-               TensorView::f16(rec.values.data_as<uint16_t>(), rec.values.shape()));
-}
-
-// Attention over `c` on its codes: the same bits for 1 and 2 threads, the
-// scalar twin within float rounding, and dense attention over its fetch
-// within the fetch's fp16 rounding; decode and queries inside the cache.
-void expect_attention_on_codes(const KVCache& c, int64_t G, const std::string& what) {
-  const Shape4 shape = c.fetch().keys.shape();
-  const int64_t B = shape[0], H = shape[1], D = shape[3];
-  FullKVCache dense;
-  copy_fetch(c, dense);
-  for (int64_t Sq : {1, 5}) {
-    const auto q = random_kv(B, H * G, Sq, D, 9);
-    const TensorView qv = TensorView::f32(q.data(), {B, H * G, Sq, D});
-    AttentionOptions one;
-    one.threads = 1;
-    AttentionOptions two = one, ref = one;
-    two.threads = 2;
-    ref.reference = true;
-    const auto y = attend(qv, c, one).to_f32();
-    EXPECT_EQ(y, attend(qv, c, two).to_f32()) << what << " Sq " << Sq;
-    EXPECT_LE(nmse(attend(qv, c, ref).to_f32(), y), 1e-10) << what << " Sq " << Sq;
-    // Within the fetch's fp16 rounding, and not the fetch itself (the codes are read in f32).
-    const double off_fetch = nmse(attend(qv, dense, one).to_f32(), y);
-    EXPECT_LE(off_fetch, 1e-5) << what << " Sq " << Sq;
-    EXPECT_GT(off_fetch, 0) << what << " Sq " << Sq;
-  }
-}
-
 TEST(QuantizedBaselines, AttendOnTheirCodesAsDenseAttentionOverTheFetch) {
   const int64_t B = 1, H = 2, S = 300;
   struct Case {
@@ -190,32 +160,29 @@ TEST(QuantizedBaselines, AttendOnTheirCodesAsDenseAttentionOverTheFetch) {
 
 TEST(QuantizedBaselines, RopeInsideAttentionAndOddWidthsReadTheFetch) {
   const int64_t B = 1, H = 1, S = 90, G = 2;
-  // D * bits not a multiple of 8: codes straddle tokens, attention reads the fetch.
-  for (int64_t D : {6, 64}) {
-    KIVICache c(2, 16, 8);
+  struct Case {
+    std::unique_ptr<KVCache> cache;
+    int64_t D;
+    bool on_codes;  // without RoPE inside attention
+  };
+  Case cases[] = {{std::make_unique<KIVICache>(2, 16, 8), 6, false},  // D * bits: codes straddle tokens
+                  {std::make_unique<KIVICache>(2, 16, 8), 64, true},
+                  {std::make_unique<QuantizedKVCache>(2, 3), 64, false}};  // 3-channel groups of 2 bits
+  for (Case& cs : cases) {
+    const int64_t D = cs.D;
     const auto K = random_kv(B, H, S, D, 7), V = random_kv(B, H, S, D, 8);
-    c.update(view(K, B, H, S, D), view(V, B, H, S, D));
+    cs.cache->update(view(K, B, H, S, D), view(V, B, H, S, D));
     FullKVCache dense;
-    copy_fetch(c, dense);
+    copy_fetch(*cs.cache, dense);
     const auto q = random_kv(B, H * G, 1, D, 9);
     const TensorView qv = TensorView::f32(q.data(), {B, H * G, 1, D});
     AttentionOptions rope;
     rope.rope.enabled = true;
-    EXPECT_EQ(attend(qv, c, rope).to_f32(), attend(qv, dense, rope).to_f32()) << D;
-    if (D == 6) {
-      EXPECT_EQ(attend(qv, c).to_f32(), attend(qv, dense).to_f32());
+    EXPECT_EQ(attend(qv, *cs.cache, rope).to_f32(), attend(qv, dense, rope).to_f32()) << D;
+    if (!cs.on_codes) {
+      EXPECT_EQ(attend(qv, *cs.cache).to_f32(), attend(qv, dense).to_f32()) << D;
     }
   }
-  // Channel groups whose codes do not fill whole bytes (3 channels of 2 bits).
-  const int64_t D = 64;
-  QuantizedKVCache c(2, 3);
-  const auto K = random_kv(B, H, S, D, 7), V = random_kv(B, H, S, D, 8);
-  c.update(view(K, B, H, S, D), view(V, B, H, S, D));
-  FullKVCache dense;
-  copy_fetch(c, dense);
-  const auto q = random_kv(B, H * G, 1, D, 9);
-  const TensorView qv = TensorView::f32(q.data(), {B, H * G, 1, D});
-  EXPECT_EQ(attend(qv, c).to_f32(), attend(qv, dense).to_f32());
 }
 
 TEST(H2OCache, KeepsHeavyHittersAndRecentWithinBudget) {

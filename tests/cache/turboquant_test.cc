@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "attention_on_codes.h"
 #include "anchorkv/anchorkv.h"
 #include "anchorkv/baselines.h"
 #include "anchorkv/cachefile.h"
@@ -19,7 +20,6 @@
 namespace anchorkv {
 namespace {
 
-using testing_util::nmse;
 using testing_util::random_kv;
 
 std::vector<float> gaussian(int64_t n, uint64_t seed) {
@@ -134,27 +134,11 @@ TEST(TurboQuantCache, AttendsOnTheCodesAsDenseAttentionOverTheReconstruction) {
     double kb, vb;
   };
   for (const Case& cs : {Case{128, 4, 4}, Case{128, 2.5, 1.75}, Case{64, 3, 2}, Case{80, 1, 1}, Case{96, 3.5, 2}}) {
-    const int64_t B = 1, H = 2, G = 4, S = 700, D = cs.D;
+    const int64_t B = 1, H = 2, S = 700, D = cs.D;
     TurboQuantCache c(cs.kb, cs.vb);
     const auto K = random_kv(B, H, S, D, 3), V = random_kv(B, H, S, D, 4);
     c.update(TensorView::f32(K.data(), {B, H, S, D}), TensorView::f32(V.data(), {B, H, S, D}));
-    const KVPair rec = c.fetch();
-    FullKVCache dense;
-    dense.update(TensorView::f16(rec.keys.data_as<uint16_t>(), {B, H, S, D}),
-                 TensorView::f16(rec.values.data_as<uint16_t>(), {B, H, S, D}));
-    for (int64_t Sq : {1, 5}) {  // decode, and queries inside the cache (causal mask)
-      const auto q = random_kv(B, H * G, Sq, D, 9);
-      const TensorView qv = TensorView::f32(q.data(), {B, H * G, Sq, D});
-      AttentionOptions one;
-      one.threads = 1;
-      AttentionOptions two = one, ref = one;
-      two.threads = 2;
-      ref.reference = true;
-      const auto y = attend(qv, c, one).to_f32();
-      EXPECT_EQ(y, attend(qv, c, two).to_f32()) << D << " Sq " << Sq;
-      EXPECT_LE(nmse(attend(qv, c, ref).to_f32(), y), 1e-10) << D << " Sq " << Sq;
-      EXPECT_LE(nmse(attend(qv, dense, one).to_f32(), y), 1e-5) << D << " Sq " << Sq;  // fp16 rounding of fetch
-    }
+    testing_util::expect_attention_on_codes(c, 4, "D " + std::to_string(D));
   }
 }
 
