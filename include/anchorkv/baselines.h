@@ -19,6 +19,9 @@ namespace anchorkv {
 // Group-wise affine quantization along D (as mlx_lm's QuantizedKVCache):
 // groups of `group_size` coordinates, x ~ scale * q + bias, q in [0, 2^bits),
 // fp16 scale and bias per group. Every token (prefill and decode) is quantized.
+// attend() reads the codes in place (no fp16 rebuild) when every token's and
+// group's codes fill whole bytes (D * bits a multiple of 8, and group_size * bits
+// too unless one group spans D).
 class QuantizedKVCache final : public KVCache {
  public:
   explicit QuantizedKVCache(int bits = 4, int64_t group_size = 64);  // bits 2, 4 or 8
@@ -30,6 +33,8 @@ class QuantizedKVCache final : public KVCache {
 // `group` tokens, values per token over groups of `group` channels (fp16 scale
 // and zero point per group), the most recent `residual` tokens kept in fp16.
 // Tokens leave the fp16 window in whole key groups. Size is fixed by `bits`.
+// attend() reads the codes in place when D * bits is a multiple of 8, and
+// group * bits too unless one group spans D.
 class KIVICache final : public KVCache {
  public:
   explicit KIVICache(int bits = 2, int64_t group = 32, int64_t residual = 32);  // bits 2 or 4
