@@ -17,6 +17,23 @@ DenseRegion dense_region(const ExactRows& rows, int64_t pos0) {
   return r;
 }
 
+namespace {
+template <class Pred>
+bool any_region(const AttentionSource& src, Pred pred) {
+  for (const auto* regions : {&src.dense_before, &src.dense_after})
+    for (const DenseRegion& r : *regions)
+      if (pred(r)) return true;
+  return false;
+}
+}  // namespace
+
+bool AttentionSource::holds_coded() const {
+  return any_region(*this, [](const DenseRegion& r) { return r.is_coded(); });
+}
+bool AttentionSource::holds_affine() const {
+  return any_region(*this, [](const DenseRegion& r) { return r.is_affine(); });
+}
+
 AttentionSource dense_source(KVPair fetched) {
   auto owned = std::make_shared<const KVPair>(std::move(fetched));
   const Shape4& s = owned->keys.shape();

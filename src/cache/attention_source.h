@@ -55,6 +55,9 @@ struct AttentionSource {
   std::vector<std::shared_ptr<const KVPair>> owned;
 
   int64_t rows() const { return B * H; }
+  // Whether any region, before or after the segments, holds codes of that kind.
+  bool holds_coded() const;
+  bool holds_affine() const;
 };
 
 // Exact rows as a region whose first token sits at pos0.

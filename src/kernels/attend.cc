@@ -143,21 +143,12 @@ void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool
 // Coded tokens (TurboQuant) are scored in their rotation's domain, which RoPE
 // at each position would leave: they hold keys as given, after RoPE.
 void check_no_coded(const cache::AttentionSource& src) {
-  for (const auto* regions : {&src.dense_before, &src.dense_after})
-    for (const auto& r : *regions)
-      if (r.is_coded())
-        core::fail(ErrorCode::kUnsupported, kOp,
-                   "RoPE inside attention over coded tokens (TurboQuant keeps keys as given: store them after RoPE)");
+  if (src.holds_coded())
+    core::fail(ErrorCode::kUnsupported, kOp,
+               "RoPE inside attention over coded tokens (TurboQuant keeps keys as given: store them after RoPE)");
 }
 
 void check_key_rope(const RopeOptions& rope, const cache::CompressedRegion& seg);
-
-bool has_affine(const cache::AttentionSource& src) {
-  for (const auto* regions : {&src.dense_before, &src.dense_after})
-    for (const auto& r : *regions)
-      if (r.is_affine()) return true;
-  return false;
-}
 
 // A segment whose key residuals were coded after RoPE (AnchorKVConfig::key_rope)
 // is scored with the query rotated to its position, so attention must apply
@@ -787,7 +778,7 @@ Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches
     cache::AttentionSource own = l.store.attention_source(l.shape);
     // RoPE inside attention rotates each key at its position: affine codes are
     // scored as stored, so such a call reads the cache's dense fetch instead.
-    if (opt.rope.enabled && has_affine(own)) own = cache::dense_source(l.store.fetch(l.shape));
+    if (opt.rope.enabled && own.holds_affine()) own = cache::dense_source(l.store.fetch(l.shape));
     cache::append_source(src, std::move(own), kOp);
   }
   check_query(query, src, opt);

@@ -103,14 +103,13 @@ void decode_ints(const cache::AffineSideView& side, int64_t t0, int64_t nb, int6
 }
 
 // Tokens t0 .. t0 + nb - 1 rebuilt from codes with a (scale, zero) per token
-// and channel group: out [nb, D].
-void decode_token_scaled(const cache::AffineSideView& side, int64_t t0, int64_t nb, int64_t D, CodedScratch& s,
-                         std::vector<float>& out) {
+// and channel group: s.levels [nb, D].
+void decode_token_scaled(const cache::AffineSideView& side, int64_t t0, int64_t nb, int64_t D, CodedScratch& s) {
   const int64_t cg = std::min(side.channel_group, D), groups = (D + cg - 1) / cg;
   s.scale.resize(static_cast<size_t>(nb * groups * 2));
   core::f16_to_f32_n(side.params + t0 * groups * 2, s.scale.data(), nb * groups * 2);
-  out.resize(static_cast<size_t>(nb * D));
-  core::decode_affine(side.codes + t0 * side.token_bytes, side.bits, s.scale.data(), nb, D, cg, out.data());
+  s.levels.resize(static_cast<size_t>(nb * D));
+  core::decode_affine(side.codes + t0 * side.token_bytes, side.bits, s.scale.data(), nb, D, cg, s.levels.data());
 }
 
 // Keys with a (scale, zero) per token and channel group, into s.s [nq, n]:
@@ -119,7 +118,7 @@ void score_token_scaled(const float* q, int64_t nq, const cache::AffineSideView&
                         CodedScratch& s) {
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, n - b0);
-    decode_token_scaled(k, a + b0, nb, D, s, s.levels);
+    decode_token_scaled(k, a + b0, nb, D, s);
     core::dot_matrix(q, nq, D, s.levels.data(), nb, D, D, &s.s[b0], n);
   }
 }
@@ -168,7 +167,7 @@ void accumulate_values(int64_t nq, const cache::AffineSideView& v, int64_t a, in
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, n - b0);
     if (v.token_group == 0) {
-      decode_token_scaled(v, a + b0, nb, D, s, s.levels);
+      decode_token_scaled(v, a + b0, nb, D, s);
     } else {  // a pair per channel and group of tokens (no cache stores values so)
       s.levels.resize(static_cast<size_t>(nb * D));
       for (int64_t i = 0; i < nb; ++i)
