@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -136,6 +137,68 @@ void BM_DecodeAttentionPreRope(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAttentionPreRope)
     ->ArgsProduct({{32768, 131072}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The tight layout (4 bytes of metadata per token, docs/storage.md), whose
+// budget buys about three times the seed layout's residuals (args: S, mode):
+// 0 keys after RoPE, 1 before RoPE coded as given, 2 before RoPE coded at
+// their positions (key_rope). The same query placement as the pre-RoPE case.
+struct TightLayer {
+  eval::Workload post, pre;
+  AttentionOptions ao;
+  AnchorKVCache post_rope, pre_rope, keyrope;
+  TightLayer(const AnchorKVConfig& tight, const AnchorKVConfig& tight_at_positions)
+      : post_rope(tight), pre_rope(tight), keyrope(tight_at_positions) {}
+};
+
+TightLayer& tight_layer(int64_t S) {
+  static std::map<int64_t, std::unique_ptr<TightLayer>> cache;
+  auto& l = cache[S];
+  if (!l) {
+    eval::SyntheticSpec spec;
+    spec.S = S;
+    spec.n_queries = 4;
+    AnchorKVConfig tight;
+    tight.metadata = MetadataLayout::kTight;
+    AttentionOptions ao;
+    ao.rope.enabled = true;
+    ao.rope.base = spec.rope_base;
+    AnchorKVConfig at_positions = tight;
+    at_positions.key_rope = ao.rope;
+    l = std::make_unique<TightLayer>(tight, at_positions);
+    l->post = eval::make_synthetic(spec);
+    spec.rope = false;
+    spec.query_position = S - 1;
+    l->pre = eval::make_synthetic(spec);
+    l->ao = ao;
+    l->post_rope.update(l->post.keys(), l->post.values());
+    l->pre_rope.update(l->pre.keys(), l->pre.values());
+    l->keyrope.update(l->pre.keys(), l->pre.values());
+  }
+  return *l;
+}
+
+void BM_DecodeAttentionTight(benchmark::State& state) {
+  TightLayer& l = tight_layer(state.range(0));
+  const int64_t mode = state.range(1);
+  AttentionOptions ao = l.ao;
+  ao.bf16_residuals = state.range(2) != 0;
+  if (mode == 0) {
+    const TensorView q = TensorView::f32(l.post.Q.data(), {1, 32, 1, 128});
+    ao.rope.enabled = false;
+    for (auto _ : state) benchmark::DoNotOptimize(attend(q, l.post_rope, ao).data());
+  } else {
+    const TensorView q = TensorView::f32(l.pre.Q.data(), {1, 32, 1, 128});
+    const KVCache& c = mode == 1 ? l.pre_rope : l.keyrope;
+    for (auto _ : state) benchmark::DoNotOptimize(attend(q, c, ao).data());
+  }
+  state.SetLabel(std::string(mode == 0 ? "tight, post-RoPE" : mode == 1 ? "tight, pre-RoPE" : "tight, :keyrope") +
+                 (ao.bf16_residuals ? ", bf16 residuals" : ", fp32 residuals"));
+}
+// args: S, keys (0 post-RoPE, 1 pre-RoPE, 2 :keyrope), bf16 residual arithmetic (1) or fp32 (0)
+BENCHMARK(BM_DecodeAttentionTight)
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1, 2}, {1, 0}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -222,13 +222,14 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "attend",
       [](const py::handle& query, const KVCache& cache, float scale, bool f16, int threads,
-         const RopeOptions& rope) {
+         const RopeOptions& rope, bool bf16_residuals) {
         ArrayView q = as_view(query, "query", "anchorkv::attend");
         AttentionOptions o;
         o.scale = scale;
         o.out_dtype = f16 ? DType::kF16 : DType::kF32;
         o.threads = threads;
         o.rope = rope;
+        o.bf16_residuals = bf16_residuals;
         Tensor out;
         {
           py::gil_scoped_release release;
@@ -237,7 +238,7 @@ PYBIND11_MODULE(_core, m) {
         return to_numpy(std::move(out));
       },
       py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false,
-      py::arg("threads") = 0, py::arg("rope") = RopeOptions{});
+      py::arg("threads") = 0, py::arg("rope") = RopeOptions{}, py::arg("bf16_residuals") = true);
 
   m.def(
       "serialize_caches",

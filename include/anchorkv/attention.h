@@ -32,6 +32,10 @@ struct AttentionOptions {
   DType out_dtype = DType::kF32;  // kF32 or kF16
   int threads = 0;                // 0 = all cores
   bool reference = false;         // run the scalar reference kernels (for tests and checks)
+  // 2-bit AnchorKV residuals scored and summed with bf16 products (fp32
+  // sums) where the CPU has AVX-512 BF16: the rotated query and each value
+  // weight rounded to bf16 (docs/spec.md §6). false: fp32 throughout.
+  bool bf16_residuals = true;
 };
 
 // What one attend() call used besides its output.

@@ -341,6 +341,9 @@ def test_attend_matches_dense_attention_on_both_caches():
     yc = anchorkv.attend(q, comp)
     refc = dense_attention(q, K, V)
     assert np.sum((yc - refc) ** 2) / np.sum(refc ** 2) < 1e-5
+    y32 = anchorkv.attend(q, comp, bf16_residuals=False)  # fp32 residual arithmetic: as close, or closer
+    assert np.sum((y32 - refc) ** 2) / np.sum(refc ** 2) < 1e-5
+    assert np.sum((yc - y32) ** 2) / np.sum(y32 ** 2) < 1e-5
     assert anchorkv.attend(q, comp, dtype=np.float16).dtype == np.float16
     with pytest.raises(ValueError, match="multiple"):
         anchorkv.attend(np.ones((1, 3, 1, 64), np.float32), comp)

@@ -213,6 +213,7 @@ CacheSpec parse_cache_spec(const std::string& spec) {
                  : mod == "auto"    ? &c.auto_anchors
                  : mod == "keyrope" ? &c.key_rope
                  : mod == "oneshot" ? &c.oneshot
+                 : mod == "fp32"    ? &c.fp32_residuals
                                     : nullptr;
     int64_t count = 0;
     if (!flag && (count_modifier(mod, "seg", &count, spec) || count_modifier(mod, "recent", &count, spec))) {
@@ -239,7 +240,7 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     if (!flag)
       core::fail(ErrorCode::kInvalidArgument, op,
                  "cache '" + spec + "': unknown modifier ':" + mod +
-                     "' (known: :pre, :obs, :auto, :keyrope, :segN, :recentN, :oneshot, :layersW0/W1/...)");
+                     "' (known: :pre, :obs, :auto, :keyrope, :fp32, :segN, :recentN, :oneshot, :layersW0/W1/...)");
     if (*flag) core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + mod + "'");
     *flag = true;
     at = next;
@@ -260,6 +261,10 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :keyrope codes AnchorKV key residuals at their positions, so it needs an "
                "AnchorKV cache with :pre");
+  if (c.fp32_residuals && !c.kind->make_auto)
+    core::fail(ErrorCode::kInvalidArgument, op,
+               "cache '" + spec + "': :fp32 chooses how attention computes AnchorKV residuals, and " + name +
+                   " has none");
   if (!c.layer_weights.empty() && !c.kind->byte_budgeted)
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': " + name + " has no byte budget to share out with :layers");
@@ -295,7 +300,9 @@ std::string cache_modifier_help() {
          "queries of the prompt's last positions for scoring (" +
          obs + "); NAME:auto chooses the anchor count per layer within the byte budget (" + tuned +
          "); NAME:pre:keyrope (AnchorKV) codes key residuals after RoPE at their positions, so decode "
-         "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); AnchorKV:segN:recentM "
+         "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); AnchorKV:fp32 scores and sums "
+         "residuals in fp32 in attention instead of bf16 products (the default where the CPU has AVX-512 BF16; "
+         "slower, docs/benchmarks.md); AnchorKV:segN:recentM "
          "streams, closing the exact tail's oldest N tokens into a compressed segment whenever it holds M + N "
          "(the runtime streams by default: :seg128:recent32, docs/spec.md 4.8) and AnchorKV:oneshot compresses the first prefill "
          "only, keeping later tokens exact (the seed); NAME:layersW0/W1/... shares a byte-budgeted cache's theta "

@@ -26,6 +26,17 @@ uint16_t float_to_half(float f);
 inline float bf16_to_float(uint16_t b) { return f32_from_bits(static_cast<uint32_t>(b) << 16); }
 // The value fp16 storage keeps for f.
 inline float round_to_half(float f) { return half_to_float(float_to_half(f)); }
+// f as bf16, rounded as AVX-512 BF16's conversions (VCVTNEPS2BF16) round it:
+// to nearest even, with inputs below FLT_MIN taken as zero (they ignore
+// MXCSR: denormals are always flushed). NaN stays NaN.
+inline float round_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  const uint32_t exponent = u & 0x7f800000u;
+  if (exponent == 0x7f800000u) return f;  // Inf, NaN
+  if (exponent == 0) return f32_from_bits(u & 0x80000000u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return f32_from_bits(u & 0xffff0000u);
+}
 
 void half_to_float_n(const uint16_t* in, float* out, int64_t n);
 void float_to_half_n(const float* in, uint16_t* out, int64_t n);

@@ -270,6 +270,7 @@ class AttendCall {
   std::vector<char> masked_;    // per segment: some query sits inside it (causal mask)
   std::vector<size_t> entry_chunk0_;  // per segment: the index of its first entry chunk
   const compress::ResidualCodec* shared_codec_ = nullptr;  // every segment's, if they share one
+  std::vector<kernels::ResidualArithmetic> arith_;          // per segment: its residuals' arithmetic
   bool anchors_in_place_ = false;  // fp16 key anchors read in place (fast path, no RoPE)
   bool values_in_place_ = false;   // fp16 value anchors read in place (fast path)
   std::vector<std::vector<RowPrep>>& prep_;  // the workspace's (buffers reused across calls)
@@ -356,11 +357,17 @@ void AttendCall::prepare_segments() {
   shared_codec_ = seg(0).codec;
   for (int s = 1; s < n_seg(); ++s)
     if (seg(s).codec != shared_codec_) shared_codec_ = nullptr;
+  arith_.resize(static_cast<size_t>(n_seg()));
+  for (int s = 0; s < n_seg(); ++s)
+    arith_[s] = s > 0 && seg(s).codec == seg(s - 1).codec ? arith_[s - 1]
+                                                          : kernels::residual_arithmetic(*seg(s).codec, opt_.bf16_residuals);
   if (shared_codec_) {
     ws_.rq.assign(static_cast<size_t>(R_ * nq4() * D_), 0.0f);  // zero past nq
     for (int64_t r = 0; r < R_; ++r)
       for (int64_t g = 0; g < nq_; ++g)
         shared_codec_->rotation().forward(row_queries(r) + g * D_, &ws_.rq[static_cast<size_t>((r * nq4() + g) * D_)]);
+    if (arith_[0].bf16)
+      for (float& x : ws_.rq) x = core::round_to_bf16(x);
   }
   core::parallel_for_grouped(
       n_seg() * R_, opt_.threads,
@@ -449,6 +456,8 @@ void AttendCall::prepare_row(int s, int64_t r) {
   if (!shares_codec(s)) {
     p.rq.assign(static_cast<size_t>(nq4() * D), 0.0f);  // whole quads, zero past nq
     for (int64_t g = 0; g < nq_; ++g) g_seg.codec->rotation().forward(q + g * D, &p.rq[g * D]);
+    if (arith_[static_cast<size_t>(s)].bf16)
+      for (float& x : p.rq) x = core::round_to_bf16(x);
   }
   // The residual slots before each of the segment's entry chunks, from the
   // row's slot index (chunks start on its blocks, or past the row's last entry).
@@ -487,7 +496,8 @@ kernels::CompressedQueries AttendCall::compressed_queries(int s, int64_t r) cons
           : p.rope_anchors.empty() ? seg_row(s, r).anchor_k.data()
                                    : p.rope_anchors.data(),
           p.rope_queries.empty() ? nullptr : p.rope_queries.data(),
-          rtab_.get()};
+          rtab_.get(),
+          &arith_[static_cast<size_t>(s)]};
 }
 
 void AttendCall::run_chunks() {

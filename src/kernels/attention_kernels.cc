@@ -170,10 +170,34 @@ HWY_EXPORT(DecodeRows2Bit);
 HWY_EXPORT(Supports2BitRows);
 HWY_EXPORT(SupportsQuadValueResiduals);
 HWY_EXPORT(QuadValueResiduals2Bit);
+HWY_EXPORT(SupportsBf16Residuals);
+HWY_EXPORT(QuadKeyResiduals2BitBf16);
+HWY_EXPORT(QuadValueResiduals2BitBf16);
 
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The arithmetic a call's residuals take (fp32 where attend() set none).
+const ResidualArithmetic& arithmetic_of(const CompressedQueries& cq) {
+  static const ResidualArithmetic fp32;
+  return cq.arith ? *cq.arith : fp32;
+}
+
+// Residual rows decoded to the levels of `a` (bf16: times lambda) or, in
+// fp32, the codec's: z [nr, D] for slots [slot0, slot0 + nr).
+void decode_levels_as(const compress::CompressedSide& side, const compress::ResidualCodec& codec,
+                      const ResidualArithmetic& a, int64_t slot0, int64_t nr, float* z, EntryScratch& sc) {
+  const int64_t D = codec.dim(), cb = codec.code_bytes();
+  sc.codes.resize(static_cast<size_t>(D));
+  for (int64_t j = 0; j < nr; ++j) {
+    const uint8_t* codes = &side.codes[static_cast<size_t>((slot0 + j) * cb)];
+    if (a.bf16)
+      core::decode_codes_2bit(codes, a.levels, D, z + j * D);
+    else
+      codec.decode_levels(codes, z + j * D, sc.codes.data());
+  }
+}
 
 // The primitives a kernel is written in. FastOps are SIMD (Highway, dynamic
 // dispatch); RefOps are plain scalar loops. A kernel written once over Ops
@@ -467,35 +491,36 @@ void add_key_residuals(const CompressedQueries& cq, const compress::CompressedRo
     }
     return;
   }
+  const ResidualArithmetic& a = arithmetic_of(cq);  // bf16: cq.rq is rounded already
   sc.z.resize(static_cast<size_t>(nr * D));
   sc.zscale.resize(static_cast<size_t>(nr));
   sc.zdot.resize(static_cast<size_t>(nq * nr));
-  for (int64_t j = 0; j < nr; ++j) {
-    const int64_t slot = r.slot_k0 + j;
-    codec.decode_levels(&row.k.codes[static_cast<size_t>(slot * cb)], &sc.z[j * D], sc.codes.data());
-    sc.zscale[j] = core::half_to_float(row.k.scales[slot]);
-  }
+  decode_levels_as(row.k, codec, a, r.slot_k0, nr, sc.z.data(), sc);
+  for (int64_t j = 0; j < nr; ++j) sc.zscale[j] = core::half_to_float(row.k.scales[r.slot_k0 + j]) * a.inv_lambda;
   Ops::dot_matrix(cq.rq, nq, sc.z.data(), nr, D, sc.zdot.data());
   for (int64_t j = 0; j < nr; ++j)
     for (int64_t g = 0; g < nq; ++g)
       if (s[g * n + sc.res_k[j]] != kNegInf) s[g * n + sc.res_k[j]] += sc.zscale[j] * sc.zdot[g * nr + j];
 }
 
-// Value residuals: rot[g] += sum_j p[g, i_j] * scale_j * level[codes_j], all rows at once.
+// Value residuals: rot[g] += sum_j p[g, i_j] * scale_j * level[codes_j], all
+// rows at once (bf16: the weights rounded, ResidualArithmetic).
 template <class Ops>
-void add_value_residuals(const compress::CompressedRow& row, const compress::ResidualCodec& codec,
-                         const EntryRange& r, int64_t nq, PartialView out, EntryScratch& sc) {
-  const int64_t n = r.e1 - r.e0, D = codec.dim(), cb = codec.code_bytes();
+void add_value_residuals(const ResidualArithmetic& a, const compress::CompressedRow& row,
+                         const compress::ResidualCodec& codec, const EntryRange& r, int64_t nq, PartialView out,
+                         EntryScratch& sc) {
+  const int64_t n = r.e1 - r.e0, D = codec.dim();
   const int64_t nr = static_cast<int64_t>(sc.res_v.size());
   if (nr == 0) return;
-  sc.codes.resize(static_cast<size_t>(D));
   sc.z.resize(static_cast<size_t>(nr * D));
   sc.zdot.resize(static_cast<size_t>(nq * nr));
+  decode_levels_as(row.v, codec, a, r.slot_v0, nr, sc.z.data(), sc);
   for (int64_t j = 0; j < nr; ++j) {
-    const int64_t slot = r.slot_v0 + j;
-    codec.decode_levels(&row.v.codes[static_cast<size_t>(slot * cb)], &sc.z[j * D], sc.codes.data());
-    const float scale = core::half_to_float(row.v.scales[slot]);
-    for (int64_t g = 0; g < nq; ++g) sc.zdot[g * nr + j] = sc.s[g * n + sc.res_v[j]] * scale;
+    const float scale = core::half_to_float(row.v.scales[r.slot_v0 + j]) * a.inv_lambda;
+    for (int64_t g = 0; g < nq; ++g) {
+      const float x = sc.s[g * n + sc.res_v[j]] * scale;
+      sc.zdot[g * nr + j] = a.bf16 ? core::round_to_bf16(x) : x;
+    }
   }
   Ops::accumulate_rows(sc.zdot.data(), nr, sc.z.data(), nq, D, out.rot);
 }
@@ -514,16 +539,19 @@ void entries_chunk_impl(const CompressedQueries& cq, const compress::CompressedR
   std::fill_n(out.acc, nq * D, 0.0f);
   std::fill_n(out.rot, nq * D, 0.0f);
   Ops::value_weights(sc.s.data(), sc.gv_at, sc.av.data(), nq, n, k, out.w, sc);
-  add_value_residuals<Ops>(row, codec, r, nq, out, sc);
+  add_value_residuals<Ops>(arithmetic_of(cq), row, codec, r, nq, out, sc);
   sc.slots_k = static_cast<int64_t>(sc.res_k.size());
   sc.slots_v = static_cast<int64_t>(sc.res_v.size());
 }
 
-// Scales of residual slots [slot0, slot0 + nr) of one side.
-void residual_scales(const compress::CompressedSide& side, int64_t slot0, int64_t nr,
+// Scales of residual slots [slot0, slot0 + nr) of one side, times `factor`
+// (ResidualArithmetic::inv_lambda where its levels apply, else 1).
+void residual_scales(const compress::CompressedSide& side, int64_t slot0, int64_t nr, float factor,
                      std::vector<float>& out) {
   out.resize(static_cast<size_t>(nr));
   if (nr > 0) core::f16_to_f32_n(side.scales.data() + slot0, out.data(), nr);
+  if (factor != 1.0f)
+    for (float& x : out) x *= factor;
 }
 
 // Residual rows of one side decoded to their unscaled levels (z [nr, D]),
@@ -626,6 +654,10 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
   const int64_t nr = static_cast<int64_t>(sc.res_k.size()), D = codec.dim();
   if (nr == 0) return;
   float* s4 = sc.s.data();
+  if (const ResidualArithmetic& a = arithmetic_of(cq); a.bf16)
+    return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2BitBf16)(row.k.codes.data(), codec.code_bytes(), r.slot_k0,
+                                                          sc.zks.data(), sc.res_k.data(), nr, a.pairs,
+                                                          cq.rq + q0 * D, D, s4, m4, &ahead);
   if (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(Supports2BitRows)(D))  // decoded in registers
     return HWY_DYNAMIC_DISPATCH(QuadKeyResiduals2Bit)(
         row.k.codes.data(), codec.code_bytes(), r.slot_k0, sc.zks.data(), sc.res_k.data(), nr,
@@ -707,6 +739,10 @@ void quad_sub_tile(const CompressedQueries& cq, const compress::CompressedRow& r
   for (int g = 0; g < 4; ++g) run.l4[g] += l_sub[g];
   if (nrv == 0) return;
   // rot[g] += sum_j p[g, i_j] * scale_j * z_j
+  if (const ResidualArithmetic& a = arithmetic_of(cq); a.bf16)
+    return HWY_DYNAMIC_DISPATCH(QuadValueResiduals2BitBf16)(row.v.codes.data(), codec.code_bytes(), r.slot_v0,
+                                                            nrv, a.pairs, s4, sc.res_v.data(), sc.zvs.data(),
+                                                            gn, D, run.rot, &ahead);
   if (fused_v)
     return HWY_DYNAMIC_DISPATCH(QuadValueResiduals2Bit)(row.v.codes.data(), codec.code_bytes(), r.slot_v0,
                                                         nrv, codec.levels().data(), s4, sc.res_v.data(),
@@ -755,7 +791,8 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
                          const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
                          EntryScratch& sc) {
   const int64_t nq = cq.nq, D = codec.dim(), k = row.n_anchor, quads = (nq + 3) / 4;
-  const bool fused_v = codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(SupportsQuadValueResiduals)(D);
+  const ResidualArithmetic& arith = arithmetic_of(cq);
+  const bool fused_v = arith.bf16 || (codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(SupportsQuadValueResiduals)(D));
   sc.s.resize(static_cast<size_t>(4 * kSubTile));
   sc.wa.assign(static_cast<size_t>(quads * 4 * k), 0.0f);
   sc.wb.assign(sc.wa.size(), 0.0f);
@@ -772,8 +809,10 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
     sub.e1 = std::min(r.e1, e + kSubTile);
     decode_entries(cq, row, sub, sc);
     const int64_t nrk = static_cast<int64_t>(sc.res_k.size()), nrv = static_cast<int64_t>(sc.res_v.size());
-    residual_scales(row.k, sub.slot_k0, nrk, sc.zks);
-    residual_scales(row.v, sub.slot_v0, nrv, sc.zvs);
+    // pre-RoPE keys coded as given are scored in fp32 (fuse_key_residuals)
+    const bool keys_as_given = cq.rope && !row.key_rope.enabled;
+    residual_scales(row.k, sub.slot_k0, nrk, keys_as_given ? 1.0f : arith.inv_lambda, sc.zks);
+    residual_scales(row.v, sub.slot_v0, nrv, arith.inv_lambda, sc.zvs);
     sc.zk.clear();
     if (!fused_v) decode_residual_rows(row.v, codec, sub.slot_v0, nrv, sc.zv, sc);
     // the next sub-tile's lines (the next tile's first, up to r.ahead_end),
@@ -909,6 +948,33 @@ void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRo
                        const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                        EntryScratch& scratch) {
   entries_chunk_impl<RefOps>(cq, row, codec, range, out, scratch);
+}
+
+ResidualArithmetic residual_arithmetic(const compress::ResidualCodec& codec, bool bf16) {
+  ResidualArithmetic a;
+  const std::span<const float> L = codec.levels();
+  a.bf16 = bf16 && codec.bits() == 2 && HWY_DYNAMIC_DISPATCH(SupportsBf16Residuals)(codec.dim());
+  if (!a.bf16) {
+    std::copy(L.begin(), L.end(), a.levels);
+    return a;
+  }
+  // lambda puts the largest level on q / 128, exact in bf16 (8 significant
+  // bits), and q is chosen so the other levels round least.
+  float top = 0.0f;
+  for (float x : L) top = std::max(top, std::fabs(x));
+  float best_lambda = 1.0f, best_err = std::numeric_limits<float>::infinity();
+  for (int q = 128; q < 256; ++q) {
+    const float lambda = static_cast<float>(q) / 128.0f / top;
+    float err = 0.0f;
+    for (float x : L)
+      if (const float y = lambda * x; y != 0.0f) err = std::max(err, std::fabs(core::round_to_bf16(y) - y) / std::fabs(y));
+    if (err < best_err) best_err = err, best_lambda = lambda;
+  }
+  for (int i = 0; i < 4; ++i) a.levels[i] = core::round_to_bf16(best_lambda * L[static_cast<size_t>(i)]);
+  a.inv_lambda = 1.0f / best_lambda;
+  for (uint32_t n = 0; n < 16; ++n)
+    a.pairs[n] = (core::f32_bits(a.levels[n & 3]) >> 16) | (core::f32_bits(a.levels[n >> 2]) & 0xffff0000u);
+  return a;
 }
 
 bool f16_rows_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsF16Rows)(D); }

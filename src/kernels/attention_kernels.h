@@ -16,6 +16,7 @@
 #include "compress/segment.h"
 #include "core/buffer.h"
 #include "core/rope.h"
+#include "kernels/kernel_types.h"
 
 namespace anchorkv::kernels {
 
@@ -69,7 +70,14 @@ struct CompressedQueries {
   const uint16_t* rope_anchors = nullptr;
   const float* rope_queries = nullptr;
   const RopeTable* table = nullptr;  // covers every key position + rope->position_offset
+  // How residual codes enter the arithmetic (nullptr: fp32). With bf16, rq
+  // holds the rotated queries rounded to bf16 (core::round_to_bf16).
+  const ResidualArithmetic* arith = nullptr;
 };
+
+// The arithmetic of `codec`'s residuals: bf16 where asked, the codes are
+// 2-bit and this CPU runs the bf16 kernels for the head dim; else fp32.
+ResidualArithmetic residual_arithmetic(const compress::ResidualCodec& codec, bool bf16);
 // Whether the fast kernel takes pre-RoPE anchor scores from split rows for head dim D.
 bool quad_rope_supported(int64_t D);
 

@@ -56,6 +56,28 @@ struct FusedKeys {
   const float* Z = nullptr;
   const float* zero = nullptr;
 };
+
+// How 2-bit residual codes enter the arithmetic of attention.
+//   fp32: codes decode to the codec's levels; products and sums in fp32.
+//   bf16 (AVX-512 BF16, the default where the CPU has it): the levels are
+//     scaled by lambda, chosen so both magnitudes are exact in bf16 (within
+//     3e-5 of lambda x level for the 2-bit Lloyd-Max levels), and 1 / lambda
+//     joins each residual's scale; key residuals are scored against the
+//     rotated queries rounded to bf16, value residuals summed with weights
+//     bf16(p * scale / lambda). Products of bf16 numbers are exact in fp32 and
+//     sums stay fp32, so the error is the rounding of those inputs (2^-9
+//     relative each; docs/benchmarks.md measures it). The fast kernels take
+//     two products per lane and instruction (VDPBF16PS); the scalar twins
+//     round the same inputs and multiply in fp32.
+struct ResidualArithmetic {
+  bool bf16 = false;
+  float levels[4] = {};     // what a 2-bit code decodes to (bf16: times lambda)
+  float inv_lambda = 1.0f;  // on every residual scale (fp32: 1)
+  // bf16 pairs (levels[n & 3] low, levels[n >> 2] high) for n < 16: the fast
+  // kernels' table from two codes at once to the two numbers they multiply.
+  uint32_t pairs[16] = {};
+};
+
 }  // namespace anchorkv::kernels
 
 // The targets with 16-lane vectors and the AVX-512 intrinsics SumsOf16 uses

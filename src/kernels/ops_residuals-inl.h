@@ -308,6 +308,196 @@ void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64
   }
 }
 
+#if ANCHORKV_AVX512_TARGET
+#ifndef ANCHORKV_BF16_ATTR
+#define ANCHORKV_BF16_ATTR __attribute__((target("avx512bf16")))
+#endif
+
+// 32 2-bit codes (8 bytes) as 16 bf16 pairs of levels (ResidualArithmetic::
+// pairs): lane 2m holds dims 2m, 2m + 1 and lane 2m + 1 dims 2m + 16, 2m + 17.
+// Qword m of the broadcast codes shifted right by 4m holds nibble m (codes
+// 2m, 2m + 1) at the bottom of its low dword and nibble m + 8 at the bottom
+// of its high one, and the table lookup reads each dword's low four bits:
+// one shift and one shuffle per 32 codes, the order undone by storing the
+// queries in it (KeyQueryPairs).
+ANCHORKV_BF16_ATTR HWY_INLINE __m512i LevelPairs32(const uint8_t* HWY_RESTRICT c, __m512i shifts, __m512i table) {
+  uint64_t w;
+  std::memcpy(&w, c, 8);
+  return _mm512_permutexvar_epi32(_mm512_srlv_epi64(_mm512_set1_epi64(static_cast<long long>(w)), shifts), table);
+}
+
+// The quad's rotated queries (bf16-exact, [4, D]) as bf16 pairs in
+// LevelPairs32's lane order: qp[(g * D / 32 + b) * 16 + lane].
+ANCHORKV_BF16_ATTR void KeyQueryPairs(const float* HWY_RESTRICT rq4, int64_t D, uint32_t* HWY_RESTRICT qp) {
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  for (int64_t g = 0; g < 4; ++g)
+    for (int64_t d = 0; d < D; d += 32) {
+      const float* q = rq4 + g * D + d;
+      // dword i: (q[2i], q[2i + 1]); exact, the queries being bf16 already
+      const __m512bh p = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 16), _mm512_loadu_ps(q));
+      _mm512_storeu_si512(qp + (g * D + d) / 2, _mm512_permutexvar_epi32(order, reinterpret_cast<const __m512i&>(p)));
+    }
+}
+
+// QuadKeyResiduals2Bit in bf16 arithmetic (ResidualArithmetic): the same
+// contract, with the levels as `pairs` and rq4 rounded to bf16. Four
+// residuals at a time, two products per lane and instruction.
+ANCHORKV_BF16_ATTR void QuadKeyResidualsBf16(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
+                                             const float* HWY_RESTRICT zscale, const int32_t* HWY_RESTRICT res,
+                                             int64_t nr, const uint32_t* HWY_RESTRICT pairs,
+                                             const float* HWY_RESTRICT rq4, int64_t D, float* HWY_RESTRICT s4,
+                                             float* HWY_RESTRICT m4, LinesAhead* HWY_RESTRICT ahead) {
+  const DF df;
+  const hn::CappedTag<float, 4> d4;
+  const int64_t NB = D / 32;
+  HWY_ALIGN uint32_t qp[4 * 256 / 2];  // D <= 256 (SupportsBf16Residuals)
+  KeyQueryPairs(rq4, D, qp);
+  const __m512i table = _mm512_loadu_si512(pairs);
+  const __m512i shifts = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+  auto mx = hn::LoadU(d4, m4);
+  for (int64_t j = 0; j < nr; j += 4) {
+    const int64_t ne = std::min<int64_t>(4, nr - j);
+    ahead->request_one();  // two lines per four residuals (see QuadExpScatter)
+    ahead->request_one();
+    const uint8_t* c[4];
+    HWY_ALIGN float zs[4] = {};
+    for (int64_t e = 0; e < 4; ++e) {
+      c[e] = codes + (slot0 + j + std::min(e, ne - 1)) * cb;  // past nr: the last again, not stored
+      if (e < ne) zs[e] = zscale[j + e];
+    }
+    hn::Vec<DF> acc[16];
+    for (auto& a : acc) a = hn::Zero(df);
+    for (int64_t b = 0; b < NB; ++b) {
+#pragma GCC unroll 4
+      for (int e = 0; e < 4; ++e) {
+        const __m512bh z = reinterpret_cast<__m512bh>(LevelPairs32(c[e] + 8 * b, shifts, table));
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) {
+          const __m512i q = _mm512_load_si512(qp + (g * NB + b) * 16);
+          acc[e * 4 + g].raw = _mm512_dpbf16_ps(acc[e * 4 + g].raw, z, reinterpret_cast<const __m512bh&>(q));
+        }
+      }
+    }
+    HWY_ALIGN float dots[16];
+    hn::Store(hn::Mul(SumsOf16(acc), SpreadFour(zs)), df, dots);
+    for (int64_t e = 0; e < ne; ++e) {
+      float* s = s4 + res[j + e] * 4;
+      const auto v = hn::Add(hn::LoadU(d4, s), hn::Load(d4, dots + 4 * e));
+      hn::StoreU(v, d4, s);
+      mx = hn::Max(mx, v);
+    }
+  }
+  hn::StoreU(mx, d4, m4);
+}
+
+// QuadValueResiduals2Bit in bf16 arithmetic (ResidualArithmetic): the same
+// contract, with the levels as `pairs` and each weight p * zscale rounded to
+// bf16. Residuals go in pairs: lane d of one table lookup holds both
+// residuals' levels at dim d, dotted with both weights in one instruction.
+// Four queries over four vectors of D per pass (16 accumulators).
+ANCHORKV_BF16_ATTR void QuadValueResidualsBf16(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
+                                               int64_t nr, const uint32_t* HWY_RESTRICT pairs,
+                                               const float* HWY_RESTRICT p4, const int32_t* HWY_RESTRICT res,
+                                               const float* HWY_RESTRICT zscale, int64_t gn, int64_t D,
+                                               float* HWY_RESTRICT rot, LinesAhead* HWY_RESTRICT ahead) {
+  const int64_t NB = D / 16;
+  const __m512i table = _mm512_loadu_si512(pairs);
+  // lane i: code i of the first residual (bits 2i) at bits 0-1, of the second at bits 2-3
+  const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i second = _mm512_and_si512(_mm512_sub_epi32(first, _mm512_set1_epi32(2)), _mm512_set1_epi32(31));
+  const __m512i low2 = _mm512_set1_epi32(3);
+  // words (x[2p, q], x[2p + 1, q]) from x[2p, 0..3], x[2p + 1, 0..3], x[2p + 2, ...], ...
+  const __m256i interleave = _mm256_setr_epi16(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  constexpr int64_t kBatch = 64;
+  HWY_ALIGN float xf[kBatch * 4];
+  HWY_ALIGN uint32_t xs[kBatch / 2 * 4];  // per pair of residuals and query: bf16 (first, second)
+  for (int64_t j0 = 0; j0 < nr; j0 += kBatch) {
+    const int64_t jn = std::min(kBatch, nr - j0), np = (jn + 1) / 2;
+    const __m128 live = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(gn)), _mm_setr_epi32(0, 1, 2, 3)));
+    for (int64_t j = 0; j < 4 * ((np + 1) / 2); ++j) {  // whole conversions: zeros past jn
+      const __m128 x = j < jn ? _mm_mul_ps(_mm_loadu_ps(p4 + res[j0 + j] * 4), _mm_set1_ps(zscale[j0 + j]))
+                              : _mm_setzero_ps();
+      _mm_store_ps(xf + j * 4, _mm_and_ps(x, live));
+    }
+    for (int64_t p = 0; p < np; p += 2) {  // two pairs per conversion
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_load_ps(xf + p * 8));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(xs + p * 4),
+                         _mm256_permutexvar_epi16(interleave, reinterpret_cast<const __m256i&>(h)));
+    }
+    for (int64_t b0 = 0; b0 < NB; b0 += 4) {
+      __m512 a[4][4];
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; ++b)
+          a[q][b] = q < gn ? _mm512_loadu_ps(rot + q * D + (b0 + b) * 16) : _mm512_setzero_ps();
+      for (int64_t p = 0; p < np; ++p) {
+        const uint8_t* c0 = codes + (slot0 + j0 + 2 * p) * cb;
+        const uint8_t* c1 = 2 * p + 1 < jn ? c0 + cb : c0;  // its weights are zero
+        ahead->request_one();
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; ++b) {
+          uint32_t w0, w1;
+          std::memcpy(&w0, c0 + 4 * (b0 + b), 4);
+          std::memcpy(&w1, c1 + 4 * (b0 + b), 4);
+          const __m512i t = _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(w0)), first);
+          const __m512i u = _mm512_rorv_epi32(_mm512_set1_epi32(static_cast<int>(w1)), second);
+          const __m512i idx = _mm512_ternarylogic_epi32(t, u, low2, 0xE4);  // low2 ? t : u, bitwise
+          const __m512bh z = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi32(idx, table));
+#pragma GCC unroll 4
+          for (int q = 0; q < 4; ++q) {
+            const __m512i x = _mm512_set1_epi32(static_cast<int>(xs[p * 4 + q]));
+            a[q][b] = _mm512_dpbf16_ps(a[q][b], z, reinterpret_cast<const __m512bh&>(x));
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q)
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; ++b)
+          if (q < gn) _mm512_storeu_ps(rot + q * D + (b0 + b) * 16, a[q][b]);
+    }
+  }
+}
+#endif
+
+// Whether the bf16 residual kernels run here for head dim D.
+bool SupportsBf16Residuals(int64_t D) {
+#if ANCHORKV_AVX512_TARGET
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has && D % 64 == 0 && D <= 256;
+#else
+  (void)D;
+  return false;
+#endif
+}
+
+void QuadKeyResiduals2BitBf16(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0,
+                              const float* HWY_RESTRICT zscale, const int32_t* HWY_RESTRICT res, int64_t nr,
+                              const uint32_t* HWY_RESTRICT pairs, const float* HWY_RESTRICT rq4, int64_t D,
+                              float* HWY_RESTRICT s4, float* HWY_RESTRICT m4, LinesAhead* HWY_RESTRICT ahead) {
+#if ANCHORKV_AVX512_TARGET
+  return QuadKeyResidualsBf16(codes, cb, slot0, zscale, res, nr, pairs, rq4, D, s4, m4, ahead);
+#else
+  (void)codes, (void)cb, (void)slot0, (void)zscale, (void)res, (void)nr, (void)pairs, (void)rq4, (void)D,
+      (void)s4, (void)m4, (void)ahead;
+  HWY_ASSERT(false);  // callers check SupportsBf16Residuals
+#endif
+}
+
+void QuadValueResiduals2BitBf16(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0, int64_t nr,
+                                const uint32_t* HWY_RESTRICT pairs, const float* HWY_RESTRICT p4,
+                                const int32_t* HWY_RESTRICT res, const float* HWY_RESTRICT zscale, int64_t gn,
+                                int64_t D, float* HWY_RESTRICT rot, LinesAhead* HWY_RESTRICT ahead) {
+#if ANCHORKV_AVX512_TARGET
+  return QuadValueResidualsBf16(codes, cb, slot0, nr, pairs, p4, res, zscale, gn, D, rot, ahead);
+#else
+  (void)codes, (void)cb, (void)slot0, (void)nr, (void)pairs, (void)p4, (void)res, (void)zscale, (void)gn,
+      (void)D, (void)rot, (void)ahead;
+  HWY_ASSERT(false);  // callers check SupportsBf16Residuals
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace anchorkv::kernels
 HWY_AFTER_NAMESPACE();

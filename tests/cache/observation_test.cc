@@ -191,6 +191,12 @@ TEST(ObservationQueries, CacheSpecsNameThem) {
   for (const char* bad : {"anchorkv:keyrope", "full:pre:keyrope", "quantized4:pre:keyrope", "anchorkv:pre:keyrope:keyrope"})
     EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
   EXPECT_NE(cache::cache_modifier_help().find(":keyrope"), std::string::npos);
+  // :fp32: AnchorKV kinds only, once.
+  EXPECT_TRUE(cache::parse_cache_spec("anchorkv_tight:pre:fp32").fp32_residuals);
+  EXPECT_FALSE(cache::parse_cache_spec("anchorkv_tight:pre").fp32_residuals);
+  for (const char* bad : {"full:fp32", "kivi2:fp32", "anchorkv:fp32:fp32"})
+    EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
+  EXPECT_NE(cache::cache_modifier_help().find(":fp32"), std::string::npos);
 }
 
 }  // namespace

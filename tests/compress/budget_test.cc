@@ -4,9 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
-
-#include <cmath>
 
 namespace anchorkv::compress {
 namespace {
@@ -84,6 +83,19 @@ TEST(Budget, TightCoefficientCode) {
     float table[256];
     tight_coef_table(e, table);
     for (int c = 0; c < 256; ++c) ASSERT_EQ(table[c], tight_coef(static_cast<uint8_t>(c), e)) << c;
+  }
+  // The table built without ldexp, bit for bit, at every exponent a row can
+  // store (the extremes reach denormal and infinite magnitudes).
+  for (int e = -128; e <= 127; ++e) {
+    float table[256];
+    tight_coef_table(e, table);
+    for (int c = 0; c < 256; ++c) {
+      const float want = tight_coef(static_cast<uint8_t>(c), e);
+      uint32_t a, b;
+      std::memcpy(&a, &table[c], 4);
+      std::memcpy(&b, &want, 4);
+      ASSERT_EQ(a, b) << "exp " << e << " code " << c;
+    }
   }
   EXPECT_EQ(tight_coef_exp(0.0f), 0);
   // Magnitudes below the lowest level 2^((1 + exp) / 8), rounded, become 0.

@@ -13,6 +13,7 @@
 #include "eval/error_analysis.h"
 #include "eval/tasks.h"
 #include "io/gguf.h"
+#include "kernels/attention_kernels.h"
 #include "model/tokenizer.h"
 #include "runtime/prefix_chain.h"
 #include "runtime/session.h"
@@ -219,6 +220,37 @@ TEST(Session, LayerWeightsSetEachLayersTheta) {
   for (int l = 0; l < 4; ++l)
     EXPECT_NEAR(dynamic_cast<const AnchorKVCache&>(*m.caches()[static_cast<size_t>(l)]).config().theta, want[l], 1e-12);
   EXPECT_THROW(runtime::make_model(w, "anchorkv_tight:layers1/1/1", 0.05, 1), Error);
+}
+
+// :fp32 reaches attention: the same prompt and steps give logits within the
+// bf16 residual arithmetic's rounding of the default's, and differ from them
+// only where this CPU runs the bf16 kernels.
+TEST(Session, Fp32ResidualsModifierReachesAttention) {
+  const std::string path = shared_model("anchorkv-tiny.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
+  const LlamaWeights w = load_model(path);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 399; ++i) prompt.push_back(3 + (i * 37) % 200);
+  LlamaModel b = runtime::make_model(w, "anchorkv_tight:pre:obs:auto", 0.05, 2),
+             f = runtime::make_model(w, "anchorkv_tight:pre:obs:auto:fp32", 0.05, 2);
+  runtime::prefill_prompt(b, prompt);
+  runtime::prefill_prompt(f, prompt);
+  double diff = 0, norm = 0;
+  bool any_differs = false;
+  for (int i = 0; i < 8; ++i) {
+    const int32_t t = 3 + (i * 11) % 200;
+    const std::vector<float> lb = b.forward({t}), lf = f.forward({t});
+    ASSERT_EQ(lb.size(), lf.size());
+    for (size_t j = 0; j < lb.size(); ++j) {
+      diff += (lb[j] - lf[j]) * double{lb[j] - lf[j]};
+      norm += lf[j] * double{lf[j]};
+    }
+    any_differs = any_differs || lb != lf;
+  }
+  EXPECT_LT(diff / norm, 1e-6);
+  const auto& st = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*b.caches()[0]));
+  EXPECT_EQ(any_differs, kernels::residual_arithmetic(*st.codec, true).bf16);
+  EXPECT_THROW(runtime::make_model(w, "full:fp32", 0.05, 1), Error);
 }
 
 // The runtime streams AnchorKV: a prompt is compressed whole at its end, the
