@@ -130,6 +130,11 @@ struct EntryScratch {
   std::vector<float> cs_row;            // [2D] a row scored, then its position's cos | sin (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
   std::vector<float> ml;                // per quad: four softmax shifts, then four sums
+  // The tight layout's coefficient tables (compress::tight_coef_table) and
+  // the exponents they were built for: rebuilt when a row's differ, not per
+  // sub-tile (they were ~5% of a decode call).
+  float tight_k[256], tight_v[256];
+  int tight_k_exp = 1 << 30, tight_v_exp = 1 << 30;
   // decoded key / value residual rows (uninitialised: rewritten every sub-tile) and their scales
   core::UninitVector<float> zk, zv;
   std::vector<float> zks, zvs;
