@@ -1,7 +1,8 @@
 // Attention ops: fp16 promotion, dot products, maxima, exp sums, gathers and
-// scatters of scores (the reductions every kernel uses).
-// A per-target "-inl.h" header of kernels/attention_kernels.cc (the only
-// file that includes it): its guard toggles once per Highway target.
+// scatters of scores, sums across vectors (the reductions every kernel uses).
+// A per-target "-inl.h" header of kernels/attention_kernels.cc and
+// kernels/quad_entries.cc: its guard toggles once per Highway target, and
+// its functions are inline, so the two units may each compile them.
 #if defined(ANCHORKV_KERNELS_OPS_REDUCE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ANCHORKV_KERNELS_OPS_REDUCE_INL_H_
 #undef ANCHORKV_KERNELS_OPS_REDUCE_INL_H_
@@ -30,7 +31,7 @@ using core::HWY_NAMESPACE::ExpNonPositive;
 using core::HWY_NAMESPACE::HadamardWithin;
 using core::HWY_NAMESPACE::RotatePairs;
 
-float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
+inline float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto vm = hn::Set(d, m);
@@ -53,7 +54,7 @@ float ExpShiftSum(float* HWY_RESTRICT x, int64_t n, float m) {
 }
 
 // out[i] = scale[i] * table[idx[i]]: the anchor scores of n tokens (vector gathers).
-void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT idx,
+inline void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT idx,
                   const float* HWY_RESTRICT scale, int64_t n, float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
@@ -68,7 +69,7 @@ void GatherScaled(const float* HWY_RESTRICT table, const int32_t* HWY_RESTRICT i
 // Per-anchor value weights across the query group: W[idx[i] * 4 + g] += P[i * 4 + g]
 // for a group of 4 queries, one 4-lane add per token. Tokens alternate between two
 // accumulators, so neighbours that share an anchor do not wait on each other.
-void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, int64_t n,
+inline void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, int64_t n,
                  float* HWY_RESTRICT W0, float* HWY_RESTRICT W1) {
   const hn::CappedTag<float, 4> d4;
   if (hn::Lanes(d4) != 4) {
@@ -88,6 +89,70 @@ void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT idx, i
     hn::StoreU(hn::Add(hn::LoadU(d4, a), hn::LoadU(d4, P + i * 4)), d4, a);
   }
 }
+
+// ---- Sums across vectors: several dots' lanes folded into one vector.
+
+#if HWY_TARGET != HWY_SCALAR
+// A vector folded to one 128-bit block of partial sums.
+template <class D>
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldToBlock(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    return FoldToBlock(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  } else {
+    (void)d;
+    return v;
+  }
+}
+
+// [sum(a0), sum(a1), sum(a2), sum(a3)] in one 4-lane vector (needs N >= 4).
+HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> SumsOf4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2,
+                                                    hn::Vec<DF> a3) {
+  const DF df;
+  const hn::CappedTag<float, 4> d4;
+  const auto b0 = FoldToBlock(df, a0), b1 = FoldToBlock(df, a1), b2 = FoldToBlock(df, a2),
+             b3 = FoldToBlock(df, a3);
+  // [b0_0 + b0_2, b1_0 + b1_2, b0_1 + b0_3, b1_1 + b1_3] and the same for b2, b3
+  const auto u01 = hn::Add(hn::InterleaveLower(d4, b0, b1), hn::InterleaveUpper(d4, b0, b1));
+  const auto u23 = hn::Add(hn::InterleaveLower(d4, b2, b3), hn::InterleaveUpper(d4, b2, b3));
+  return hn::Add(hn::ConcatLowerLower(d4, u23, u01), hn::ConcatUpperUpper(d4, u23, u01));
+}
+#endif
+
+#if ANCHORKV_AVX512_TARGET
+// The sums of 16 vectors of 16 lanes, in order, in one vector: [sum(a[0]), ..., sum(a[15])].
+// Pairs of lanes, then of 64-bit halves, are added within each 128-bit block
+// (each block then holds four sources' partial sums), then blocks are paired
+// across vectors: 45 shuffles and adds for 16 sums, against 22 per 4 in SumsOf4.
+HWY_INLINE hn::Vec<DF> SumsOf16(const hn::Vec<DF>* a) {
+  const DF df;
+  const hn::Repartition<uint64_t, DF> d64;
+  hn::Vec<DF> w[4];
+  for (int m = 0; m < 4; ++m) {
+    const auto* x = a + 4 * m;
+    const auto u01 = hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
+    const auto u23 = hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
+    const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, u01), hn::BitCast(d64, u23));
+    const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, u01), hn::BitCast(d64, u23));
+    w[m] = hn::Add(hn::BitCast(df, lo), hn::BitCast(df, hi));  // block b: four sources' partial sums
+  }
+  // Blocks 0, 2 of x and y plus their blocks 1, 3: half as many blocks per source.
+  auto pair_blocks = [](hn::Vec<DF> x, hn::Vec<DF> y) {
+    return hn::Vec<DF>{_mm512_add_ps(_mm512_shuffle_f32x4(x.raw, y.raw, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(x.raw, y.raw, _MM_SHUFFLE(3, 1, 3, 1)))};
+  };
+  return pair_blocks(pair_blocks(w[0], w[1]), pair_blocks(w[2], w[3]));
+}
+
+// [x[0] x 4, x[1] x 4, x[2] x 4, x[3] x 4]: four per-entry factors over an entry's four lanes.
+HWY_INLINE hn::Vec<DF> SpreadFour(const float* HWY_RESTRICT x) {
+  const DF df;
+  alignas(64) static constexpr int32_t kSpread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const auto x4 = hn::LoadU(hn::CappedTag<float, 4>(), x);
+  return hn::TableLookupLanes(hn::ZeroExtendVector(df, hn::ZeroExtendVector(hn::Half<DF>(), x4)),
+                              hn::SetTableIndices(df, kSpread));
+}
+#endif
 
 }  // namespace HWY_NAMESPACE
 }  // namespace anchorkv::kernels

@@ -1,7 +1,7 @@
 // Attention ops: 2-bit residual codes decoded in registers, scored against a
 // quad of rotated queries (keys) and summed with its weights (values).
-// A per-target "-inl.h" header of kernels/attention_kernels.cc (the only
-// file that includes it): its guard toggles once per Highway target.
+// A per-target "-inl.h" header of kernels/quad_entries.cc (the only file
+// that includes it): its guard toggles once per Highway target.
 #if defined(ANCHORKV_KERNELS_OPS_RESIDUALS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ANCHORKV_KERNELS_OPS_RESIDUALS_INL_H_
 #undef ANCHORKV_KERNELS_OPS_RESIDUALS_INL_H_

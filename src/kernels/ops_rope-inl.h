@@ -1,7 +1,7 @@
 // Attention ops: pre-RoPE anchor scores for a quad of queries, the queries
 // rotated once per block of positions and the fp16 anchors read in place.
-// A per-target "-inl.h" header of kernels/attention_kernels.cc (the only
-// file that includes it): its guard toggles once per Highway target.
+// A per-target "-inl.h" header of kernels/quad_entries.cc (the only file
+// that includes it): its guard toggles once per Highway target.
 #if defined(ANCHORKV_KERNELS_OPS_ROPE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ANCHORKV_KERNELS_OPS_ROPE_INL_H_
 #undef ANCHORKV_KERNELS_OPS_ROPE_INL_H_
