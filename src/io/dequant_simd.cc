@@ -7,6 +7,7 @@
 
 #include "core/half.h"
 #include "io/dequant_simd.h"
+#include "io/ggml_blocks.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "io/dequant_simd.cc"
@@ -38,7 +39,7 @@ void DequantQ8_0(const uint8_t* HWY_RESTRICT src, int64_t nb, float* HWY_RESTRIC
   const DF df;
   const hn::Rebind<int8_t, DF> d8;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t b = 0; b < nb; ++b, src += 34, y += 32) {
+  for (int64_t b = 0; b < nb; ++b, src += kQ8_0Block.bytes, y += kQ8_0Block.elems) {
     const auto d = hn::Set(df, f16_at(src));
     const auto* q = reinterpret_cast<const int8_t*>(src + 2);
     for (int64_t i = 0; i < 32; i += N)
@@ -50,7 +51,7 @@ void DequantQ4_0(const uint8_t* HWY_RESTRICT src, int64_t nb, float* HWY_RESTRIC
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const auto k15 = hn::Set(DI(), 15), k8 = hn::Set(DI(), 8);
-  for (int64_t b = 0; b < nb; ++b, src += 18, y += 32) {
+  for (int64_t b = 0; b < nb; ++b, src += kQ4_0Block.bytes, y += kQ4_0Block.elems) {
     const auto d = hn::Set(df, f16_at(src));
     for (int64_t i = 0; i < 16; i += N) {
       const auto v = Bytes(src + 2 + i);

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/mapped_file.h"
+#include "io/ggml_blocks.h"
 
 namespace anchorkv::io {
 
@@ -57,10 +58,12 @@ bool ggml_block(GgmlType t, int64_t* elems, int64_t* bytes) {
   };
   static const B table[] = {
       {GgmlType::kF32, 1, 4},      {GgmlType::kF16, 1, 2},      {GgmlType::kBF16, 1, 2},
-      {GgmlType::kQ4_0, 32, 18},   {GgmlType::kQ4_1, 32, 20},   {GgmlType::kQ5_0, 32, 22},
-      {GgmlType::kQ5_1, 32, 24},   {GgmlType::kQ8_0, 32, 34},   {GgmlType::kQ8_1, 32, 36},
-      {GgmlType::kQ2_K, 256, 84},  {GgmlType::kQ3_K, 256, 110}, {GgmlType::kQ4_K, 256, 144},
-      {GgmlType::kQ5_K, 256, 176}, {GgmlType::kQ6_K, 256, 210}, {GgmlType::kQ8_K, 256, 292}};
+      {GgmlType::kQ4_0, kQ4_0Block.elems, kQ4_0Block.bytes}, {GgmlType::kQ4_1, kQ4_1Block.elems, kQ4_1Block.bytes},
+      {GgmlType::kQ5_0, kQ5_0Block.elems, kQ5_0Block.bytes}, {GgmlType::kQ5_1, kQ5_1Block.elems, kQ5_1Block.bytes},
+      {GgmlType::kQ8_0, kQ8_0Block.elems, kQ8_0Block.bytes}, {GgmlType::kQ8_1, kQ8_1Block.elems, kQ8_1Block.bytes},
+      {GgmlType::kQ2_K, kQ2_KBlock.elems, kQ2_KBlock.bytes}, {GgmlType::kQ3_K, kQ3_KBlock.elems, kQ3_KBlock.bytes},
+      {GgmlType::kQ4_K, kQ4_KBlock.elems, kQ4_KBlock.bytes}, {GgmlType::kQ5_K, kQ5_KBlock.elems, kQ5_KBlock.bytes},
+      {GgmlType::kQ6_K, kQ6_KBlock.elems, kQ6_KBlock.bytes}, {GgmlType::kQ8_K, kQ8_KBlock.elems, kQ8_KBlock.bytes}};
   for (const B& b : table)
     if (b.t == t) {
       *elems = b.e;

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/parallel.h"
+#include "io/ggml_blocks.h"
 #include "model/kquant_scales.h"
 
 namespace anchorkv::model {
@@ -47,20 +48,20 @@ void prepare_q8_0(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
   const int64_t nb = W.cols / 32;
   w->base = W.blocks + r0 * W.row_bytes + 2;
   w->stride = W.row_bytes;
-  w->block_step = 34;
+  w->block_step = io::kQ8_0Block.bytes;
   w->is_signed = true;
   w->has_min = false;
   w->scale.resize(static_cast<size_t>(nb * 16));
   for (int64_t i = 0; i < 16; ++i)
     for (int64_t b = 0; b < nb; ++b)
-      w->scale[static_cast<size_t>(b * 16 + i)] = f16_at(W.blocks + (r0 + i) * W.row_bytes + b * 34);
+      w->scale[static_cast<size_t>(b * 16 + i)] = f16_at(W.blocks + (r0 + i) * W.row_bytes + b * io::kQ8_0Block.bytes);
 }
 
 // Q4_0: element j < 16 is the low nibble of byte j, j >= 16 the high nibble
 // of byte j - 16; w = d * (q - 8).
 void unpack_q4_0_row(const uint8_t* row, int64_t nb, uint8_t* out, float* scale, float* min) {
   for (int64_t b = 0; b < nb; ++b, out += 32) {
-    const uint8_t* blk = row + b * 18;
+    const uint8_t* blk = row + b * io::kQ4_0Block.bytes;
     for (int j = 0; j < 16; ++j) {
       out[j] = blk[2 + j] & 0x0F;
       out[j + 16] = blk[2 + j] >> 4;

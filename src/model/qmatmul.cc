@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/parallel.h"
+#include "io/ggml_blocks.h"
 #include "model/amx_matmul.h"
 #include "model/kquant_scales.h"
 
@@ -93,7 +94,7 @@ template <int kTok>
 void RowQ8_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
   IntSums<kTok> s;
-  for (int64_t b = 0; b < nb; ++b, row += 34) {
+  for (int64_t b = 0; b < nb; ++b, row += io::kQ8_0Block.bytes) {
     hwy::Prefetch(row + kPrefetchBytes);
     s.zero();
     const auto* q = reinterpret_cast<const int8_t*>(row + 2);
@@ -114,7 +115,7 @@ void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
   const int64_t H = static_cast<int64_t>(hn::Lanes(dh));
   const auto k15 = hn::Set(dh, 15), k8 = hn::Set(dh, 8);
   IntSums<kTok> s;
-  for (int64_t b = 0; b < nb; ++b, row += 18) {
+  for (int64_t b = 0; b < nb; ++b, row += io::kQ4_0Block.bytes) {
     s.zero();
     for (int64_t j = 0; j < 16; j += H) {
       const auto v = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, decltype(dh)>(), row + 2 + j));
@@ -143,7 +144,7 @@ void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const
   const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
   const auto k15 = hn::Set(D16(), 15), k1 = hn::Set(D16(), 1);
   IntSums<kTok> s;
-  for (int64_t b = 0; b < nb; ++b, row += kFive ? 176 : 144) {
+  for (int64_t b = 0; b < nb; ++b, row += kFive ? io::kQ5_KBlock.bytes : io::kQ4_KBlock.bytes) {
     const uint8_t* packed = row + 4;
     const uint8_t* qh = row + 16;
     const uint8_t* ql = row + (kFive ? 48 : 16);
@@ -193,7 +194,7 @@ void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
   const hn::Half<D16> dh;
   const auto k15 = hn::Set(D16(), 15), k3 = hn::Set(D16(), 3), k32 = hn::Set(D16(), 32);
   IntSums<kTok> s;
-  for (int64_t b = 0; b < nb; ++b, row += 210) {
+  for (int64_t b = 0; b < nb; ++b, row += io::kQ6_KBlock.bytes) {
     s.zero();
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = row + 64 * half;
@@ -429,7 +430,7 @@ bool int8_matmul_supported(io::GgmlType type) {
 }
 
 int64_t int8_group(io::GgmlType type) {
-  return type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ8_0 ? 32 : 256;
+  return type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ8_0 ? io::kQ8_0Block.elems : io::kQ4_KBlock.elems;
 }
 
 namespace {
@@ -458,7 +459,7 @@ constexpr int64_t word16(int64_t k, int64_t i) { return k * 64 + i * 4; }
 void pack_q8_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = rows + i * nb * 34 + b * 34;
+      const uint8_t* blk = rows + (i * nb + b) * io::kQ8_0Block.bytes;
       for (int64_t k = 0; k < 8; ++k) {  // a word of four bytes at a time, w to w + 128
         uint32_t w;
         std::memcpy(&w, blk + 2 + 4 * k, 4);
@@ -470,7 +471,7 @@ void pack_q8_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group)
 }
 void unpack_q8_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) {
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = row + b * 34;
+    uint8_t* blk = row + b * io::kQ8_0Block.bytes;
     std::memcpy(blk, group + nb * 512 + b * 32 + i * 2, 2);
     for (int64_t k = 0; k < 8; ++k) {  // a word of four bytes at a time, w + 128 back to w
       uint32_t w;
@@ -484,14 +485,14 @@ void unpack_q8_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) 
 void pack_q4_0_group(const uint8_t* rows, int64_t n, int64_t nb, uint8_t* group) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = rows + i * nb * 18 + b * 18;
+      const uint8_t* blk = rows + (i * nb + b) * io::kQ4_0Block.bytes;
       for (int64_t w = 0; w < 4; ++w) std::memcpy(group + b * 256 + word16(w, i), blk + 2 + 4 * w, 4);
       std::memcpy(group + nb * 256 + b * 32 + i * 2, blk, 2);
     }
 }
 void unpack_q4_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) {
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* blk = row + b * 18;
+    uint8_t* blk = row + b * io::kQ4_0Block.bytes;
     std::memcpy(blk, group + nb * 256 + b * 32 + i * 2, 2);
     for (int64_t w = 0; w < 4; ++w) std::memcpy(blk + 2 + 4 * w, group + b * 256 + word16(w, i), 4);
   }
@@ -502,7 +503,7 @@ void unpack_q4_0_row(const uint8_t* group, int64_t nb, int64_t i, uint8_t* row) 
 // qh[l] is the fifth bit of element l of sub-block j).
 void pack_q45_k_group(const uint8_t* rows, int64_t n, int64_t nsb, bool five, uint8_t* group) {
   const KRows16 L = KRows16::of(five);
-  const int64_t block_bytes = five ? 176 : 144, qs = five ? 48 : 16;
+  const int64_t block_bytes = five ? io::kQ5_KBlock.bytes : io::kQ4_KBlock.bytes, qs = five ? 48 : 16;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* blk = rows + i * nsb * block_bytes + s * block_bytes;
@@ -525,7 +526,7 @@ void pack_q45_k_group(const uint8_t* rows, int64_t n, int64_t nsb, bool five, ui
 }
 void unpack_q45_k_row(const uint8_t* group, int64_t nsb, bool five, int64_t i, uint8_t* row) {
   const KRows16 L = KRows16::of(five);
-  const int64_t block_bytes = five ? 176 : 144, qs = five ? 48 : 16;
+  const int64_t block_bytes = five ? io::kQ5_KBlock.bytes : io::kQ4_KBlock.bytes, qs = five ? 48 : 16;
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* in = group + s * L.bytes;
     uint8_t* blk = row + s * block_bytes;

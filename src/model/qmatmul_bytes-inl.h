@@ -212,7 +212,7 @@ template <int kRows, bool kQ4>
 ANCHORKV_VNNI __attribute__((always_inline)) inline void vnni_block(const uint8_t* rows, int64_t row_bytes, int64_t b,
                                                                   const int8_t* x, const float* xs,
                                                                   const int32_t* sums, __m256* acc, float* off) {
-  constexpr int64_t kBlockBytes = kQ4 ? 18 : 34;
+  constexpr int64_t kBlockBytes = kQ4 ? io::kQ4_0Block.bytes : io::kQ8_0Block.bytes;
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * 32));
   for (int r = 0; r < kRows; ++r) {
     const uint8_t* blk = rows + r * row_bytes + b * kBlockBytes;
