@@ -19,6 +19,7 @@
 #include "core/parallel.h"
 #include "io/ggml_blocks.h"
 #include "model/kquant_scales.h"
+#include "model/rows16.h"
 
 namespace anchorkv::model {
 namespace {

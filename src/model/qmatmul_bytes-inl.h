@@ -24,16 +24,6 @@ namespace {
 constexpr int kMaxTokens = 4;
 // How far ahead of the row being read weights are prefetched.
 constexpr int64_t kPrefetchBytes = 4096;
-// Where the parts of a kRows16 Q4_K / Q5_K super-block of 16 rows lie
-// (qmatmul.h has the layout): nibbles, Q5_K's fifth bits, sub-block scales,
-// minimums, d, dmin.
-struct KRows16 {
-  int64_t high, sc, m, d, dmin, bytes;
-  static constexpr KRows16 of(bool five) {
-    const int64_t h = five ? 512 : 0;
-    return {2048, 2048 + h, 2176 + h, 2304 + h, 2336 + h, 2368 + h};
-  }
-};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ANCHORKV_BYTE_KERNELS 1
