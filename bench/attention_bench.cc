@@ -4,8 +4,9 @@
 #include <benchmark/benchmark.h>
 
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "anchorkv/anchorkv.h"
@@ -199,6 +200,47 @@ void BM_DecodeAttentionTight(benchmark::State& state) {
 // args: S, keys (0 post-RoPE, 1 pre-RoPE, 2 :keyrope), bf16 residual arithmetic (1) or fp32 (0)
 BENCHMARK(BM_DecodeAttentionTight)
     ->ArgsProduct({{4096, 32768, 131072}, {0, 1, 2}, {1, 0}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+
+// The same tight post-RoPE layer held as N streaming segments of S / N
+// tokens (args: S, N, threads; N = 1 is one segment): what a long session's decode
+// pays for many segments (#34's target: 32 within 10% of one).
+AnchorKVCache& segmented_layer(int64_t S, int64_t n) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<AnchorKVCache>> cache;
+  auto& c = cache[{S, n}];
+  if (!c) {
+    AnchorKVConfig cfg;
+    cfg.metadata = MetadataLayout::kTight;
+    cfg.segment_tokens = S / n;
+    c = std::make_unique<AnchorKVCache>(cfg);
+    const eval::Workload& w = tight_layer(S).post;
+    for (int64_t at = 0; at < S; at += cfg.segment_tokens) {  // one call per segment (docs/spec.md §4.8)
+      auto part = [&](const TensorView& x) {
+        TensorView t = x;
+        t.data = static_cast<const char*>(x.data) + at * x.strides[2] * static_cast<int64_t>(sizeof(float));
+        t.shape[2] = std::min(cfg.segment_tokens, S - at);
+        return t;
+      };
+      c->update(part(w.keys()), part(w.values()));
+    }
+  }
+  return *c;
+}
+
+void BM_DecodeAttentionSegments(benchmark::State& state) {
+  const int64_t S = state.range(0), n = state.range(1);
+  const TensorView q = TensorView::f32(tight_layer(S).post.Q.data(), {1, 32, 1, 128});
+  const KVCache& c = n == 1 ? static_cast<const KVCache&>(tight_layer(S).post_rope) : segmented_layer(S, n);
+  AttentionOptions ao;
+  ao.threads = static_cast<int>(state.range(2));
+  for (auto _ : state) benchmark::DoNotOptimize(attend(q, c, ao).data());
+  state.counters["anchors"] = static_cast<double>(static_cast<const AnchorKVCache&>(c).n_anchor_total());
+  state.SetLabel(n == 1 ? "tight, one segment" : "tight, " + std::to_string(n) + " streaming segments");
+}
+BENCHMARK(BM_DecodeAttentionSegments)
+    ->ArgsProduct({{32768}, {1, 32}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

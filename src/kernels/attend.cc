@@ -1,6 +1,7 @@
 // attend(): reads a cache through its attention source (cache/attention_source.h)
-// under the cache's reader lock, then
-//   plan     validate the query, scale (and rotate) it, cut every region into chunks
+// under the cache's reader lock, checks the call (kernels/attend_checks.h), then
+//   plan     scale (and rotate) the query, cut every region into chunks (small
+//            segments with no query inside them into runs of whole segments)
 //   prepare  per-row state of the compressed segment (anchor scores, rotated queries)
 //   run      one online-softmax partial per (row, chunk), in parallel
 //   merge    fold the partials of a row in chunk order and finish each query
@@ -9,7 +10,6 @@
 #include <cmath>
 #include <limits>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +22,7 @@
 #include "core/linalg.h"
 #include "core/parallel.h"
 #include "core/rope.h"
+#include "kernels/attend_checks.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/coded_attention.h"
 
@@ -29,7 +30,6 @@ namespace anchorkv {
 namespace {
 
 constexpr const char* kOp = "anchorkv::attend";
-using core::kMaxRopePosition;
 constexpr int64_t kTile = 512;        // dense tokens per kernel call (bounds scratch)
 constexpr int64_t kEntryTile = 8192;  // compressed entries per kernel call: each call ends in a
                                       // merge over every anchor, so tiles are long
@@ -67,9 +67,9 @@ int64_t entry_chunk_size(int64_t n, int64_t rows, bool rope) {
 }
 
 struct Chunk {
-  enum Kind { kDense, kAnchors, kEntries } kind;
+  enum Kind { kDense, kAnchors, kEntries, kRun } kind;
   const cache::DenseRegion* region = nullptr;  // kDense
-  int64_t a = 0, b = 0;                        // token / entry range
+  int64_t a = 0, b = 0;                        // token / entry range; kRun: segments [a, b)
   int seg = -1;                                // kAnchors, kEntries: the segment
   int entry_chunk = 0;                         // kEntries: index among its segment's entry chunks
 };
@@ -97,85 +97,6 @@ struct Workspace {
   std::vector<float> rq;                   // [R, ceil(nq / 4) * 4, D]: queries in the shared codec's rotation
   std::vector<std::vector<RowPrep>> prep;  // per segment, per row
 };
-
-void check_query(const TensorView& query, const cache::AttentionSource& src, const AttentionOptions& opt) {
-  const Shape4& qs = query.shape;
-  if (src.n_total == 0 || src.H == 0) core::fail(ErrorCode::kInvalidState, kOp, "the cache holds no token");
-  for (int i = 0; i < 4; ++i)
-    if (qs[i] < 0 || query.strides[i] < 0)
-      core::fail(ErrorCode::kInvalidArgument, kOp, "query has a negative dimension or stride");
-  if (qs[0] != src.B || qs[3] != src.D)
-    core::fail(ErrorCode::kShapeMismatch, kOp,
-               "query " + shape_string(qs) + " does not match the cache's B=" + std::to_string(src.B) +
-                   ", D=" + std::to_string(src.D));
-  if (qs[1] < 1 || qs[1] % src.H != 0)
-    core::fail(ErrorCode::kShapeMismatch, kOp,
-               "query heads Hq=" + std::to_string(qs[1]) +
-                   " must be a positive multiple of the cache's H=" + std::to_string(src.H));
-  if (qs[2] > src.n_total)
-    core::fail(ErrorCode::kShapeMismatch, kOp,
-               "Sq=" + std::to_string(qs[2]) + " queries but the cache holds only " +
-                   std::to_string(src.n_total) + " positions (append the queries' K/V first)");
-  if (query.numel() > 0 && query.data == nullptr)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "query has null data");
-  if (opt.out_dtype != DType::kF32 && opt.out_dtype != DType::kF16)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "out_dtype must be f32 or f16");
-  if (!(opt.scale >= 0.0f) || !std::isfinite(opt.scale))
-    core::fail(ErrorCode::kInvalidArgument, kOp, "scale must be finite and >= 0");
-}
-
-void check_rope(const RopeOptions& rope, const cache::AttentionSource& src, bool evicts,
-                const std::string& cache_name) {
-  if (evicts)
-    core::fail(
-        ErrorCode::kUnsupported, kOp,
-        "RoPE inside attention needs every token's position; cache '" + cache_name + "' evicts tokens");
-  if (std::string problem = core::rope_problem(rope, src.D); !problem.empty())
-    core::fail(ErrorCode::kInvalidArgument, kOp, problem);
-  if (rope.position_offset < 0)
-    core::fail(ErrorCode::kInvalidArgument, kOp, "rope.position_offset must be >= 0");
-  if (rope.position_offset > kMaxRopePosition - src.n_total)
-    core::fail(
-        ErrorCode::kInvalidArgument, kOp,
-        "RoPE positions beyond " + std::to_string(kMaxRopePosition) + " (position_offset + cache length)");
-}
-
-// Coded tokens (TurboQuant) are scored in their rotation's domain, which RoPE
-// at each position would leave: they hold keys as given, after RoPE.
-void check_no_coded(const cache::AttentionSource& src) {
-  if (src.holds_coded())
-    core::fail(ErrorCode::kUnsupported, kOp,
-               "RoPE inside attention over coded tokens (TurboQuant keeps keys as given: store them after RoPE)");
-}
-
-void check_key_rope(const RopeOptions& rope, const cache::CompressedRegion& seg);
-
-// A segment whose key residuals were coded after RoPE (AnchorKVConfig::key_rope)
-// is scored with the query rotated to its position, so attention must apply
-// the same RoPE at the same positions.
-void check_key_rope(const RopeOptions& rope, const cache::AttentionSource& src) {
-  for (const cache::CompressedRegion& seg : src.segments) check_key_rope(rope, seg);
-}
-
-void check_key_rope(const RopeOptions& rope, const cache::CompressedRegion& seg) {
-  if (seg.rows->empty()) return;
-  const RopeOptions& kr = seg.rows->front().key_rope;
-  if (!kr.enabled) return;
-  auto name = [](const RopeOptions& r) {
-    std::ostringstream os;
-    os << (r.style == RopeStyle::kNeox ? "neox" : "normal") << " base " << r.base
-       << (r.freq_scale.empty() ? "" : " (scaled frequencies)") << " from position " << r.position_offset;
-    return os.str();
-  };
-  RopeOptions at = rope;
-  at.position_offset += seg.pos0;
-  if (!rope.enabled || !core::same_angles(rope, kr) || rope.style != kr.style ||
-      at.position_offset != kr.position_offset)
-    core::fail(ErrorCode::kInvalidArgument, kOp,
-               "the cache holds keys before RoPE with key residuals coded for RoPE " + name(kr) +
-                   " (AnchorKVConfig::key_rope); options.rope must apply that RoPE, got " +
-                   (rope.enabled ? name(at) : std::string("none")));
-}
 
 // One attend() call: the source, the query layout and every buffer it uses.
 class AttendCall {
@@ -233,11 +154,17 @@ class AttendCall {
   }
   // Per-anchor weights a chunk's partial carries per query: its segment's largest anchor count.
   int64_t chunk_k(const Chunk& c) const { return c.seg < 0 ? 0 : k_max_[static_cast<size_t>(c.seg)]; }
+  // Whether segment s is attended inside a run (Chunk::kRun): small, no query inside it.
+  bool in_run(int s) const {
+    const int64_t n = n_other_max_[static_cast<size_t>(s)];
+    return runs_ && !masked_[static_cast<size_t>(s)] && n <= entry_chunk_size(n, R_, rope_ != nullptr);
+  }
   kernels::PartialView partial(int64_t r, int64_t c);
   kernels::CompressedQueries compressed_queries(int s, int64_t r) const;
 
   void prepare_queries();
   void plan_chunks();
+  void plan_segments();
   void plan_segment(int s);
   void prepare_segments();
   void prepare_row(int s, int64_t r);
@@ -247,6 +174,7 @@ class AttendCall {
   void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_tile(const kernels::PartialView& t, kernels::PartialView out) const;
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
+  void run_segments(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_and_finish(Tensor& out);
   void merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l, float* acc,
                      float* rot);
@@ -267,12 +195,14 @@ class AttendCall {
   std::vector<int64_t> w_off_;  // per chunk: its weights' offset in a row's block of pw
   int64_t C_ = 0, w_row_ = 0;   // chunks; floats of pw per row
   std::vector<int64_t> k_max_;  // per segment: the most anchors of any of its rows
+  std::vector<int64_t> n_other_max_;  // per segment: the most entries of any of its rows
   std::vector<char> masked_;    // per segment: some query sits inside it (causal mask)
   std::vector<size_t> entry_chunk0_;  // per segment: the index of its first entry chunk
   const compress::ResidualCodec* shared_codec_ = nullptr;  // every segment's, if they share one
   std::vector<kernels::ResidualArithmetic> arith_;          // per segment: its residuals' arithmetic
   bool anchors_in_place_ = false;  // fp16 key anchors read in place (fast path, no RoPE)
   bool values_in_place_ = false;   // fp16 value anchors read in place (fast path)
+  bool runs_ = false;              // small segments are attended in runs (fast path, one codec)
   std::vector<std::vector<RowPrep>>& prep_;  // the workspace's (buffers reused across calls)
 };
 
@@ -319,10 +249,7 @@ void AttendCall::plan_chunks() {
     for (int64_t a = 0; a < reg.n; a += c) chunks_.push_back({Chunk::kDense, &reg, a, std::min(reg.n, a + c)});
   };
   for (const auto& reg : src_.dense_before) add_dense(reg);
-  k_max_.assign(src_.segments.size(), 0);
-  masked_.assign(src_.segments.size(), 0);
-  entry_chunk0_.assign(src_.segments.size(), 0);
-  for (int s = 0; s < n_seg(); ++s) plan_segment(s);
+  plan_segments();
   for (const auto& reg : src_.dense_after) add_dense(reg);
   C_ = static_cast<int64_t>(chunks_.size());
   w_off_.resize(chunks_.size());
@@ -333,20 +260,53 @@ void AttendCall::plan_chunks() {
   }
 }
 
-void AttendCall::plan_segment(int s) {
-  const cache::CompressedRegion& g = seg(s);
-  int64_t n_other_max = 0;
-  for (const auto& row : *g.rows) {
-    k_max_[s] = std::max(k_max_[s], row.n_anchor);
-    n_other_max = std::max(n_other_max, row.n_other());
+// Small segments with no query inside them (a long session's streaming
+// segments) are attended in runs of consecutive ones, each run about one
+// entry chunk of work in one task (segment_run_quads); the others get an
+// anchors chunk and entry chunks each. Runs depend on the segments' sizes
+// only, never on the thread count.
+void AttendCall::plan_segments() {
+  const size_t n = src_.segments.size();
+  k_max_.assign(n, 0);
+  n_other_max_.assign(n, 0);
+  masked_.assign(n, 0);
+  entry_chunk0_.assign(n, 0);
+  for (int s = 0; s < n_seg(); ++s) {
+    const cache::CompressedRegion& g = seg(s);
+    for (const auto& row : *g.rows) {
+      k_max_[s] = std::max(k_max_[s], row.n_anchor);
+      n_other_max_[s] = std::max(n_other_max_[s], row.n_other());
+    }
+    masked_[s] = (src_.n_total - Sq_) < g.pos0 + g.tokens - 1;
   }
+  shared_codec_ = n > 0 ? seg(0).codec : nullptr;
+  for (int s = 1; s < n_seg(); ++s)
+    if (seg(s).codec != shared_codec_) shared_codec_ = nullptr;
+  runs_ = !opt_.reference && shared_codec_ && kernels::f16_rows_supported(D_) &&
+          (!rope_ || kernels::quad_rope_supported(D_));
+  int64_t entries_in_runs = 0;
+  for (int s = 0; s < n_seg(); ++s)
+    if (in_run(s)) entries_in_runs += n_other_max_[s];
+  const int64_t target = entry_chunk_size(entries_in_runs, R_, rope_ != nullptr);
+  for (int s = 0; s < n_seg();) {
+    if (!in_run(s)) {
+      plan_segment(s++);
+      continue;
+    }
+    const int s0 = s;
+    for (int64_t e = 0; s < n_seg() && in_run(s) && e < target;) e += n_other_max_[s++];
+    chunks_.push_back({Chunk::kRun, nullptr, s0, s});
+  }
+}
+
+void AttendCall::plan_segment(int s) {
+  const int64_t n_other_max = n_other_max_[static_cast<size_t>(s)];
   chunks_.push_back({Chunk::kAnchors, nullptr, 0, 0, s});
   const int64_t c = entry_chunk_size(n_other_max, R_, rope_ != nullptr);
   entry_chunk0_[static_cast<size_t>(s)] = chunks_.size();
   int entry_chunk = 0;
   for (int64_t a = 0; a < n_other_max; a += c)
     chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), s, entry_chunk++});
-  masked_[s] = (src_.n_total - Sq_) < g.pos0 + g.tokens - 1;
 }
 
 void AttendCall::prepare_segments() {
@@ -354,9 +314,6 @@ void AttendCall::prepare_segments() {
   anchors_in_place_ = values_in_place_ && !rope_;
   prep_.resize(src_.segments.size());
   for (auto& rows : prep_) rows.resize(static_cast<size_t>(R_));
-  shared_codec_ = seg(0).codec;
-  for (int s = 1; s < n_seg(); ++s)
-    if (seg(s).codec != shared_codec_) shared_codec_ = nullptr;
   arith_.resize(static_cast<size_t>(n_seg()));
   for (int s = 0; s < n_seg(); ++s)
     arith_[s] = s > 0 && seg(s).codec == seg(s - 1).codec ? arith_[s - 1]
@@ -446,7 +403,7 @@ void AttendCall::prepare_row(int s, int64_t r) {
   if (!anchors_in_place_)
     (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
                                                                k);
-  if (!rope_ && !opt_.reference) {  // the quad layout of the fast kernel
+  if (!opt_.reference) {  // the quad layout of the fast kernel
     const int64_t quads = (nq_ + 3) / 4;
     p.anchor_dot4.assign(static_cast<size_t>(quads * k * 4), 0.0f);
     for (int64_t g = 0; g < nq_; ++g)
@@ -476,10 +433,10 @@ void AttendCall::prepare_row(int s, int64_t r) {
 // w[k of the segment], rot[D].
 kernels::PartialView AttendCall::partial(int64_t r, int64_t c) {
   const size_t base = static_cast<size_t>((r * C_ + c) * nq_);
-  const bool compressed = chunks_[static_cast<size_t>(c)].seg >= 0;
+  const Chunk& ch = chunks_[static_cast<size_t>(c)];
   return kernels::PartialView{&ws_.pm[base], &ws_.pl[base], &ws_.pacc[base * D_],
-                              compressed ? &ws_.pw[static_cast<size_t>(r * w_row_ + w_off_[c])] : nullptr,
-                              compressed ? &ws_.prot[base * D_] : nullptr};
+                              ch.seg >= 0 ? &ws_.pw[static_cast<size_t>(r * w_row_ + w_off_[c])] : nullptr,
+                              ch.kind != Chunk::kDense ? &ws_.prot[base * D_] : nullptr};
 }
 
 kernels::CompressedQueries AttendCall::compressed_queries(int s, int64_t r) const {
@@ -509,8 +466,10 @@ void AttendCall::run_chunks() {
   ws_.prot.resize(has_c() ? n_part * static_cast<size_t>(D_) : 0);
   const auto cost = [&](int64_t task) {  // multiply-adds, roughly
     const Chunk& c = chunks_[static_cast<size_t>(task % C_)];
-    const int64_t n = c.kind == Chunk::kAnchors ? k_max_[static_cast<size_t>(c.seg)] : c.b - c.a;
-    return kTaskCost + n * nq_ * D_ / (c.kind == Chunk::kEntries ? 8 : 1);
+    int64_t n = c.kind == Chunk::kAnchors ? k_max_[static_cast<size_t>(c.seg)] : c.kind == Chunk::kRun ? 0 : c.b - c.a;
+    for (int64_t s = c.a; c.kind == Chunk::kRun && s < c.b; ++s)
+      n += n_other_max_[static_cast<size_t>(s)] + k_max_[static_cast<size_t>(s)];
+    return kTaskCost + n * nq_ * D_ / (c.kind == Chunk::kEntries || c.kind == Chunk::kRun ? 8 : 1);
   };
   core::parallel_for_grouped(R_ * C_, opt_.threads, cost, [&](int64_t task) {
     const int64_t r = task / C_, ci = task % C_;
@@ -525,6 +484,8 @@ void AttendCall::run_chunks() {
         return run_dense(r, c, out);
       case Chunk::kEntries:
         return run_entries(r, c, out);
+      case Chunk::kRun:
+        return run_segments(r, c, out);
     }
   });
 }
@@ -629,6 +590,20 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
   }
 }
 
+void AttendCall::run_segments(int64_t r, const Chunk& c, kernels::PartialView out) {
+  thread_local std::vector<kernels::CompressedQueries> cqs;
+  thread_local std::vector<kernels::SegmentPass> passes;
+  thread_local kernels::EntryScratch scratch;
+  cqs.clear();
+  passes.clear();
+  for (int s = static_cast<int>(c.a); s < c.b; ++s) cqs.push_back(compressed_queries(s, r));
+  for (int s = static_cast<int>(c.a); s < c.b; ++s) {
+    const compress::CompressedRow& row = seg_row(s, r);
+    passes.push_back({&cqs[static_cast<size_t>(s - c.a)], &row, {0, row.n_other(), 0, 0, seg(s).pos0}});
+  }
+  kernels::segment_run_quads(passes.data(), static_cast<int64_t>(passes.size()), *shared_codec_, out, scratch);
+}
+
 void AttendCall::report(AttentionStats* stats) const {
   int64_t bytes = static_cast<int64_t>(ws_.Q.size() * 4 + qpos_.size() * 8 +
                                        (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
@@ -675,13 +650,15 @@ void AttendCall::merge_and_finish(Tensor& out) {
       std::fill_n(l, 4, 0.0f);
       for (size_t c = 0; c < chunks_.size();) {
         size_t c1 = c + 1;
-        const bool dense = chunks_[c].seg < 0;
-        if (dense) {  // a dense chunk: its partial as it is
+        const bool plain = chunks_[c].seg < 0;  // dense, or a run of segments finished in its task
+        const bool dense = chunks_[c].kind == Chunk::kDense;
+        if (plain) {  // its partial as it is
           const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
           for (int64_t g = 0; g < gn; ++g) {
             ms[g] = v.m[g0 + g];
             ls[g] = v.l[g0 + g];
             std::copy_n(v.acc + (g0 + g) * D_, D_, &acc_s[g * D_]);
+            if (!dense) std::copy_n(v.rot + (g0 + g) * D_, D_, &rot_s[g * D_]);
           }
         } else {
           while (c1 < chunks_.size() && chunks_[c1].seg == chunks_[c].seg) ++c1;
@@ -791,10 +768,7 @@ Tensor attend(const TensorView& query, const std::vector<const KVCache*>& caches
     if (opt.rope.enabled && own.holds_affine()) own = cache::dense_source(l.store.fetch(l.shape));
     cache::append_source(src, std::move(own), kOp);
   }
-  check_query(query, src, opt);
-  if (opt.rope.enabled) check_rope(opt.rope, src, evicts, evicting);
-  if (opt.rope.enabled) check_no_coded(src);
-  check_key_rope(opt.rope, src);
+  kernels::check_attend_call(query, src, opt, evicts, evicting);
   return AttendCall(query, src, opt).run(stats);
 }
 

@@ -130,6 +130,9 @@ struct EntryScratch {
   std::vector<float> cs_row;            // [2D] a row scored, then its position's cos | sin (RoPE)
   std::vector<float> pt, wa, wb, w4;    // value-weight accumulators
   std::vector<float> ml;                // per quad: four softmax shifts, then four sums
+  std::vector<int32_t> anchor_ids;      // 0, 1, ...: anchors folded in as tokens (segment runs)
+  std::vector<float> anchor_ones;       //   with gamma 1
+  std::vector<float> run_w;             // [4, k] a quad's anchor weights at the end of a segment
   // The tight layout's coefficient tables (compress::tight_coef_table) and
   // the exponents they were built for: rebuilt when a row's differ, not per
   // sub-tile (they were ~5% of a decode call).
@@ -176,6 +179,26 @@ void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& r
 void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRow& row,
                        const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
                        EntryScratch& scratch);
+
+// One segment of a run (segment_run_quads): its queries (anchor_dot4 and the
+// quad path's inputs prepared), its row and all of its entries.
+struct SegmentPass {
+  const CompressedQueries* cq;
+  const compress::CompressedRow* row;
+  EntryRange range;
+};
+
+// Whole segments of one row that no query sits inside, in position order,
+// under one online softmax per query: each segment's anchors as tokens,
+// its entries, then its anchor values (fp16 in place: f16_rows_supported)
+// added to acc. out holds m, l, acc and rot (residual values in the
+// codec's rotated domain, which every pass shares); w is not written. What
+// a decode over many small streaming segments pays per segment is one
+// pass, not a task, a partial and a merge. The same arithmetic as
+// entries_chunk and anchors_chunk per segment, merged (the scalar twin),
+// up to summation order and the rescaling of partial sums.
+void segment_run_quads(const SegmentPass* passes, int64_t n_pass, const compress::ResidualCodec& codec,
+                       PartialView out, EntryScratch& scratch);
 
 // fp16 rows read in place (when f16_rows_supported(D); otherwise convert):
 //   dot_rows_f16:        out[g, j] = q[g] . A[j]      q [nq, D] f32, A [k, D] fp16

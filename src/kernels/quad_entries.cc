@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/convert.h"
@@ -195,6 +197,7 @@ struct QuadRun {
   float* l4;         // [4] sums of exp(score - shift)
   float *W0, *W1;    // [k, 4] interleaved anchor weights (even / odd entries)
   float* rot;        // [gn, D] rotated-domain residual values
+  float* acc = nullptr;  // [gn, D] values finished so far (a run over several segments), or none
 };
 
 void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, const QuadRun& q) {
@@ -217,6 +220,9 @@ void raise_quad_shifts(const float* m_new, int64_t gn, int64_t k, int64_t D, con
     for (int g = 0; g < 4; ++g) W0[j * 4 + g] *= f[g], W1[j * 4 + g] *= f[g];
   for (int64_t g = 0; g < gn; ++g)
     for (int64_t d = 0; d < D; ++d) rot[g * D + d] *= f[g];
+  if (q.acc)
+    for (int64_t g = 0; g < gn; ++g)
+      for (int64_t d = 0; d < D; ++d) q.acc[g * D + d] *= f[g];
 }
 
 // One quad (queries q0 .. q0 + gn) over the sub-tile whose entries
@@ -282,25 +288,16 @@ LinesAhead lines_of_entries(const compress::CompressedRow& row, int64_t cb, int6
   return out;
 }
 
-}  // namespace
-
-// The quad kernel over entries [r.e0, r.e1) (kernels/entries.h).
-void EntriesChunkQuads(const CompressedQueries& cq, const compress::CompressedRow& row,
-                       const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
-                       EntryScratch& sc) {
+// Entries [r.e0, r.e1) of one row folded into every quad's running sums:
+// shifts and sums (sc.ml), anchor weights (sc.wa / sc.wb, k of the row per
+// quad), rot [nq, D] and, in a run over several segments, acc [nq, D].
+// Returns the residual slots the range holds (keys, values).
+std::pair<int64_t, int64_t> fold_entries(const CompressedQueries& cq, const compress::CompressedRow& row,
+                                         const compress::ResidualCodec& codec, const EntryRange& r, float* acc,
+                                         float* rot, EntryScratch& sc) {
   const int64_t nq = cq.nq, D = codec.dim(), k = row.n_anchor, quads = (nq + 3) / 4;
   const ResidualArithmetic& arith = arithmetic_of(cq);
   const bool fused_v = arith.bf16 || (codec.bits() == 2 && SupportsQuadValueResiduals(D));
-  sc.s.resize(static_cast<size_t>(4 * kSubTile));
-  sc.wa.assign(static_cast<size_t>(quads * 4 * k), 0.0f);
-  sc.wb.assign(sc.wa.size(), 0.0f);
-  sc.ml.resize(static_cast<size_t>(8 * quads));  // per quad: four shifts, then four sums
-  for (int64_t qi = 0; qi < quads; ++qi) {
-    std::fill_n(&sc.ml[8 * qi], 4, kNegInf);
-    std::fill_n(&sc.ml[8 * qi + 4], 4, 0.0f);
-  }
-  std::fill_n(out.acc, nq * D, 0.0f);
-  std::fill_n(out.rot, nq * D, 0.0f);
   EntryRange sub = r;
   for (int64_t e = r.e0; e < r.e1; e += kSubTile) {
     sub.e0 = e;
@@ -321,14 +318,57 @@ void EntriesChunkQuads(const CompressedQueries& cq, const compress::CompressedRo
                          sub.slot_k0 + nrk, nrk + nrk / 2 + 4, sub.slot_v0 + nrv, nrv + nrv / 2 + 4);
     for (int64_t qi = 0; qi < quads; ++qi) {
       const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
-      const QuadRun run{&sc.ml[8 * qi], &sc.ml[8 * qi + 4], &sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], out.rot + q0 * D};
+      const QuadRun run{&sc.ml[8 * qi],    &sc.ml[8 * qi + 4], &sc.wa[qi * 4 * k],
+                        &sc.wb[qi * 4 * k], rot + q0 * D,       acc ? acc + q0 * D : nullptr};
       quad_sub_tile(cq, row, codec, sub, q0, gn, fused_v, run, ahead, sc);
     }
     sub.slot_k0 += nrk;
     sub.slot_v0 += nrv;
   }
-  sc.slots_k = sub.slot_k0 - r.slot_k0;
-  sc.slots_v = sub.slot_v0 - r.slot_v0;
+  return {sub.slot_k0 - r.slot_k0, sub.slot_v0 - r.slot_v0};
+}
+
+// Each quad's shifts and sums start empty (sc.ml).
+void start_quads(int64_t quads, EntryScratch& sc) {
+  sc.ml.resize(static_cast<size_t>(8 * quads));  // per quad: four shifts, then four sums
+  for (int64_t qi = 0; qi < quads; ++qi) {
+    std::fill_n(&sc.ml[8 * qi], 4, kNegInf);
+    std::fill_n(&sc.ml[8 * qi + 4], 4, 0.0f);
+  }
+}
+
+// A row's anchors folded in as tokens of their own (gamma 1, own value) for
+// the quad whose running sums `run` holds: T its interleaved scores [k, 4].
+void fold_anchors(const float* T, int64_t k, int64_t gn, int64_t D, const QuadRun& run, EntryScratch& sc) {
+  if (static_cast<int64_t>(sc.anchor_ids.size()) < k) {
+    sc.anchor_ids.resize(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) sc.anchor_ids[j] = static_cast<int32_t>(j);
+    sc.anchor_ones.assign(static_cast<size_t>(k), 1.0f);
+  }
+  float* s4 = sc.s.data();
+  std::copy_n(T, 4 * k, s4);
+  float m_sub[4], l_sub[4];
+  QuadMax(s4, k, m_sub);
+  raise_quad_shifts(m_sub, gn, k, D, run);
+  LinesAhead none;
+  QuadExpScatter(s4, k, run.m4, l_sub, sc.anchor_ids.data(), sc.anchor_ones.data(), run.W0, run.W1, &none);
+  for (int g = 0; g < 4; ++g) run.l4[g] += l_sub[g];
+}
+
+}  // namespace
+
+// The quad kernel over entries [r.e0, r.e1) (kernels/entries.h).
+void EntriesChunkQuads(const CompressedQueries& cq, const compress::CompressedRow& row,
+                       const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
+                       EntryScratch& sc) {
+  const int64_t nq = cq.nq, D = codec.dim(), k = row.n_anchor, quads = (nq + 3) / 4;
+  sc.s.resize(static_cast<size_t>(4 * kSubTile));
+  sc.wa.assign(static_cast<size_t>(quads * 4 * k), 0.0f);
+  sc.wb.assign(sc.wa.size(), 0.0f);
+  start_quads(quads, sc);
+  std::fill_n(out.acc, nq * D, 0.0f);
+  std::fill_n(out.rot, nq * D, 0.0f);
+  std::tie(sc.slots_k, sc.slots_v) = fold_entries(cq, row, codec, r, nullptr, out.rot, sc);
   for (int64_t qi = 0; qi < quads; ++qi) {
     const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
     std::copy_n(&sc.ml[8 * qi], gn, out.m + q0);
@@ -337,6 +377,42 @@ void EntriesChunkQuads(const CompressedQueries& cq, const compress::CompressedRo
   }
 }
 
+// The run kernel over whole segments of one row (attention_kernels.h).
+void SegmentRunQuads(const SegmentPass* passes, int64_t n_pass, const compress::ResidualCodec& codec,
+                     PartialView out, EntryScratch& sc) {
+  const int64_t nq = passes[0].cq->nq, D = codec.dim(), quads = (nq + 3) / 4;
+  int64_t k_max = 0;
+  for (int64_t i = 0; i < n_pass; ++i) k_max = std::max(k_max, passes[i].row->n_anchor);
+  sc.s.resize(static_cast<size_t>(4 * std::max(kSubTile, k_max)));
+  sc.run_w.resize(static_cast<size_t>(4 * k_max));
+  start_quads(quads, sc);
+  std::fill_n(out.acc, nq * D, 0.0f);
+  std::fill_n(out.rot, nq * D, 0.0f);
+  for (int64_t i = 0; i < n_pass; ++i) {
+    const SegmentPass& p = passes[i];
+    const int64_t k = p.row->n_anchor;
+    sc.wa.assign(static_cast<size_t>(quads * 4 * k), 0.0f);
+    sc.wb.assign(sc.wa.size(), 0.0f);
+    for (int64_t qi = 0; qi < quads; ++qi) {
+      const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
+      const QuadRun run{&sc.ml[8 * qi], &sc.ml[8 * qi + 4], &sc.wa[qi * 4 * k],
+                        &sc.wb[qi * 4 * k], out.rot + q0 * D, out.acc + q0 * D};
+      fold_anchors(p.cq->anchor_dot4 + q0 * k, k, gn, D, run, sc);
+    }
+    fold_entries(*p.cq, *p.row, codec, p.range, out.acc, out.rot, sc);
+    // the segment's anchor values, weighted under the shifts its sums now hold
+    for (int64_t qi = 0; qi < quads; ++qi) {
+      const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
+      SumQuadWeights(&sc.wa[qi * 4 * k], &sc.wb[qi * 4 * k], k, gn, sc.run_w.data());
+      accumulate_rows_f16_queries(sc.run_w.data(), k, gn, k, p.row->anchor_v.data(), D, out.acc + q0 * D, D);
+    }
+  }
+  for (int64_t qi = 0; qi < quads; ++qi) {
+    const int64_t q0 = 4 * qi, gn = std::min<int64_t>(4, nq - q0);
+    std::copy_n(&sc.ml[8 * qi], gn, out.m + q0);
+    std::copy_n(&sc.ml[8 * qi + 4], gn, out.l + q0);
+  }
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace anchorkv::kernels
@@ -346,6 +422,7 @@ HWY_AFTER_NAMESPACE();
 namespace anchorkv::kernels {
 
 HWY_EXPORT(EntriesChunkQuads);
+HWY_EXPORT(SegmentRunQuads);
 HWY_EXPORT(SupportsQuadRope);
 HWY_EXPORT(SupportsBf16Residuals);
 HWY_EXPORT(SplitKeys2Bit);
@@ -355,6 +432,11 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
                          const compress::ResidualCodec& codec, const EntryRange& r, PartialView out,
                          EntryScratch& sc) {
   HWY_DYNAMIC_DISPATCH(EntriesChunkQuads)(cq, row, codec, r, out, sc);
+}
+
+void segment_run_quads(const SegmentPass* passes, int64_t n_pass, const compress::ResidualCodec& codec,
+                       PartialView out, EntryScratch& sc) {
+  HWY_DYNAMIC_DISPATCH(SegmentRunQuads)(passes, n_pass, codec, out, sc);
 }
 
 bool quad_rope_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(D); }

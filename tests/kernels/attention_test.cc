@@ -763,6 +763,35 @@ TEST(Attention, ManySegments) {
   }
 }
 
+// Small segments are attended in runs under one softmax per query; a later
+// segment whose scores pass the running shift by far more than the kernel's
+// headroom rescales what the run has summed so far (values included), and
+// an earlier segment holding the maximum shifts the ones after it.
+TEST(Attention, SegmentRunsRescaleAcrossSegments) {
+  const int64_t B = 1, H = 2, G = 4, Hq = H * G, D = 64, T = 128, Sq = 1;
+  const float key_scales[] = {1, 40, 1, 60, 2, 1, 3};
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
+    SCOPED_TRACE(to_string(layout));
+    AnchorKVConfig cfg;
+    cfg.theta = 0.15;
+    cfg.anchor_frac = 1.0 / 16;
+    cfg.metadata = layout;
+    cfg.segment_tokens = T;
+    AnchorKVCache cache(cfg);
+    uint64_t seed = 70;
+    for (float f : key_scales) {
+      auto K = random_kv(B, H, T, D, seed++);
+      const auto V = random_kv(B, H, T, D, seed++);
+      for (float& x : K) x *= f;
+      cache.update(TensorView::f32(K.data(), {B, H, T, D}), TensorView::f32(V.data(), {B, H, T, D}));
+    }
+    const auto Kt = random_kv(B, H, 3, D, seed++), Vt = random_kv(B, H, 3, D, seed++);
+    cache.update(TensorView::f32(Kt.data(), {B, H, 3, D}), TensorView::f32(Vt.data(), {B, H, 3, D}));
+    ASSERT_GE(internal::unlocked_state(cache).segments.size(), 6u);
+    check_against_dense_and_twin(cache, random_kv(B, Hq, Sq, D, seed), B, H, Hq, Sq, D);
+  }
+}
+
 TEST(Attention, ManySegmentsPreRope) {
   for (bool key_rope : {false, true})
     for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
