@@ -241,6 +241,8 @@ void BM_DecodeAttentionSegments(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAttentionSegments)
     ->ArgsProduct({{32768}, {1, 32}, {1, 2}})
+    ->Args({16384, 1, 1})
+    ->Args({16384, 128, 1})  // a long generation's 128-token segments
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
