@@ -466,10 +466,15 @@ void AttendCall::run_chunks() {
   ws_.prot.resize(has_c() ? n_part * static_cast<size_t>(D_) : 0);
   const auto cost = [&](int64_t task) {  // multiply-adds, roughly
     const Chunk& c = chunks_[static_cast<size_t>(task % C_)];
-    int64_t n = c.kind == Chunk::kAnchors ? k_max_[static_cast<size_t>(c.seg)] : c.kind == Chunk::kRun ? 0 : c.b - c.a;
-    for (int64_t s = c.a; c.kind == Chunk::kRun && s < c.b; ++s)
-      n += n_other_max_[static_cast<size_t>(s)] + k_max_[static_cast<size_t>(s)];
-    return kTaskCost + n * nq_ * D_ / (c.kind == Chunk::kEntries || c.kind == Chunk::kRun ? 8 : 1);
+    if (c.kind == Chunk::kAnchors) return kTaskCost + k_max_[static_cast<size_t>(c.seg)] * nq_ * D_;
+    if (c.kind == Chunk::kDense) return kTaskCost + (c.b - c.a) * nq_ * D_;
+    int64_t entries = c.b - c.a;  // an entry costs about an eighth of a dense token
+    if (c.kind == Chunk::kRun) {
+      entries = 0;
+      for (int64_t s = c.a; s < c.b; ++s)
+        entries += n_other_max_[static_cast<size_t>(s)] + k_max_[static_cast<size_t>(s)];
+    }
+    return kTaskCost + entries * nq_ * D_ / 8;
   };
   core::parallel_for_grouped(R_ * C_, opt_.threads, cost, [&](int64_t task) {
     const int64_t r = task / C_, ci = task % C_;
