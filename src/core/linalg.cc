@@ -1,9 +1,11 @@
 // SIMD kernels through Google Highway with per-target compilation and
 // HWY_DYNAMIC_DISPATCH (the gemma.cpp pattern).
 #include "core/linalg.h"
+#include "core/parallel.h"
 #include "core/rotation.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include <cmath>
@@ -416,6 +418,27 @@ void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_R
   }
 }
 
+// Runs `iters` rounds of 24 independent vector multiply-adds (more chains
+// than the FMA latency times the pipes on any CPU we target, so throughput
+// is what limits it); returns the lanes multiply-added per round and sets
+// `lanes` to the lanes per vector. `sink` keeps the sums.
+int64_t MulAddProbe(int64_t iters, float* sink, int64_t* lanes) {
+  const hn::ScalableTag<float> d;
+  constexpr int kChains = 24;
+  hn::Vec<decltype(d)> acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = hn::Set(d, 1e-3f * static_cast<float>(c));
+  const auto m = hn::Set(d, 0.999f), a = hn::Set(d, 1e-4f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (int c = 0; c < kChains; ++c) acc[c] = hn::MulAdd(acc[c], m, a);
+  }
+  auto total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = hn::Add(total, acc[c]);
+  *sink = hn::GetLane(hn::SumOfLanes(d, total));
+  *lanes = static_cast<int64_t>(hn::Lanes(d));
+  return *lanes * kChains;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -441,6 +464,7 @@ HWY_EXPORT(ExpSpan);
 HWY_EXPORT(MatmulNN);
 HWY_EXPORT(FwhtSupported);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(MulAddProbe);
 
 void dot_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
                 int64_t D, float* out, int64_t ldo) {
@@ -599,6 +623,26 @@ float dot_ref(const float* x, const float* y, int64_t D) {
 }
 
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+MulAddRate measure_multiply_add_rate(int threads) {
+  const int T = resolve_threads(threads);
+  constexpr int64_t kIters = 1 << 20;
+  std::vector<float> sinks(static_cast<size_t>(T));
+  std::vector<int64_t> per_round(static_cast<size_t>(T));
+  MulAddRate best;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel_for(T, T, [&](int64_t t) {
+      const auto i = static_cast<size_t>(t);
+      int64_t lanes = 0;
+      per_round[i] = HWY_DYNAMIC_DISPATCH(MulAddProbe)(kIters, &sinks[i], &lanes);
+      if (t == 0) best.lanes = lanes;
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best.lanes_per_second = std::max(best.lanes_per_second, static_cast<double>(per_round[0]) * kIters * T / s);
+  }
+  return best;
+}
 
 }  // namespace anchorkv::core
 #endif  // HWY_ONCE

@@ -95,4 +95,15 @@ void exp_scores(const float* x, int64_t n, float* y);
 // Name of the SIMD target the dispatcher picks on this CPU (e.g. "AVX3").
 const char* simd_target_name();
 
+// Measured peak of fp32 vector multiply-adds on this machine: lanes per second
+// summed over `threads` threads (0 = all cores), the best of five short
+// passes (~20 ms each), and the lanes per vector of the target that ran. The
+// compute roof of a kernel's roofline, as a benchmark reports it beside
+// the read bandwidth.
+struct MulAddRate {
+  double lanes_per_second = 0;
+  int64_t lanes = 0;
+};
+MulAddRate measure_multiply_add_rate(int threads);
+
 }  // namespace anchorkv::core

@@ -94,6 +94,19 @@ TEST(Linalg, AxpyScaleAddAndDotMatchReference) {
   EXPECT_NE(std::string(simd_target_name()), "");
 }
 
+// The multiply-add roof a benchmark prints: the vector width of the target
+// that ran (16 lanes on AVX-512, 8 on AVX2, 4 on SSE4) and a rate no CPU can
+// exceed (under 10 T lanes/s per thread) or fall below on a live machine.
+TEST(Linalg, MultiplyAddRateIsMeasuredOnTheDispatchedTarget) {
+  const MulAddRate one = measure_multiply_add_rate(1);
+  const std::string target = simd_target_name();
+  const bool emulated = target == "EMU128" || target == "SCALAR";
+  const int64_t expected = target.rfind("AVX3", 0) == 0 ? 16 : target == "AVX2" ? 8 : emulated ? one.lanes : 4;
+  EXPECT_EQ(one.lanes, expected) << target;
+  EXPECT_GT(one.lanes_per_second, 1e8);
+  EXPECT_LT(one.lanes_per_second, 1e13);
+}
+
 // The softmax's exp: within 2.1 ulp of exp over the range of shifted
 // scores (at most 16 above their shift), 1 at 0, 0 from -87 down.
 TEST(Linalg, ExpScoresStaysWithinTwoUlp) {

@@ -165,12 +165,25 @@ double time_segments(const eval::Workload& w, const TensorView& q, const AnchorK
   return 1e3 * median_pair(opt.reps, [&] { attend(q, one, ao); }, [&] { attend(q, many, ao); }).second;
 }
 
-void print_attention_header(const Options& opt, int threads, double machine) {
+// The roofs this run's kernels are held against: read bandwidth and vector
+// multiply-adds, both measured on the bench's thread count.
+struct Machine {
+  double gbps = 0;
+  core::MulAddRate fma;
+};
+
+Machine measure_machine(int threads) {
+  return {machine_read_gbps(threads, int64_t{1} << 30), core::measure_multiply_add_rate(threads)};
+}
+
+void print_attention_header(const Options& opt, int threads, const Machine& machine) {
   fmt::print(
       "Decode attention (Sq = 1), B = 1, H = {} KV heads, Hq = {} query heads, D = {}, theta {}, {} metadata, {} "
       "threads, {}\n",
       opt.heads, opt.heads * opt.group, opt.dim, opt.theta, opt.metadata, threads, core::simd_target_name());
-  fmt::print("machine read bandwidth (this run): {:.1f} GB/s\n\n", machine);
+  fmt::print("machine read bandwidth (this run): {:.1f} GB/s; fp32 multiply-adds: {:.1f} G lanes/s ({}-lane "
+             "vectors)\n\n",
+             machine.gbps, machine.fma.lanes_per_second / 1e9, machine.fma.lanes);
   fmt::print("  {:>7} {:>10} {:>14} {:>8} {:>11} {:>8} {:>7} {:>12} {:>13} {:>14} {:>14}", "S", "dense ms",
              "compressed ms", "speedup", "dense GB/s", "of peak", "ratio", "compress ms", "pre dense ms",
              "pre compr. ms", "pre keyrope ms");
@@ -183,7 +196,7 @@ void run_attention(const Options& opt) {
   const int threads = core::resolve_threads(opt.threads);
   const int64_t H = opt.heads, Hq = opt.heads * opt.group, D = opt.dim;
   nlohmann::json rows = nlohmann::json::array();
-  const double machine = machine_read_gbps(threads, int64_t{1} << 30);
+  const Machine machine = measure_machine(threads);
   if (!opt.json) print_attention_header(opt, threads, machine);
   for (int64_t S : opt.seqs) {
     eval::SyntheticSpec spec;
@@ -214,8 +227,8 @@ void run_attention(const Options& opt) {
                         {"compressed_ms", comp_s * 1e3},
                         {"speedup", dense_s / comp_s},
                         {"dense_gbps", dense_gbps},
-                        {"machine_gbps", machine},
-                        {"dense_fraction_of_machine", dense_gbps / machine},
+                        {"machine_gbps", machine.gbps},
+                        {"dense_fraction_of_machine", dense_gbps / machine.gbps},
                         {"compression_ratio", compressed.compression_ratio()},
                         {"compress_ms", compress_s * 1e3},
                         {"compress_stages_ms",
@@ -245,7 +258,7 @@ void run_attention(const Options& opt) {
     fmt::print(
         "  {:>7} {:>10.3f} {:>14.3f} {:>7.1f}x {:>11.1f} {:>7.0f}% {:>6.1f}x {:>12.1f} {:>13.3f} "
         "{:>14.3f} {:>14.3f}",
-        S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine,
+        S, dense_s * 1e3, comp_s * 1e3, dense_s / comp_s, dense_gbps, 100 * dense_gbps / machine.gbps,
         compressed.compression_ratio(), compress_s * 1e3, pre.dense_ms, pre.compressed_ms, pre.keyrope_ms);
     if (!opt.peer.empty())
       fmt::print(" {:>{}.3f} {:>6.1f}x", peer.first, std::max<size_t>(10, opt.peer.size() + 3), peer.second);
@@ -255,7 +268,11 @@ void run_attention(const Options& opt) {
   if (opt.json)
     std::printf("%s\n",
                 nlohmann::json{
-                    {"benchmark", "attention"}, {"simd_target", core::simd_target_name()}, {"results", rows}}
+                    {"benchmark", "attention"},
+                    {"simd_target", core::simd_target_name()},
+                    {"machine_multiply_adds", {{"lanes_per_second", machine.fma.lanes_per_second},
+                                               {"vector_lanes", machine.fma.lanes}}},
+                    {"results", rows}}
                     .dump(2)
                     .c_str());
 }
