@@ -3,15 +3,11 @@
 #include "model/amx_matmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define ANCHORKV_AMX 1
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "core/error.h"
@@ -19,12 +15,11 @@
 #include "core/parallel.h"
 #include "io/ggml_blocks.h"
 #include "model/kquant_scales.h"
+#include "model/matmul_kernels.h"
 #include "model/rows16.h"
 
 namespace anchorkv::model {
 namespace {
-
-std::atomic<bool> g_amx_on{true};
 
 float f16_at(const uint8_t* p) {
   uint16_t h;
@@ -325,32 +320,13 @@ ANCHORKV_AMX_TARGET void release_tiles() { _tile_release(); }
 
 }  // namespace
 
-bool amx_available() {
-#ifdef ANCHORKV_AMX
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool tile = (d >> 24) & 1u, int8 = (d >> 25) & 1u;
-    if (!tile || !int8 || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl")) return false;
-    // Linux hands out the tile registers' state on request only.
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
 bool amx_matmul_supported(io::GgmlType type) {
   return type == io::GgmlType::kQ8_0 || type == io::GgmlType::kQ4_0 || type == io::GgmlType::kQ4_K ||
          type == io::GgmlType::kQ5_K || type == io::GgmlType::kQ6_K;
 }
 
-void set_amx(bool on) { g_amx_on.store(on, std::memory_order_relaxed); }
-
 bool amx_matmul_usable(io::GgmlType type) {
-  return amx_matmul_supported(type) && g_amx_on.load(std::memory_order_relaxed) && amx_available();
+  return amx_matmul_supported(type) && matmul_kernels().amx;
 }
 
 void pack_amx_tokens(const Int8Activations& a, AmxTokens* out, int threads, bool with_sums16, bool with_rows) {

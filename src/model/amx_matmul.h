@@ -31,15 +31,12 @@
 
 namespace anchorkv::model {
 
-// Whether this CPU has AMX-INT8 and the kernel lets this process use the tile
-// registers (asked once, with arch_prctl, on Linux).
-bool amx_available();
 // Weight types with a tile kernel: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (its 16-element
 // sub-blocks on 16-byte-deep tiles).
 bool amx_matmul_supported(io::GgmlType type);
-// On by default where available; tests switch it off to compare.
-void set_amx(bool on);
-// amx_available(), switched on, and a type with a tile kernel.
+// A type with a tile kernel, and the tiles in use (matmul_kernels().amx:
+// the CPU has AMX-INT8, Linux granted the tile registers, nobody switched
+// them off).
 bool amx_matmul_usable(io::GgmlType type);
 
 // Fewest tokens for which the tiles beat the row kernels (measured on a

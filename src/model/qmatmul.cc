@@ -5,7 +5,6 @@
 #include "model/qmatmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -21,6 +20,7 @@
 #include "io/ggml_blocks.h"
 #include "model/amx_matmul.h"
 #include "model/kquant_scales.h"
+#include "model/matmul_kernels.h"
 
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -228,7 +228,7 @@ void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
 // y[t * y_stride] for kTok tokens starting at t0, one weight row.
 template <int kTok>
 void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, int64_t t0, float* y,
-            int64_t y_stride) {
+            int64_t y_stride, const MatmulKernels& k) {
   const int64_t groups = a.cols / a.group;
   Tokens<kTok> x;
   const float* xs[kTok];
@@ -254,7 +254,7 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       break;
     case io::GgmlType::kQ4_K:
 #ifdef ANCHORKV_BYTE_KERNELS
-      if (g_byte_kernels.load(std::memory_order_relaxed) && cpu_has_avx512bw()) {
+      if (k.byte_rows) {
         const int8_t* x8[kTok];
         float out[kTok];
         for (int t = 0; t < kTok; ++t) x8[t] = &a.q8[static_cast<size_t>((t0 + t) * a.cols)];
@@ -270,7 +270,7 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       break;
     case io::GgmlType::kQ6_K:
 #ifdef ANCHORKV_BYTE_KERNELS
-      if (g_byte_kernels.load(std::memory_order_relaxed) && cpu_has_avx512bw()) {
+      if (k.byte_rows) {
         const int8_t* x8[kTok];
         float out[kTok];
         for (int t = 0; t < kTok; ++t) x8[t] = &a.q8[static_cast<size_t>((t0 + t) * a.cols)];
@@ -291,10 +291,12 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
 #endif  // HWY_TARGET != HWY_SCALAR
 
 // Rows [r0, r0 + n) for every token: token blocks of kMaxTokens share each
-// pass over a row. False on the scalar target (the caller uses the twin).
-bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y) {
+// pass over a row, through the kernels k allows. False on the scalar target
+// (the caller uses the twin).
+bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations& a, float* y,
+             const MatmulKernels& k) {
 #if HWY_TARGET == HWY_SCALAR
-  (void)W, (void)r0, (void)n, (void)a, (void)y;
+  (void)W, (void)r0, (void)n, (void)a, (void)y, (void)k;
   return false;
 #else
   if (n == 0) return true;  // the caller asks whether this target has the kernels
@@ -318,13 +320,12 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
     int64_t t = 0;
     for (; t + kMaxTokens <= a.T; t += kMaxTokens)
       for (int64_t r = tile; r < end; ++r)
-        DotRow<kMaxTokens>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
+        DotRow<kMaxTokens>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows, k);
     for (; t < a.T; ++t) {
       int64_t r = tile;
 #ifdef ANCHORKV_BYTE_KERNELS
       const bool k4 = W.type == io::GgmlType::kQ4_K, k6 = W.type == io::GgmlType::kQ6_K;
-      if ((k4 || k6) && g_byte_kernels.load(std::memory_order_relaxed) &&
-          cpu_has_avx512bw()) {  // four rows per pass share the token's activations
+      if ((k4 || k6) && k.byte_rows) {  // four rows per pass share the token's activations
         const int8_t* x8 = &a.q8[static_cast<size_t>(t * a.cols)];
         const float* xs = &a.scale[static_cast<size_t>(t * (a.cols / a.group))];
         const int32_t* sums = &a.sum[static_cast<size_t>(t * (a.cols / 32))];
@@ -341,8 +342,7 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
 #endif
 #ifdef ANCHORKV_BYTE_KERNELS
       const bool q8 = W.type == io::GgmlType::kQ8_0, q4 = W.type == io::GgmlType::kQ4_0;
-      if ((q8 || q4) && g_byte_kernels.load(std::memory_order_relaxed) &&
-          cpu_has_avx512vnni()) {  // four rows per pass; every row the same arithmetic
+      if ((q8 || q4) && k.vnni_rows) {  // four rows per pass; every row the same arithmetic
         const int8_t* x8 = &a.q8[static_cast<size_t>(t * a.cols)];
         const float* xs = &a.scale[static_cast<size_t>(t * (a.cols / 32))];
         const int32_t* sums = &a.sum[static_cast<size_t>(t * (a.cols / 32))];
@@ -355,7 +355,7 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
         }
       }
 #endif
-      for (; r < end; ++r) DotRow<1>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows);
+      for (; r < end; ++r) DotRow<1>(W, W.blocks + r * W.row_bytes, a, t, y + t * W.rows + r, W.rows, k);
     }
   }
   return true;
@@ -443,7 +443,7 @@ bool rows16_format(io::GgmlType type) {
 
 bool rows16_supported(io::GgmlType type) {
 #ifdef ANCHORKV_BYTE_KERNELS
-  return rows16_format(type) && cpu_has_avx512vnni();
+  return rows16_format(type) && cpu_matmul_kernels().vnni_rows;
 #else
   (void)type;
   return false;
@@ -521,21 +521,11 @@ void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, I
   }
 }
 
-bool byte_kernels_available() {
-#ifdef ANCHORKV_BYTE_KERNELS
-  return cpu_has_avx512bw();
-#else
-  return false;
-#endif
-}
-
-void set_byte_kernels(bool on) { g_byte_kernels.store(on, std::memory_order_relaxed); }
-
 namespace {
 // Prefill on AMX tiles: rows in groups of 16 (a matrix's last, partial group
 // goes through the row kernels), contiguous ranges of groups per thread.
 void matmul_amx_batch(Int8Activations* const acts[2], const bool quantized[2], const QuantMatrix* W,
-                      float* const* y, int n, int threads) {
+                      float* const* y, int n, int threads, const MatmulKernels& kernels) {
   thread_local AmxTokens buffers[2];  // named outside the lambda: see matmul_int8_batch
   AmxTokens* packed = buffers;
   auto slot_of = [&](int m) { return int8_group(W[m].type) == 32 ? 0 : 1; };
@@ -557,7 +547,8 @@ void matmul_amx_batch(Int8Activations* const acts[2], const bool quantized[2], c
       if (g1 <= g0) continue;
       const int64_t r0 = 16 * g0, r1 = std::min(W[m].rows, 16 * g1), whole = (r1 - r0) / 16 * 16;
       if (whole > 0) rows_amx(W[m], r0, whole, packed[slot_of(m)], y[m]);
-      if (r0 + whole < r1) HWY_DYNAMIC_DISPATCH(DotRows)(W[m], r0 + whole, r1 - r0 - whole, *acts[slot_of(m)], y[m]);
+      if (r0 + whole < r1)
+        HWY_DYNAMIC_DISPATCH(DotRows)(W[m], r0 + whole, r1 - r0 - whole, *acts[slot_of(m)], y[m], kernels);
     }
   });
 }
@@ -574,7 +565,8 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
     if (W[m].cols != W[0].cols)
       core::fail(ErrorCode::kInvalidArgument, kOp, "matrices of one batch must share their input width");
   }
-  if (!HWY_DYNAMIC_DISPATCH(DotRows)(W[0], 0, 0, Int8Activations{}, y[0])) {
+  const MatmulKernels kernels = matmul_kernels();  // one choice for the whole call
+  if (!HWY_DYNAMIC_DISPATCH(DotRows)(W[0], 0, 0, Int8Activations{}, y[0], kernels)) {
     for (int m = 0; m < n; ++m) matmul_int8_ref(x, T, W[m], y[m]);
     return;
   }
@@ -591,9 +583,9 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
     quantized[slot] = true;
     total += W[m].rows;
   }
-  bool tiles = T >= kAmxMinTokens;
-  for (int m = 0; m < n; ++m) tiles = tiles && amx_matmul_usable(W[m].type);
-  if (tiles) return matmul_amx_batch(acts, quantized, W, y, n, threads);
+  bool tiles = T >= kAmxMinTokens && kernels.amx;
+  for (int m = 0; m < n; ++m) tiles = tiles && amx_matmul_supported(W[m].type);
+  if (tiles) return matmul_amx_batch(acts, quantized, W, y, n, threads, kernels);
   // One contiguous range of the matrices' rows, taken one after another, per
   // thread: each core then streams its weights in order, which the hardware
   // prefetchers follow (interleaved small tasks halved the two-thread
@@ -607,7 +599,8 @@ void matmul_int8_batch(const float* x, int64_t T, const QuantMatrix* W, float* c
     for (int m = 0; m < n; first += W[m].rows, ++m) {
       const int64_t r0 = std::max(begin, first) - first, r1 = std::min(end, first + W[m].rows) - first;
       if (r1 > r0)
-        HWY_DYNAMIC_DISPATCH(DotRows)(W[m], r0, r1 - r0, *acts[int8_group(W[m].type) == 32 ? 0 : 1], y[m]);
+        HWY_DYNAMIC_DISPATCH(DotRows)(W[m], r0, r1 - r0, *acts[int8_group(W[m].type) == 32 ? 0 : 1], y[m],
+                                      kernels);
     }
   });
 }

@@ -86,9 +86,6 @@ void matmul_int8_ref(const float* x, int64_t T, const QuantMatrix& W, float* y);
 // weight integers times signed 8-bit activations, vpmaddubsw then vpmaddwd by
 // the sub-scales, as llama.cpp's AVX2 path; Q6_K's -32 offset comes back as
 // 32 * sum(scale * x)): the same integer sums as the 16-bit kernels, half the
-// instructions. On by default where the CPU has them; tests switch them off
-// to compare. Returns whether this CPU can run them.
-bool byte_kernels_available();
-void set_byte_kernels(bool on);
+// instructions. Which of these kernels run is model/matmul_kernels.h's choice.
 
 }  // namespace anchorkv::model

@@ -5,7 +5,6 @@
 // so nothing here is part of any interface.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -419,17 +418,7 @@ ANCHORKV_VNNI void rows16(const QuantMatrix& W, int64_t r0, int64_t n, const Int
 
 #pragma GCC diagnostic pop
 
-bool cpu_has_avx512bw() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return has;
-}
-bool cpu_has_avx512vnni() {
-  static const bool has = cpu_has_avx512bw() && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512vnni");
-  return has;
-}
 #endif
 
-std::atomic<bool> g_byte_kernels{true};
 }  // namespace
 }  // namespace anchorkv::model

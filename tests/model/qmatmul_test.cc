@@ -3,6 +3,7 @@
 #include "model/qmatmul.h"
 
 #include "model/amx_matmul.h"
+#include "model/matmul_kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -76,6 +77,27 @@ void expect_near_ref(io::GgmlType type, const uint8_t* blocks, int64_t rows, int
             << what << " output " << k++ << " T " << T << " t " << t << " row " << r;
     }
   }
+}
+
+// The kernel choice: what is asked for, limited to what the CPU runs; the
+// previous choice comes back so a caller can restore it.
+TEST(MatmulKernels, UseIsLimitedToTheCpuAndReturnsThePrevious) {
+  const MatmulKernels cpu = cpu_matmul_kernels(), before = matmul_kernels();
+  const MatmulKernels previous = use_matmul_kernels({.byte_rows = true, .vnni_rows = true, .amx = true});
+  EXPECT_EQ(previous.byte_rows, before.byte_rows);
+  EXPECT_EQ(previous.amx, before.amx);
+  MatmulKernels now = matmul_kernels();
+  EXPECT_EQ(now.byte_rows, cpu.byte_rows);
+  EXPECT_EQ(now.vnni_rows, cpu.vnni_rows);
+  EXPECT_EQ(now.amx, cpu.amx);
+  use_matmul_kernels({.byte_rows = false, .vnni_rows = true, .amx = false});
+  now = matmul_kernels();
+  EXPECT_FALSE(now.byte_rows);
+  EXPECT_EQ(now.vnni_rows, cpu.vnni_rows);
+  EXPECT_FALSE(now.amx);
+  EXPECT_FALSE(amx_matmul_usable(io::GgmlType::kQ8_0)) << "switched-off tiles are not usable";
+  use_matmul_kernels(before);
+  EXPECT_EQ(matmul_kernels().amx, before.amx);
 }
 
 TEST(Int8Activations, SimdQuantizationIsBitIdenticalToTheScalarTwin) {
@@ -161,7 +183,7 @@ INSTANTIATE_TEST_SUITE_P(Types, Int8Matmul,
 class ByteKernel : public ::testing::TestWithParam<io::GgmlType> {};
 
 TEST_P(ByteKernel, MatchesThe16BitKernelAndTheTwin) {
-  if (!byte_kernels_available()) GTEST_SKIP() << "this CPU has no AVX-512BW";
+  if (!cpu_matmul_kernels().byte_rows) GTEST_SKIP() << "this CPU has no AVX-512BW";
   const io::GgmlType type = GetParam();
   std::mt19937 g(5);
   const int64_t rows = 21, cols = 1024;
@@ -172,11 +194,11 @@ TEST_P(ByteKernel, MatchesThe16BitKernelAndTheTwin) {
   for (int64_t T : {1, 2, 4, 6}) {
     const std::vector<float> x = random_activations(T, cols, g);
     std::vector<float> bytes(static_cast<size_t>(T * rows)), words(bytes.size()), ref(bytes.size());
-    set_byte_kernels(true);
+    const MatmulKernels all = matmul_kernels();
     matmul_int8(x.data(), T, W, bytes.data(), 2);
-    set_byte_kernels(false);
+    use_matmul_kernels({.byte_rows = false, .vnni_rows = false, .amx = all.amx});
     matmul_int8(x.data(), T, W, words.data(), 2);
-    set_byte_kernels(true);
+    use_matmul_kernels(all);
     matmul_int8_ref(x.data(), T, W, ref.data());
     float scale = 0.0f;
     for (float v : ref) scale = std::max(scale, std::fabs(v));
@@ -279,7 +301,7 @@ void expect_batch_is_separate_calls(const Batch& b, int64_t T, const std::vector
 class AmxTiles : public ::testing::TestWithParam<io::GgmlType> {};
 
 TEST_P(AmxTiles, MatchTheRowKernelsAndTheTwin) {
-  if (!amx_available()) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
+  if (!cpu_matmul_kernels().amx) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
   const io::GgmlType type = GetParam();
   ASSERT_TRUE(amx_matmul_usable(type));
   std::mt19937 g(23);
@@ -297,16 +319,18 @@ TEST_P(AmxTiles, MatchTheRowKernelsAndTheTwin) {
       matmul_int8(x.data(), T, W, again.data(), threads);
       ASSERT_EQ(0, std::memcmp(again.data(), tiles.data(), tiles.size() * 4)) << "threads " << threads;
     }
-    set_amx(false);
+    MatmulKernels rows_only = matmul_kernels();
+    rows_only.amx = false;
+    const MatmulKernels all = use_matmul_kernels(rows_only);
     matmul_int8(x.data(), T, W, rows_kernel.data(), 2);
-    set_amx(true);
+    use_matmul_kernels(all);
     matmul_int8_ref(x.data(), T, W, ref.data());
     expect_near_ref(type, blocks.data(), rows, cols, x, T, ref, {&tiles, &rows_kernel}, "tiles, rows");
   }
 }
 
 TEST(AmxTiles, ABatchOfMixedTypesGivesTheBitsOfSeparateCalls) {
-  if (!amx_available()) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
+  if (!cpu_matmul_kernels().amx) GTEST_SKIP() << "this CPU or kernel gives no AMX tiles";
   const Batch b = random_batch({io::GgmlType::kQ8_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K, io::GgmlType::kQ4_0},
                                {48, 35, 21, 16}, 512, 29);
   expect_batch_is_separate_calls(b, 21, {2});
@@ -357,9 +381,11 @@ TEST_P(Rows16, RoundTripsAndMatchesTheGgufLayoutAndTheTwin) {
       matmul_int8(x.data(), T, W, again.data(), threads);
       ASSERT_EQ(0, std::memcmp(again.data(), y.data(), y.size() * 4)) << "T " << T << " threads " << threads;
     }
-    set_amx(false);
+    MatmulKernels rows_only = matmul_kernels();
+    rows_only.amx = false;
+    const MatmulKernels all = use_matmul_kernels(rows_only);
     matmul_int8(x.data(), T, W, rows_kernel.data(), 2);
-    set_amx(true);
+    use_matmul_kernels(all);
     matmul_int8(x.data(), T, gguf, in_place.data(), 2);
     matmul_int8_ref(x.data(), T, W, ref.data());
     std::vector<float> ref_gguf(y.size());

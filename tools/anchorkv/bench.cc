@@ -192,6 +192,15 @@ void print_attention_header(const Options& opt, int threads, const Machine& mach
   fmt::print("\n");
 }
 
+void print_attention_json(const nlohmann::json& rows, const Machine& machine) {
+  const nlohmann::json fma = {{"lanes_per_second", machine.fma.lanes_per_second}, {"vector_lanes", machine.fma.lanes}};
+  const nlohmann::json out = {{"benchmark", "attention"},
+                              {"simd_target", core::simd_target_name()},
+                              {"machine_multiply_adds", fma},
+                              {"results", rows}};
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
 void run_attention(const Options& opt) {
   const int threads = core::resolve_threads(opt.threads);
   const int64_t H = opt.heads, Hq = opt.heads * opt.group, D = opt.dim;
@@ -265,16 +274,7 @@ void run_attention(const Options& opt) {
     if (opt.segments > 1) fmt::print(" {:>14.3f} {:>8.2f}x", seg_ms, seg_ms / (comp_s * 1e3));
     fmt::print("\n");
   }
-  if (opt.json)
-    std::printf("%s\n",
-                nlohmann::json{
-                    {"benchmark", "attention"},
-                    {"simd_target", core::simd_target_name()},
-                    {"machine_multiply_adds", {{"lanes_per_second", machine.fma.lanes_per_second},
-                                               {"vector_lanes", machine.fma.lanes}}},
-                    {"results", rows}}
-                    .dump(2)
-                    .c_str());
+  if (opt.json) print_attention_json(rows, machine);
 }
 
 struct RopeBenchOptions {

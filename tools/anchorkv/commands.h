@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cache/registry.h"
-#include "model/amx_matmul.h"
+#include "model/matmul_kernels.h"
 #include "model/llama.h"
 
 namespace anchorkv::cli {
@@ -42,7 +42,12 @@ inline void add_matmul_options(CLI::App* sub, model::Activations* a) {
       ->check(CLI::IsMember({"int8", "f32"}))
       ->default_str("int8");
   sub->add_flag_callback(
-      "--no-amx", [] { model::set_amx(false); },
+      "--no-amx",
+      [] {
+        model::MatmulKernels k = model::matmul_kernels();
+        k.amx = false;
+        model::use_matmul_kernels(k);
+      },
       "prefill without AMX tiles where the CPU has them (the row kernels, as on CPUs without AMX), for comparisons");
 }
 
