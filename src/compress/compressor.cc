@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "compress/anchors.h"
 #include "compress/budget.h"
@@ -326,65 +327,24 @@ ResidualChoice allocate_residuals(const SegmentInput& in, const AnchorKVConfig& 
 }
 
 namespace {
-// Sizes a row's buffers for its layout and, for the tight layout, picks each
-// side's coefficient exponent from the largest |gamma| of its tokens.
-void prepare_row(CompressedRow& out, const RowAnalysis& a, int64_t S, MetadataLayout layout) {
+// Starts a row of layout L: its anchor positions where L lists them, each
+// side's coefficient range where L needs one (the largest |gamma| of the
+// row's tokens; anchors have gamma 1, harmless to include), room for the
+// entries.
+template <class L>
+void begin_row(L, CompressedRow& out, const RowAnalysis& a, int64_t S) {
   const auto n_other = static_cast<size_t>(S - static_cast<int64_t>(a.anchors.size()));
-  out.layout = layout;
-  if (out.lists_positions()) out.anchor_pos = a.anchors;
-  switch (layout) {
-    case MetadataLayout::kTight: {
-      out.meta16.reserve(n_other);
-      float max_k = 0.0f, max_v = 0.0f;
-      for (int64_t t = 0; t < S; ++t) {  // anchors have gamma 1: harmless to include
-        max_k = std::max(max_k, std::fabs(a.k.coef[t]));
-        max_v = std::max(max_v, std::fabs(a.v.coef[t]));
-      }
-      out.k.coef_exp = tight_coef_exp(max_k);
-      out.v.coef_exp = tight_coef_exp(max_v);
-      out.k.coef8.reserve(n_other);
-      out.v.coef8.reserve(n_other);
-      break;
-    }
-    case MetadataLayout::kCompact:
-      out.meta32.reserve(n_other);
-      out.k.coef16.reserve(n_other);
-      out.v.coef16.reserve(n_other);
-      break;
-    default:
-      out.meta.reserve(n_other);
-      out.k.coef.reserve(n_other);
-      out.v.coef.reserve(n_other);
+  out.layout = L::kKind;
+  if (L::kListsPositions) out.anchor_pos = a.anchors;
+  float max_k = 0.0f, max_v = 0.0f;
+  for (int64_t t = 0; t < S; ++t) {
+    max_k = std::max(max_k, std::fabs(a.k.coef[t]));
+    max_v = std::max(max_v, std::fabs(a.v.coef[t]));
   }
-}
-
-// Appends one token's metadata and coefficients in the row's layout and
-// returns the coefficient as stored (what the residual is taken against).
-float store_coef(CompressedSide& side, MetadataLayout layout, float g, bool residual) {
-  switch (layout) {
-    case MetadataLayout::kTight: {  // the residual flag rides in the coefficient byte
-      const uint8_t code = tight_coef_code(g, side.coef_exp);
-      side.coef8.push_back(static_cast<uint8_t>(code | (residual ? kTightResidual : 0)));
-      return tight_coef(code, side.coef_exp);
-    }
-    case MetadataLayout::kCompact: {
-      const uint16_t h = core::float_to_half(std::clamp(g, -core::kFp16Max, core::kFp16Max));
-      side.coef16.push_back(h);
-      return core::half_to_float(h);
-    }
-    default:
-      side.coef.push_back(g);
-      return g;
-  }
-}
-
-void store_meta(CompressedRow& out, MetadataLayout layout, const Meta& m) {
-  if (layout == MetadataLayout::kTight)
-    out.meta16.push_back(pack_meta16(m));
-  else if (layout == MetadataLayout::kCompact)
-    out.meta32.push_back(pack_meta32(m));
-  else
-    out.meta.push_back(pack_meta(m));
+  L::begin(out, max_k, max_v);
+  L::words(out).reserve(n_other);
+  L::coefs(out.k).reserve(n_other);
+  L::coefs(out.v).reserve(n_other);
 }
 }  // namespace
 
@@ -412,7 +372,7 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       core::float_to_half_n(K + a.anchors[j] * D, &out.anchor_k[j * D], D);
       core::float_to_half_n(V + a.anchors[j] * D, &out.anchor_v[j * D], D);
     }
-    prepare_row(out, a, S, layout);
+    with_layout(layout, [&](auto L) { begin_row(L, out, a, S); });
     const auto& rk = choice.k[row];
     const auto& rv = choice.v[row];
     out.k.codes.resize(rk.size() * static_cast<size_t>(cb));
@@ -432,9 +392,10 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       m.anchors_before = static_cast<int32_t>(ia);
       m.res_k = ik < rk.size() && rk[ik] == t;
       m.res_v = iv < rv.size() && rv[iv] == t;
-      store_meta(out, layout, m);
-      const float gk = store_coef(out.k, layout, a.k.coef[t], m.res_k);
-      const float gv = store_coef(out.v, layout, a.v.coef[t], m.res_v);
+      const auto [gk, gv] = with_layout(layout, [&](auto L) {
+        L.append_fields(out, m);
+        return std::pair{L.append_coef(out.k, a.k.coef[t], m.res_k), L.append_coef(out.v, a.v.coef[t], m.res_v)};
+      });
       if (m.res_k) {
         residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
         if (to_position) to_position->rotate(r.data(), key_rope.position_offset + t);

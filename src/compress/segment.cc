@@ -72,9 +72,11 @@ void tight_coef_table(int coef_exp, float table[256]) {
 }
 
 int64_t CompressedRow::buffer_bytes() const {
+  const int64_t side_bytes = with_layout(layout, [](auto L) { return L.kSideBytes; });
   auto side = [&](const CompressedSide& s) {
     return static_cast<int64_t>(s.coef.size() * sizeof(float) + s.coef16.size() * sizeof(uint16_t) +
-                                s.coef8.size() + (tight() ? 1 : 0) + s.codes.size() + s.scales.size() * sizeof(uint16_t));
+                                s.coef8.size() + s.codes.size() + s.scales.size() * sizeof(uint16_t)) +
+           side_bytes;
   };
   return static_cast<int64_t>((anchor_k.size() + anchor_v.size()) * sizeof(uint16_t) + meta.size() * sizeof(uint64_t) +
                               meta32.size() * sizeof(uint32_t) + meta16.size() * sizeof(uint16_t) +
@@ -99,15 +101,12 @@ Meta CompressedRow::meta_at(int64_t e) const {
   return m;
 }
 
-namespace {
-float side_coef(const CompressedSide& s, MetadataLayout layout, int64_t e) {
-  if (layout == MetadataLayout::kTight) return tight_coef(s.coef8[e], s.coef_exp);
-  return layout == MetadataLayout::kCompact ? core::half_to_float(s.coef16[e]) : s.coef[e];
+float CompressedRow::coef_k(int64_t e) const {
+  return with_layout(layout, [&](auto L) { return L.coef(k, e); });
 }
-}  // namespace
-
-float CompressedRow::coef_k(int64_t e) const { return side_coef(k, layout, e); }
-float CompressedRow::coef_v(int64_t e) const { return side_coef(v, layout, e); }
+float CompressedRow::coef_v(int64_t e) const {
+  return with_layout(layout, [&](auto L) { return L.coef(v, e); });
+}
 
 std::vector<int64_t> residual_slot_index(const CompressedRow& row) {
   const int64_t n = row.n_other();
@@ -146,13 +145,21 @@ std::vector<int32_t> CompressedRow::anchor_positions() const {
 
 namespace {
 
-std::string check_side(const CompressedSide& s, int64_t n_other, MetadataLayout layout, int64_t n_flagged,
-                       int64_t code_bytes, const char* name) {
-  const auto n = static_cast<size_t>(n_other);
-  auto want = [&](MetadataLayout l) { return layout == l ? n : size_t{0}; };
-  if (s.coef.size() != want(MetadataLayout::kSeed) || s.coef16.size() != want(MetadataLayout::kCompact) ||
-      s.coef8.size() != want(MetadataLayout::kTight))
-    return std::string(name) + " coefficients: wrong count for the layout";
+// Whether the buffers of every layout hold n entries in the row's own (the
+// words of the row, or the coefficients of a side) and none in the others.
+template <class Buffers>
+bool sized_for_layout(MetadataLayout layout, int64_t n, Buffers&& buffers) {
+  bool ok = true;
+  const auto size = [&](auto L) {
+    ok = ok && static_cast<int64_t>(buffers(L).size()) == (L.kKind == layout ? n : 0);
+  };
+  size(SeedLayout{});
+  size(CompactLayout{});
+  size(TightLayout{});
+  return ok;
+}
+
+std::string check_side(const CompressedSide& s, int64_t n_flagged, int64_t code_bytes, const char* name) {
   if (static_cast<int64_t>(s.scales.size()) != n_flagged)
     return std::string(name) + ": " + std::to_string(s.scales.size()) + " residual scales for " +
            std::to_string(n_flagged) + " flagged tokens";
@@ -188,15 +195,14 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
   if (static_cast<int64_t>(row.anchor_k.size()) != row.n_anchor * D ||
       static_cast<int64_t>(row.anchor_v.size()) != row.n_anchor * D)
     return "anchors: wrong size";
-  if (row.layout != MetadataLayout::kSeed && row.layout != MetadataLayout::kCompact && !row.tight())
-    return "unknown metadata layout";
-  if (row.tight() && (row.k.coef8.size() != static_cast<size_t>(n_other) || row.v.coef8.size() != static_cast<size_t>(n_other)))
-    return "tight coefficients (which carry the residual flags): wrong count";
   const MetadataLayout layout = row.layout;
-  auto want = [&](MetadataLayout l) { return layout == l ? n_other : int64_t{0}; };
-  if (static_cast<int64_t>(row.meta.size()) != want(MetadataLayout::kSeed) ||
-      static_cast<int64_t>(row.meta32.size()) != want(MetadataLayout::kCompact) ||
-      static_cast<int64_t>(row.meta16.size()) != want(MetadataLayout::kTight))
+  if (layout != MetadataLayout::kSeed && layout != MetadataLayout::kCompact && layout != MetadataLayout::kTight)
+    return "unknown metadata layout";
+  // (the tight layout's coefficients carry the residual flags the next loop reads)
+  for (const CompressedSide* side : {&row.k, &row.v})
+    if (!sized_for_layout(layout, n_other, [&](auto L) -> const auto& { return L.coefs(*side); }))
+      return "coefficients: wrong count for the layout";
+  if (!sized_for_layout(layout, n_other, [&](auto L) -> const auto& { return L.words(row); }))
     return "metadata: wrong count for the layout";
   if (std::string e = check_positions(row); !e.empty()) return e;
   if (const RopeOptions& r = row.key_rope; r.enabled) {
@@ -212,8 +218,8 @@ std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes) {
     flagged_k += m.res_k;
     flagged_v += m.res_v;
   }
-  if (std::string e = check_side(row.k, n_other, layout, flagged_k, code_bytes, "keys"); !e.empty()) return e;
-  return check_side(row.v, n_other, layout, flagged_v, code_bytes, "values");
+  if (std::string e = check_side(row.k, flagged_k, code_bytes, "keys"); !e.empty()) return e;
+  return check_side(row.v, flagged_v, code_bytes, "values");
 }
 
 namespace {

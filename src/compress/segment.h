@@ -41,89 +41,9 @@
 
 #include "anchorkv/config.h"
 #include "compress/codec.h"
+#include "compress/row_layout.h"
 
 namespace anchorkv::compress {
-
-inline constexpr int kMetaFieldBits = 20;
-inline constexpr int64_t kMaxAnchors = (int64_t{1} << kMetaFieldBits) - 1;
-inline constexpr int64_t kMaxCompactAnchors = (int64_t{1} << 15) - 1;
-inline constexpr int64_t kMaxTightAnchors = int64_t{1} << 8;
-// The most anchors a segment row may hold in a layout (a row whose every
-// token is an anchor needs no metadata and may hold more).
-inline int64_t max_anchors(MetadataLayout layout) {
-  return layout == MetadataLayout::kTight     ? kMaxTightAnchors
-         : layout == MetadataLayout::kCompact ? kMaxCompactAnchors
-                                              : kMaxAnchors;
-}
-
-struct Meta {
-  int32_t anchor_k = 0;
-  int32_t anchor_v = 0;
-  int32_t anchors_before = 0;
-  bool res_k = false;
-  bool res_v = false;
-};
-
-inline uint64_t pack_meta(const Meta& m) {
-  constexpr uint64_t mask = (uint64_t{1} << kMetaFieldBits) - 1;
-  return (static_cast<uint64_t>(m.anchor_k) & mask) | ((static_cast<uint64_t>(m.anchor_v) & mask) << 20) |
-         ((static_cast<uint64_t>(m.anchors_before) & mask) << 40) | (static_cast<uint64_t>(m.res_k) << 60) |
-         (static_cast<uint64_t>(m.res_v) << 61);
-}
-inline Meta unpack_meta(uint64_t w) {
-  constexpr uint64_t mask = (uint64_t{1} << kMetaFieldBits) - 1;
-  Meta m;
-  m.anchor_k = static_cast<int32_t>(w & mask);
-  m.anchor_v = static_cast<int32_t>((w >> 20) & mask);
-  m.anchors_before = static_cast<int32_t>((w >> 40) & mask);
-  m.res_k = ((w >> 60) & 1) != 0;
-  m.res_v = ((w >> 61) & 1) != 0;
-  return m;
-}
-
-// Compact layout: anchors_before is not stored (see EntryMetaReader).
-inline uint32_t pack_meta32(const Meta& m) {
-  return (static_cast<uint32_t>(m.anchor_k) & 0x7FFF) | (static_cast<uint32_t>(m.res_k) << 15) |
-         ((static_cast<uint32_t>(m.anchor_v) & 0x7FFF) << 16) | (static_cast<uint32_t>(m.res_v) << 31);
-}
-inline Meta unpack_meta32(uint32_t w) {
-  Meta m;
-  m.anchor_k = static_cast<int32_t>(w & 0x7FFF);
-  m.res_k = ((w >> 15) & 1) != 0;
-  m.anchor_v = static_cast<int32_t>((w >> 16) & 0x7FFF);
-  m.res_v = ((w >> 31) & 1) != 0;
-  return m;
-}
-// Tight layout: 8-bit anchor ordinals in meta16, the residual flags in bit 6
-// of each side's coefficient byte.
-inline constexpr uint8_t kTightResidual = 0x40;
-inline uint16_t pack_meta16(const Meta& m) {
-  return static_cast<uint16_t>((static_cast<uint32_t>(m.anchor_k) & 0xFF) |
-                               ((static_cast<uint32_t>(m.anchor_v) & 0xFF) << 8));
-}
-inline Meta unpack_meta16(uint16_t w, uint8_t coef_k, uint8_t coef_v) {
-  Meta m;
-  m.anchor_k = w & 0xFF;
-  m.anchor_v = (w >> 8) & 0xFF;
-  m.res_k = (coef_k & kTightResidual) != 0;
-  m.res_v = (coef_v & kTightResidual) != 0;
-  return m;
-}
-
-// Tight coefficients (see the layout above; codes carry no residual flag
-// here). The exponent that puts the largest magnitude at the top code, the
-// code of a gamma, and the values the codes stand for (the flag bit is
-// ignored); encoder and decoder use the same function, so a decoded gamma is
-// bit for bit the one the residuals were taken against.
-int8_t tight_coef_exp(float max_abs);
-uint8_t tight_coef_code(float gamma, int coef_exp);
-float tight_coef(uint8_t code, int coef_exp);
-void tight_coef_table(int coef_exp, float table[256]);
-
-inline bool meta_res_k(uint64_t w) { return ((w >> 60) & 1) != 0; }
-inline bool meta_res_v(uint64_t w) { return ((w >> 61) & 1) != 0; }
-inline bool meta32_res_k(uint32_t w) { return ((w >> 15) & 1) != 0; }
-inline bool meta32_res_v(uint32_t w) { return ((w >> 31) & 1) != 0; }
 
 struct CompressedSide {
   std::vector<float> coef;      // [n_other] (seed layout)
@@ -152,26 +72,23 @@ struct CompressedRow {
   CompressedSide k, v;
 
   // Compact and tight rows list their anchor positions (anchors_before is derived).
-  bool lists_positions() const { return layout != MetadataLayout::kSeed; }
-  bool tight() const { return layout == MetadataLayout::kTight; }
+  bool lists_positions() const {
+    return with_layout(layout, [](auto L) { return L.kListsPositions; });
+  }
   int64_t n_other() const {
-    return static_cast<int64_t>(tight() ? meta16.size() : lists_positions() ? meta32.size() : meta.size());
+    return with_layout(layout, [&](auto L) { return static_cast<int64_t>(L.words(*this).size()); });
   }
   // Entry e's metadata in any layout (compact, tight: anchors_before by binary search).
   Meta meta_at(int64_t e) const;
   // Entry e's metadata without anchors_before.
   Meta fields_at(int64_t e) const {
-    return tight()             ? unpack_meta16(meta16[e], k.coef8[e], v.coef8[e])
-           : lists_positions() ? unpack_meta32(meta32[e])
-                               : unpack_meta(meta[e]);
+    return with_layout(layout, [&](auto L) { return L.fields(*this, e); });
   }
   bool res_k(int64_t e) const {
-    return tight() ? (k.coef8[e] & kTightResidual) != 0
-                   : lists_positions() ? meta32_res_k(meta32[e]) : meta_res_k(meta[e]);
+    return with_layout(layout, [&](auto L) { return L.res_k(*this, e); });
   }
   bool res_v(int64_t e) const {
-    return tight() ? (v.coef8[e] & kTightResidual) != 0
-                   : lists_positions() ? meta32_res_v(meta32[e]) : meta_res_v(meta[e]);
+    return with_layout(layout, [&](auto L) { return L.res_v(*this, e); });
   }
   float coef_k(int64_t e) const;
   float coef_v(int64_t e) const;

@@ -342,62 +342,91 @@ void dense_chunk_rope_impl(const float* q, const int64_t* qpos, int64_t nq, cons
 
 // ---------------------------------------------------------------- entries
 
+namespace {
+
+// Each layout's coefficients of entries [e0, e0 + n): the seed layout's fp32
+// read in place, the others decoded into the scratch.
+void decode_coefs(compress::SeedLayout, const compress::CompressedRow& row, int64_t e0, int64_t,
+                  EntryScratch& sc) {
+  sc.gk_at = row.k.coef.data() + e0;
+  sc.gv_at = row.v.coef.data() + e0;
+}
+void decode_coefs(compress::CompactLayout, const compress::CompressedRow& row, int64_t e0, int64_t n,
+                  EntryScratch& sc) {  // one SIMD conversion instead of one call per token
+  sc.gk.resize(static_cast<size_t>(n));
+  sc.gv.resize(static_cast<size_t>(n));
+  core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(e0)], sc.gk.data(), n);
+  core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(e0)], sc.gv.data(), n);
+  sc.gk_at = sc.gk.data();
+  sc.gv_at = sc.gv.data();
+}
+void decode_coefs(compress::TightLayout, const compress::CompressedRow& row, int64_t e0, int64_t n,
+                  EntryScratch& sc) {  // 256-entry tables per side: a code indexes its gamma
+  if (sc.tight_k_exp != row.k.coef_exp) compress::tight_coef_table(sc.tight_k_exp = row.k.coef_exp, sc.tight_k);
+  if (sc.tight_v_exp != row.v.coef_exp) compress::tight_coef_table(sc.tight_v_exp = row.v.coef_exp, sc.tight_v);
+  sc.gk.resize(static_cast<size_t>(n));
+  sc.gv.resize(static_cast<size_t>(n));
+  const float *tk = sc.tight_k, *tv = sc.tight_v;
+  const uint8_t* ck = &row.k.coef8[static_cast<size_t>(e0)];
+  const uint8_t* cv = &row.v.coef8[static_cast<size_t>(e0)];
+  for (int64_t i = 0; i < n; ++i) sc.gk[i] = tk[ck[i]], sc.gv[i] = tv[cv[i]];
+  sc.gk_at = sc.gk.data();
+  sc.gv_at = sc.gv.data();
+}
+
+// Each layout's bit fields of entries [e0, e0 + n), decoded in SIMD.
+void decode_fields(compress::SeedLayout, const compress::CompressedRow& row, int64_t e0, int64_t n, MetaOut* mo) {
+  HWY_DYNAMIC_DISPATCH(DecodeMetaSeed)(&row.meta[static_cast<size_t>(e0)], n, mo);
+}
+void decode_fields(compress::CompactLayout, const compress::CompressedRow& row, int64_t e0, int64_t n,
+                   MetaOut* mo) {
+  HWY_DYNAMIC_DISPATCH(DecodeMetaCompact)(&row.meta32[static_cast<size_t>(e0)], n, mo);
+}
+void decode_fields(compress::TightLayout, const compress::CompressedRow& row, int64_t e0, int64_t n, MetaOut* mo) {
+  const auto e = static_cast<size_t>(e0);
+  HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[e], &row.k.coef8[e], &row.v.coef8[e], n, mo);
+}
+
+// Positions of entries [e0, e0 + n) of a segment starting at p0: from the
+// seed layout's anchors_before field, or (layouts that list the anchors'
+// positions) one walk over the list, anchor j having anchor_pos[j] - j
+// entries before it (per entry through EntryMetaReader it was ~6% of a
+// pre-RoPE decode).
+template <class L>
+void entry_positions(L, const compress::CompressedRow& row, int64_t e0, int64_t n, int64_t p0, int64_t* pos) {
+  if constexpr (!L::kListsPositions) {
+    const uint64_t* w = &row.meta[static_cast<size_t>(e0)];
+    for (int64_t i = 0; i < n; ++i) pos[i] = p0 + i + compress::unpack_meta(w[i]).anchors_before;
+  } else if (n > 0) {
+    const int32_t* ap = row.anchor_pos.data();
+    int64_t j = row.meta_at(e0).anchors_before;
+    for (int64_t i = 0; i < n; ++i) {
+      while (j < row.n_anchor && ap[j] - j <= e0 + i) ++j;
+      pos[i] = p0 + i + j;
+    }
+  }
+}
+
+}  // namespace
+
 void decode_entries(const CompressedQueries& cq, const compress::CompressedRow& row, const EntryRange& r,
                     EntryScratch& sc) {
   const int64_t n = r.e1 - r.e0;
   sc.ak.resize(static_cast<size_t>(n));
   sc.av.resize(static_cast<size_t>(n));
   sc.pos.resize(static_cast<size_t>(n));
-  if (!row.lists_positions()) {  // seed layout: fp32 coefficients, read in place
-    sc.gk_at = row.k.coef.data() + r.e0;
-    sc.gv_at = row.v.coef.data() + r.e0;
-  } else {
-    sc.gk.resize(static_cast<size_t>(n));
-    sc.gv.resize(static_cast<size_t>(n));
-    sc.gk_at = sc.gk.data();
-    sc.gv_at = sc.gv.data();
-  }
-  if (row.tight()) {  // 256-entry tables per side: a code indexes its gamma
-    if (sc.tight_k_exp != row.k.coef_exp) compress::tight_coef_table(sc.tight_k_exp = row.k.coef_exp, sc.tight_k);
-    if (sc.tight_v_exp != row.v.coef_exp) compress::tight_coef_table(sc.tight_v_exp = row.v.coef_exp, sc.tight_v);
-    const float *tk = sc.tight_k, *tv = sc.tight_v;
-    const uint8_t* ck = &row.k.coef8[static_cast<size_t>(r.e0)];
-    const uint8_t* cv = &row.v.coef8[static_cast<size_t>(r.e0)];
-    for (int64_t i = 0; i < n; ++i) sc.gk[i] = tk[ck[i]], sc.gv[i] = tv[cv[i]];
-  } else if (row.lists_positions()) {  // one SIMD conversion instead of one call per token
-    core::f16_to_f32_n(&row.k.coef16[static_cast<size_t>(r.e0)], sc.gk.data(), n);
-    core::f16_to_f32_n(&row.v.coef16[static_cast<size_t>(r.e0)], sc.gv.data(), n);
-  }
+  compress::with_layout(row.layout, [&](auto L) { decode_coefs(L, row, r.e0, n, sc); });
   sc.res_k.resize(static_cast<size_t>(n + kListSlack));
   sc.res_v.resize(static_cast<size_t>(n + kListSlack));
   int64_t nk = 0, nv = 0;
-  // Unmasked: the bit fields decoded in SIMD; positions (RoPE) from the seed
-  // layout's anchors_before field (the other layouts derive it: the reader).
-  // Pre-RoPE keys in the compact and tight layouts: the fields in SIMD as
-  // well, then each entry's position from the anchors' (one walk over the
-  // list; per entry through EntryMetaReader it was ~6% of a pre-RoPE decode).
+  // Unmasked: the bit fields decoded in SIMD, then (RoPE) the positions.
   if (!r.masked) {
     MetaOut mo{sc.ak.data(), sc.av.data(), sc.res_k.data(), sc.res_v.data()};
-    if (row.tight())
-      HWY_DYNAMIC_DISPATCH(DecodeMetaTight)(&row.meta16[static_cast<size_t>(r.e0)], &row.k.coef8[static_cast<size_t>(r.e0)],
-                                            &row.v.coef8[static_cast<size_t>(r.e0)], n, &mo);
-    else if (row.lists_positions())
-      HWY_DYNAMIC_DISPATCH(DecodeMetaCompact)(&row.meta32[static_cast<size_t>(r.e0)], n, &mo);
-    else
-      HWY_DYNAMIC_DISPATCH(DecodeMetaSeed)(&row.meta[static_cast<size_t>(r.e0)], n, &mo);
+    compress::with_layout(row.layout, [&](auto L) {
+      decode_fields(L, row, r.e0, n, &mo);
+      if (cq.rope) entry_positions(L, row, r.e0, n, r.seg_pos0 + r.e0, sc.pos.data());
+    });
     nk = mo.nk, nv = mo.nv;
-    const int64_t p0 = r.seg_pos0 + r.e0;
-    if (cq.rope && !row.lists_positions()) {
-      const uint64_t* w = &row.meta[static_cast<size_t>(r.e0)];
-      for (int64_t i = 0; i < n; ++i) sc.pos[i] = p0 + i + compress::unpack_meta(w[i]).anchors_before;
-    } else if (cq.rope && n > 0) {  // anchor j has anchor_pos[j] - j entries before it
-      const int32_t* ap = row.anchor_pos.data();
-      int64_t j = row.meta_at(r.e0).anchors_before;
-      for (int64_t i = 0; i < n; ++i) {
-        while (j < row.n_anchor && ap[j] - j <= r.e0 + i) ++j;
-        sc.pos[i] = p0 + i + j;
-      }
-    }
   } else {
     compress::EntryMetaReader meta(row, r.e0, true);
     for (int64_t i = 0; i < n; ++i) {

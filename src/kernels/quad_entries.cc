@@ -268,19 +268,13 @@ LinesAhead lines_of_entries(const compress::CompressedRow& row, int64_t cb, int6
   if (e0 >= e1) return out;
   const int64_t n = e1 - e0;
   const size_t e = static_cast<size_t>(e0);
-  if (row.tight()) {
-    out.add(&row.meta16[e], 2 * n);
-    out.add(&row.k.coef8[e], n);
-    out.add(&row.v.coef8[e], n);
-  } else if (row.lists_positions()) {
-    out.add(&row.meta32[e], 4 * n);
-    out.add(&row.k.coef16[e], 2 * n);
-    out.add(&row.v.coef16[e], 2 * n);
-  } else {
-    out.add(&row.meta[e], 8 * n);
-    out.add(&row.k.coef[e], 4 * n);
-    out.add(&row.v.coef[e], 4 * n);
-  }
+  compress::with_layout(row.layout, [&](auto L) {  // the layout's word and coefficients per entry
+    const auto& words = L.words(row);
+    const auto &ck = L.coefs(row.k), &cv = L.coefs(row.v);
+    out.add(&words[e], static_cast<int64_t>(sizeof(words[0])) * n);
+    out.add(&ck[e], static_cast<int64_t>(sizeof(ck[0])) * n);
+    out.add(&cv[e], static_cast<int64_t>(sizeof(cv[0])) * n);
+  });
   nk = std::min(nk, row.k.n_residual() - slot_k);
   nv = std::min(nv, row.v.n_residual() - slot_v);
   if (nk > 0) out.add(&row.k.codes[static_cast<size_t>(slot_k * cb)], nk * cb);

@@ -67,7 +67,7 @@ TEST(AnchorKVCache, TightMetadataBytesByHandAndCloserThanCompact) {
   EXPECT_EQ(c.anchorkv_bytes(), 32770 + 2120 * 34);
   expect_invariants(c);
   const compress::CompressedRow& row = internal::unlocked_state(c).segments.front().rows[0];
-  EXPECT_TRUE(row.tight());
+  EXPECT_EQ(row.layout, MetadataLayout::kTight);
   EXPECT_EQ(row.meta16.size(), 4064u);
   // 8-bit coefficients cost less than the residuals they buy: closer than compact at the same theta.
   cfg.metadata = MetadataLayout::kCompact;

@@ -367,7 +367,7 @@ TEST(CacheFile, CheckRowRefusesEveryInconsistency) {
         [&](auto& r) {  // an anchor ordinal past the anchors
           compress::Meta m = r.meta_at(3);
           m.anchor_k = static_cast<int32_t>(r.n_anchor);
-          if (r.tight())
+          if (r.layout == MetadataLayout::kTight)
             r.meta16[3] = compress::pack_meta16(m);
           else if (r.lists_positions())
             r.meta32[3] = compress::pack_meta32(m);
@@ -375,7 +375,7 @@ TEST(CacheFile, CheckRowRefusesEveryInconsistency) {
             r.meta[3] = compress::pack_meta(m);
         },
         [](auto& r) {  // coefficients of another layout's size
-          if (r.tight())
+          if (r.layout == MetadataLayout::kTight)
             r.k.coef8.pop_back();
           else if (r.lists_positions())
             r.v.coef16.push_back(0);

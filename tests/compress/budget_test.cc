@@ -55,6 +55,58 @@ TEST(Budget, TightLayoutBytes) {
   EXPECT_EQ(max_anchors(MetadataLayout::kTight), 256);
 }
 
+// Every layout type reads back what it appended (ordinals, residual flags,
+// coefficients as stored), fills its own buffers only, and its byte costs are
+// what the row then holds.
+TEST(RowLayout, EveryLayoutReadsBackWhatItAppendsAndCostsWhatItHolds) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
+    CompressedRow row;
+    row.layout = layout;
+    row.length = 7;
+    row.n_anchor = 2;
+    const int64_t D = 4;
+    row.anchor_k.assign(static_cast<size_t>(row.n_anchor * D), 0);
+    row.anchor_v.assign(row.anchor_k.size(), 0);
+    const std::vector<float> gk = {0.5f, -1.0f, 2.0f, 0.0f, 1.25f}, gv = {1.0f, 0.75f, -0.25f, 3.0f, -2.0f};
+    std::vector<float> stored_k, stored_v;
+    with_layout(layout, [&](auto L) {
+      EXPECT_EQ(L.kKind, layout);
+      if (L.kListsPositions) row.anchor_pos = {1, 4};
+      L.begin(row, 3.0f, 3.0f);
+      for (int e = 0; e < 5; ++e) {
+        Meta m;
+        m.anchor_k = e % 2;
+        m.anchor_v = 1 - e % 2;
+        m.res_k = e == 1;
+        m.res_v = e == 3;
+        L.append_fields(row, m);
+        stored_k.push_back(L.append_coef(row.k, gk[e], m.res_k));
+        stored_v.push_back(L.append_coef(row.v, gv[e], m.res_v));
+      }
+    });
+    ASSERT_EQ(row.n_other(), 5) << to_string(layout);
+    for (int e = 0; e < 5; ++e) {
+      const Meta m = row.fields_at(e);
+      EXPECT_EQ(m.anchor_k, e % 2) << to_string(layout);
+      EXPECT_EQ(m.anchor_v, 1 - e % 2) << to_string(layout);
+      EXPECT_EQ(row.res_k(e), e == 1) << to_string(layout);
+      EXPECT_EQ(row.res_v(e), e == 3) << to_string(layout);
+      EXPECT_EQ(row.coef_k(e), stored_k[e]) << to_string(layout);
+      EXPECT_EQ(row.coef_v(e), stored_v[e]) << to_string(layout);
+      EXPECT_NEAR(stored_k[e], gk[e], 0.05 * std::fabs(gk[e])) << to_string(layout);
+    }
+    for (int e : {1, 3}) {  // give the flagged tokens their residual slot
+      CompressedSide& side = e == 1 ? row.k : row.v;
+      side.codes.push_back(0);
+      side.scales.push_back(0);
+    }
+    EXPECT_EQ(check_row(row, D, 1), "") << to_string(layout);
+    const int64_t residual_bytes_held = 2 * (1 + 2);
+    EXPECT_EQ(row.buffer_bytes(), base_row_bytes(row.length, row.n_anchor, D, layout) + residual_bytes_held)
+        << to_string(layout);
+  }
+}
+
 // The 8-bit coefficient: zero, sign, gamma = 1 exact, steps of 2^(1/8)
 // (within 2^(1/16) of the value inside the row's range), the top code at the
 // row's largest magnitude, the residual flag bit ignored by the decoder, and
