@@ -25,6 +25,7 @@
 #include "kernels/attend_checks.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/coded_attention.h"
+#include "kernels/kernel_set.h"
 
 namespace anchorkv {
 namespace {
@@ -106,6 +107,7 @@ class AttendCall {
         src_(src),
         opt_(opt),
         rope_(opt.rope.enabled ? &opt.rope : nullptr),
+        kern_(kernels::KernelSet::of(opt.reference)),
         ws_(tls_workspace()),
         prep_(ws_.prep) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
@@ -186,6 +188,7 @@ class AttendCall {
   const cache::AttentionSource& src_;
   const AttentionOptions& opt_;
   const RopeOptions* rope_;
+  const kernels::KernelSet kern_;
   Workspace& ws_;
   std::shared_ptr<const core::RopeTable> rtab_;  // the angles of every key position
   int64_t B_, H_, D_, R_, Hq_, Sq_, G_, nq_;
@@ -401,8 +404,7 @@ void AttendCall::prepare_row(int s, int64_t r) {
   }
   const float* ak_scores = rope_ ? prepare_rope_row(s, row, q, p) : p.ak.data();
   if (!anchors_in_place_)
-    (opt_.reference ? core::dot_matrix_ref : core::dot_matrix)(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(),
-                                                               k);
+    kern_.dot_matrix(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(), k);
   if (!opt_.reference) {  // the quad layout of the fast kernel
     const int64_t quads = (nq_ + 3) / 4;
     p.anchor_dot4.assign(static_cast<size_t>(quads * k * 4), 0.0f);
@@ -508,8 +510,8 @@ void AttendCall::run_anchors(int s, int64_t r, kernels::PartialView out) {
     for (auto& x : abs_pos) x += static_cast<int32_t>(seg(s).pos0);
   }
   // Anchors contribute through w only: acc and rot are left unwritten (merge_segment reads m, l and w).
-  (opt_.reference ? kernels::anchors_chunk_ref : kernels::anchors_chunk)(
-      compressed_queries(s, r), k, abs_pos.data(), masked, {out.m, out.l, out.acc, tw.data(), out.rot});
+  kern_.anchors_chunk(compressed_queries(s, r), k, abs_pos.data(), masked,
+                      {out.m, out.l, out.acc, tw.data(), out.rot});
   for (int64_t g = 0; g < nq_; ++g) std::copy_n(&tw[g * k], k, out.w + g * kc);  // stride k -> the segment's k_max
 }
 
@@ -527,25 +529,21 @@ void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) 
     const int64_t n = std::min(c.b, a + kTile) - a;
     kernels::PartialView t{tm.data(), tl.data(), tacc.data(), nullptr, nullptr};
     if (reg.is_coded()) {
-      (opt_.reference ? kernels::coded_chunk_ref : kernels::coded_chunk)(q, qpos_.data(), nq_, reg.coded[r], a, n,
-                                                                         reg.pos0 + a, D_, t, coded);
+      kern_.coded_chunk(q, qpos_.data(), nq_, reg.coded[r], a, n, reg.pos0 + a, D_, t, coded);
       merge_tile(t, out);
       continue;
     }
     if (reg.is_affine()) {
-      (opt_.reference ? kernels::affine_chunk_ref : kernels::affine_chunk)(q, qpos_.data(), nq_, reg.affine[r], a,
-                                                                           n, reg.pos0 + a, D_, t, coded);
+      kern_.affine_chunk(q, qpos_.data(), nq_, reg.affine[r], a, n, reg.pos0 + a, D_, t, coded);
       merge_tile(t, out);
       continue;
     }
     const uint16_t* K = reg.k[r] + a * D_;
     const uint16_t* V = reg.v[r] + a * D_;
     if (rope_)
-      (opt_.reference ? kernels::dense_chunk_rope_ref : kernels::dense_chunk_rope)(
-          q, qpos_.data(), nq_, K, V, n, reg.pos0 + a, D_, *rope_, *rtab_, t, scratch.data());
+      kern_.dense_chunk_rope(q, qpos_.data(), nq_, K, V, n, reg.pos0 + a, D_, *rope_, *rtab_, t, scratch.data());
     else
-      (opt_.reference ? kernels::dense_chunk_ref : kernels::dense_chunk)(q, qpos_.data(), nq_, K, V, n,
-                                                                         reg.pos0 + a, D_, t, scratch.data());
+      kern_.dense_chunk(q, qpos_.data(), nq_, K, V, n, reg.pos0 + a, D_, t, scratch.data());
     merge_tile(t, out);
   }
 }
@@ -585,7 +583,7 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
     const bool in_place = a == c.a && b == e_end && k == kc;
     const kernels::PartialView t =
         in_place ? out : kernels::PartialView{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
-    (opt_.reference ? kernels::entries_chunk_ref : kernels::entries_chunk)(cq, row, *g_seg.codec, range, t, scratch);
+    kern_.entries_chunk(cq, row, *g_seg.codec, range, t, scratch);
     sk += scratch.slots_k;  // the tile's residual slots
     sv += scratch.slots_v;
     if (in_place) break;
