@@ -120,10 +120,24 @@ class AttendCall {
     if (Sq_ == 0) return out;
     prepare_queries();
     plan_chunks();
+    size_partials();
     if (has_c()) prepare_segments();
-    run_chunks();
+    if (rows_in_one_pass()) {  // one task per row: no waiting between the phases
+      core::parallel_for(R_, opt_.threads, [&](int64_t r) {
+        if (has_c()) prepare_rows(r);
+        for (int64_t c = 0; c < C_; ++c) run_task(r, c);
+        finish_row(r, out);
+      });
+    } else {
+      if (has_c())
+        core::parallel_for_grouped(
+            n_seg() * R_, opt_.threads,
+            [&](int64_t t) { return kTaskCost + seg_row(static_cast<int>(t / R_), t % R_).n_anchor * D_; },
+            [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
+      run_chunks();
+      core::parallel_for(R_, opt_.threads, [&](int64_t r) { finish_row(r, out); });
+    }
     if (stats) report(stats);
-    merge_and_finish(out);
     return out;
   }
 
@@ -168,16 +182,24 @@ class AttendCall {
   void plan_chunks();
   void plan_segments();
   void plan_segment(int s);
+  // Rows split across the threads whole (each a task of its preparation,
+  // chunks and finish) when there are enough of them to share out evenly;
+  // else three phases, each split finer. The bits are the same either way.
+  bool rows_in_one_pass() const { return R_ >= 2 * core::resolve_threads(opt_.threads); }
+  void size_partials();
   void prepare_segments();
+  void rotate_row_queries(int64_t r);
+  void prepare_rows(int64_t r);
   void prepare_row(int s, int64_t r);
   const float* prepare_rope_row(int s, const compress::CompressedRow& row, const float* q, RowPrep& p) const;
   void run_chunks();
+  void run_task(int64_t r, int64_t ci);
   void run_anchors(int s, int64_t r, kernels::PartialView out);
   void run_dense(int64_t r, const Chunk& c, kernels::PartialView out);
   void merge_tile(const kernels::PartialView& t, kernels::PartialView out) const;
   void run_entries(int64_t r, const Chunk& c, kernels::PartialView out);
   void run_segments(int64_t r, const Chunk& c, kernels::PartialView out);
-  void merge_and_finish(Tensor& out);
+  void finish_row(int64_t r, Tensor& out);
   void merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, size_t c1, float* m, float* l, float* acc,
                      float* rot);
   void add_anchor_values(int s, int64_t r, int64_t k, int64_t gn, const float* w, float* acc) const;
@@ -312,6 +334,9 @@ void AttendCall::plan_segment(int s) {
     chunks_.push_back({Chunk::kEntries, nullptr, a, std::min(n_other_max, a + c), s, entry_chunk++});
 }
 
+// What every row's preparation shares: the per-segment arithmetic and, when
+// the segments share a codec, room for the rows' rotated queries (rotated
+// here unless each row's task rotates its own).
 void AttendCall::prepare_segments() {
   values_in_place_ = !opt_.reference && kernels::f16_rows_supported(D_);
   anchors_in_place_ = values_in_place_ && !rope_;
@@ -321,18 +346,23 @@ void AttendCall::prepare_segments() {
   for (int s = 0; s < n_seg(); ++s)
     arith_[s] = s > 0 && seg(s).codec == seg(s - 1).codec ? arith_[s - 1]
                                                           : kernels::residual_arithmetic(*seg(s).codec, opt_.bf16_residuals);
-  if (shared_codec_) {
-    ws_.rq.assign(static_cast<size_t>(R_ * nq4() * D_), 0.0f);  // zero past nq
-    for (int64_t r = 0; r < R_; ++r)
-      for (int64_t g = 0; g < nq_; ++g)
-        shared_codec_->rotation().forward(row_queries(r) + g * D_, &ws_.rq[static_cast<size_t>((r * nq4() + g) * D_)]);
-    if (arith_[0].bf16)
-      for (float& x : ws_.rq) x = core::round_to_bf16(x);
-  }
-  core::parallel_for_grouped(
-      n_seg() * R_, opt_.threads,
-      [&](int64_t t) { return kTaskCost + seg_row(static_cast<int>(t / R_), t % R_).n_anchor * D_; },
-      [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
+  if (!shared_codec_) return;
+  ws_.rq.assign(static_cast<size_t>(R_ * nq4() * D_), 0.0f);  // zero past nq
+  if (!rows_in_one_pass())
+    for (int64_t r = 0; r < R_; ++r) rotate_row_queries(r);
+}
+
+void AttendCall::rotate_row_queries(int64_t r) {
+  float* rq = &ws_.rq[static_cast<size_t>(r * nq4() * D_)];
+  for (int64_t g = 0; g < nq_; ++g) shared_codec_->rotation().forward(row_queries(r) + g * D_, rq + g * D_);
+  if (arith_[0].bf16)
+    for (int64_t i = 0; i < nq_ * D_; ++i) rq[i] = core::round_to_bf16(rq[i]);
+}
+
+// Row r's share of prepare_segments and every segment's preparation of it.
+void AttendCall::prepare_rows(int64_t r) {
+  if (shared_codec_) rotate_row_queries(r);
+  for (int s = 0; s < n_seg(); ++s) prepare_row(s, r);
 }
 
 // Pre-RoPE keys: the row's anchors rotated to their own positions (returned:
@@ -459,13 +489,16 @@ kernels::CompressedQueries AttendCall::compressed_queries(int s, int64_t r) cons
           &arith_[static_cast<size_t>(s)]};
 }
 
-void AttendCall::run_chunks() {
+void AttendCall::size_partials() {
   const size_t n_part = static_cast<size_t>(R_ * C_ * nq_);
   ws_.pm.resize(n_part);
   ws_.pl.resize(n_part);
   ws_.pacc.resize(n_part * static_cast<size_t>(D_));
   ws_.pw.resize(static_cast<size_t>(R_ * w_row_));
   ws_.prot.resize(has_c() ? n_part * static_cast<size_t>(D_) : 0);
+}
+
+void AttendCall::run_chunks() {
   const auto cost = [&](int64_t task) {  // multiply-adds, roughly
     const Chunk& c = chunks_[static_cast<size_t>(task % C_)];
     if (c.kind == Chunk::kAnchors) return kTaskCost + k_max_[static_cast<size_t>(c.seg)] * nq_ * D_;
@@ -478,23 +511,24 @@ void AttendCall::run_chunks() {
     }
     return kTaskCost + entries * nq_ * D_ / 8;
   };
-  core::parallel_for_grouped(R_ * C_, opt_.threads, cost, [&](int64_t task) {
-    const int64_t r = task / C_, ci = task % C_;
-    const Chunk& c = chunks_[static_cast<size_t>(ci)];
-    kernels::PartialView out = partial(r, ci);
-    std::fill_n(out.m, nq_, kNegInf);  // start empty, then fold tiles in order (the
-    std::fill_n(out.l, nq_, 0.0f);     // first fold overwrites acc, w and rot)
-    switch (c.kind) {
-      case Chunk::kAnchors:
-        return run_anchors(c.seg, r, out);
-      case Chunk::kDense:
-        return run_dense(r, c, out);
-      case Chunk::kEntries:
-        return run_entries(r, c, out);
-      case Chunk::kRun:
-        return run_segments(r, c, out);
-    }
-  });
+  core::parallel_for_grouped(R_ * C_, opt_.threads, cost, [&](int64_t task) { run_task(task / C_, task % C_); });
+}
+
+void AttendCall::run_task(int64_t r, int64_t ci) {
+  const Chunk& c = chunks_[static_cast<size_t>(ci)];
+  kernels::PartialView out = partial(r, ci);
+  std::fill_n(out.m, nq_, kNegInf);  // start empty, then fold tiles in order (the
+  std::fill_n(out.l, nq_, 0.0f);     // first fold overwrites acc, w and rot)
+  switch (c.kind) {
+    case Chunk::kAnchors:
+      return run_anchors(c.seg, r, out);
+    case Chunk::kDense:
+      return run_dense(r, c, out);
+    case Chunk::kEntries:
+      return run_entries(r, c, out);
+    case Chunk::kRun:
+      return run_segments(r, c, out);
+  }
 }
 
 void AttendCall::run_anchors(int s, int64_t r, kernels::PartialView out) {
@@ -639,48 +673,46 @@ void AttendCall::report(AttentionStats* stats) const {
 // weights and rotated residual values), finished into plain sums (its
 // anchors' values added, R^T rot), then folded like a dense chunk; so the
 // order, and the bits, never depend on the thread count.
-void AttendCall::merge_and_finish(Tensor& out) {
-  core::parallel_for(R_, opt_.threads, [&](int64_t r) {
-    float m[4], l[4], ms[4], ls[4];
-    thread_local std::vector<float> acc, acc_s, rot, rot_s;
-    acc.resize(static_cast<size_t>(4 * D_));
-    acc_s.resize(static_cast<size_t>(4 * D_));
-    rot.resize(static_cast<size_t>(4 * D_));
-    rot_s.resize(static_cast<size_t>(4 * D_));
-    for (int64_t g0 = 0; g0 < nq_; g0 += 4) {
-      const int64_t gn = std::min<int64_t>(4, nq_ - g0);
-      std::fill_n(m, 4, kNegInf);
-      std::fill_n(l, 4, 0.0f);
-      for (size_t c = 0; c < chunks_.size();) {
-        size_t c1 = c + 1;
-        const bool plain = chunks_[c].seg < 0;  // dense, or a run of segments finished in its task
-        const bool dense = chunks_[c].kind == Chunk::kDense;
-        if (plain) {  // its partial as it is
-          const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
-          for (int64_t g = 0; g < gn; ++g) {
-            ms[g] = v.m[g0 + g];
-            ls[g] = v.l[g0 + g];
-            std::copy_n(v.acc + (g0 + g) * D_, D_, &acc_s[g * D_]);
-            if (!dense) std::copy_n(v.rot + (g0 + g) * D_, D_, &rot_s[g * D_]);
-          }
-        } else {
-          while (c1 < chunks_.size() && chunks_[c1].seg == chunks_[c].seg) ++c1;
-          merge_segment(r, g0, gn, c, c1, ms, ls, acc_s.data(), rot_s.data());
+void AttendCall::finish_row(int64_t r, Tensor& out) {
+  float m[4], l[4], ms[4], ls[4];
+  thread_local std::vector<float> acc, acc_s, rot, rot_s;
+  acc.resize(static_cast<size_t>(4 * D_));
+  acc_s.resize(static_cast<size_t>(4 * D_));
+  rot.resize(static_cast<size_t>(4 * D_));
+  rot_s.resize(static_cast<size_t>(4 * D_));
+  for (int64_t g0 = 0; g0 < nq_; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, nq_ - g0);
+    std::fill_n(m, 4, kNegInf);
+    std::fill_n(l, 4, 0.0f);
+    for (size_t c = 0; c < chunks_.size();) {
+      size_t c1 = c + 1;
+      const bool plain = chunks_[c].seg < 0;  // dense, or a run of segments finished in its task
+      const bool dense = chunks_[c].kind == Chunk::kDense;
+      if (plain) {  // its partial as it is
+        const kernels::PartialView v = partial(r, static_cast<int64_t>(c));
+        for (int64_t g = 0; g < gn; ++g) {
+          ms[g] = v.m[g0 + g];
+          ls[g] = v.l[g0 + g];
+          std::copy_n(v.acc + (g0 + g) * D_, D_, &acc_s[g * D_]);
+          if (!dense) std::copy_n(v.rot + (g0 + g) * D_, D_, &rot_s[g * D_]);
         }
-        for (int64_t g = 0; g < gn; ++g)
-          kernels::merge_partial(m[g], l[g], &acc[g * D_], nullptr, shared_codec_ ? &rot[g * D_] : nullptr, ms[g],
-                                 ls[g], &acc_s[g * D_], nullptr, dense ? nullptr : &rot_s[g * D_], D_, 0);
-        c = c1;
+      } else {
+        while (c1 < chunks_.size() && chunks_[c1].seg == chunks_[c].seg) ++c1;
+        merge_segment(r, g0, gn, c, c1, ms, ls, acc_s.data(), rot_s.data());
       }
-      for (int64_t g = 0; g < gn; ++g) {
-        if (shared_codec_ && m[g] != kNegInf) {  // the shared codec's rotated residual values, back once
-          shared_codec_->rotation().inverse(&rot[g * D_], &rot[g * D_]);
-          for (int64_t d = 0; d < D_; ++d) acc[g * D_ + d] += rot[g * D_ + d];
-        }
-        write_query(r, g0 + g, l[g], &acc[g * D_], out);
-      }
+      for (int64_t g = 0; g < gn; ++g)
+        kernels::merge_partial(m[g], l[g], &acc[g * D_], nullptr, shared_codec_ ? &rot[g * D_] : nullptr, ms[g],
+                               ls[g], &acc_s[g * D_], nullptr, dense ? nullptr : &rot_s[g * D_], D_, 0);
+      c = c1;
     }
-  });
+    for (int64_t g = 0; g < gn; ++g) {
+      if (shared_codec_ && m[g] != kNegInf) {  // the shared codec's rotated residual values, back once
+        shared_codec_->rotation().inverse(&rot[g * D_], &rot[g * D_]);
+        for (int64_t d = 0; d < D_; ++d) acc[g * D_ + d] += rot[g * D_ + d];
+      }
+      write_query(r, g0 + g, l[g], &acc[g * D_], out);
+    }
+  }
 }
 
 // Chunks [c0, c1) of one segment for queries g0 .. g0 + gn - 1 of row r,

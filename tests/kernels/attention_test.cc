@@ -148,7 +148,8 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
 
 // attend() with `base` options (RoPE, ...) against `ref`, dense attention over
 // the cache's reconstruction, then the scalar twin and itself on 1 and 2
-// threads: in both residual arithmetics (bf16 falls back to fp32 where the CPU
+// threads (and 8, where rows too few to share out whole take the phased
+// plan): in both residual arithmetics (bf16 falls back to fp32 where the CPU
 // lacks it, and the two runs are then the same), and bf16 against fp32.
 void expect_kernels_agree(const TensorView& qv, const AnchorKVCache& cache, const std::vector<double>& ref,
                           const AttentionOptions& base) {
@@ -164,12 +165,16 @@ void expect_kernels_agree(const TensorView& qv, const AnchorKVCache& cache, cons
     AttentionStats stats;
     const auto y1 = attend(qv, cache, o1, &stats).to_f32();
     const auto y2 = attend(qv, cache, o2).to_f32();
+    AttentionOptions o8 = o2;  // rows split whole or in phases (attend.cc): the same bits
+    o8.threads = 8;
+    const auto y8 = attend(qv, cache, o8).to_f32();
     const auto yr = attend(qv, cache, oref).to_f32();
     EXPECT_EQ(stats.compressed, cache.is_compressed());
     const double tolerance = bf16 ? kBf16ReconstructionNmse : kReconstructionNmse;
     EXPECT_LE(nmse(ref, y1), tolerance);
     EXPECT_LE(nmse(ref, yr), tolerance);
     ASSERT_EQ(y1, y2) << "results must be bit-identical for 1 and 2 threads";
+    ASSERT_EQ(y1, y8) << "results must be bit-identical for 1 and 8 threads";
     EXPECT_LE(nmse(std::vector<double>(yr.begin(), yr.end()), y1),
               bf16 ? kBf16VsReferenceNmse : kSimdVsReferenceNmse);
     if (!bf16)
