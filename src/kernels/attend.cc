@@ -108,6 +108,7 @@ class AttendCall {
         opt_(opt),
         rope_(opt.rope.enabled ? &opt.rope : nullptr),
         kern_(kernels::KernelSet::of(opt.reference)),
+        quad_(!opt.reference && (!opt.rope.enabled || kernels::quad_rope_supported(src.D))),
         ws_(tls_workspace()),
         prep_(ws_.prep) {
     B_ = src.B, H_ = src.H, D_ = src.D, R_ = B_ * H_;
@@ -211,6 +212,11 @@ class AttendCall {
   const AttentionOptions& opt_;
   const RopeOptions* rope_;
   const kernels::KernelSet kern_;
+  // Whether the quad kernels run: their inputs are prepared per row (the
+  // interleaved anchor dots, split pre-RoPE rows) and every unmasked segment
+  // takes them, its entry chunks whole and small segments in runs. Not for
+  // the scalar twins, nor for pre-RoPE keys of a head dim without split rows.
+  const bool quad_;
   Workspace& ws_;
   std::shared_ptr<const core::RopeTable> rtab_;  // the angles of every key position
   int64_t B_, H_, D_, R_, Hq_, Sq_, G_, nq_;
@@ -307,8 +313,7 @@ void AttendCall::plan_segments() {
   shared_codec_ = n > 0 ? seg(0).codec : nullptr;
   for (int s = 1; s < n_seg(); ++s)
     if (seg(s).codec != shared_codec_) shared_codec_ = nullptr;
-  runs_ = !opt_.reference && shared_codec_ && kernels::f16_rows_supported(D_) &&
-          (!rope_ || kernels::quad_rope_supported(D_));
+  runs_ = quad_ && shared_codec_ && kernels::f16_rows_supported(D_);
   int64_t entries_in_runs = 0;
   for (int s = 0; s < n_seg(); ++s)
     if (in_run(s)) entries_in_runs += n_other_max_[s];
@@ -375,7 +380,7 @@ const float* AttendCall::prepare_rope_row(int s, const compress::CompressedRow& 
   ak_rot = p.ak;
   for (int64_t j = 0; j < k; ++j)
     rtab_->rotate(&ak_rot[j * D], rope_->style, seg(s).pos0 + p.anchor_pos[j] + rope_->position_offset);
-  if (!opt_.reference && kernels::quad_rope_supported(D)) {  // split rows for the fast kernel
+  if (quad_) {  // split rows
     p.rope_queries.assign(static_cast<size_t>((nq_ + 3) / 4 * 4 * D), 0.0f);  // whole quads
     if (rope_->style != RopeStyle::kNeox) {  // NeoX rows are split already (compressed_queries)
       p.rope_anchors.resize(static_cast<size_t>(k * D));
@@ -435,7 +440,7 @@ void AttendCall::prepare_row(int s, int64_t r) {
   const float* ak_scores = rope_ ? prepare_rope_row(s, row, q, p) : p.ak.data();
   if (!anchors_in_place_)
     kern_.dot_matrix(q, nq_, D, ak_scores, k, D, D, p.anchor_dot.data(), k);
-  if (!opt_.reference) {  // the quad layout of the fast kernel
+  if (quad_) {  // the interleaved anchor dots
     const int64_t quads = (nq_ + 3) / 4;
     p.anchor_dot4.assign(static_cast<size_t>(quads * k * 4), 0.0f);
     for (int64_t g = 0; g < nq_; ++g)
@@ -609,7 +614,7 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
   trot.resize(static_cast<size_t>(nq_ * D_));
   // The quad kernel takes a whole chunk per call: tiles of it cost a merge
   // over every anchor each (~5% of a 131072-entry decode in 8192-entry tiles).
-  const int64_t tile = !opt_.reference && kernels::entries_chunk_any_length(cq, masked) ? e_end - c.a : kEntryTile;
+  const int64_t tile = quad_ && !masked ? e_end - c.a : kEntryTile;
   for (int64_t a = c.a; a < e_end; a += tile) {
     const int64_t b = std::min(e_end, a + tile);
     const kernels::EntryRange range{a, b, sk, sv, g_seg.pos0, masked, e_end};
