@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "io/gguf.h"
+#include "model/int8_activations.h"
 #include "model/rows16.h"
 
 namespace anchorkv::model {
@@ -55,20 +56,6 @@ struct QuantMatrix {
 // needs AVX-512 VNNI); a runtime holds those weights in that layout only
 // where it does.
 bool rows16_supported(io::GgmlType type);
-
-// T tokens' activations quantized for one weight type (see Numerics).
-struct Int8Activations {
-  int64_t T = 0, cols = 0, group = 32;
-  std::vector<int16_t> q;    // [T, cols]; int8 values, held as int16 for the multiply
-  std::vector<int8_t> q8;    // [T, cols]; the same values as bytes (byte kernels: Q4_K)
-  std::vector<float> scale;  // [T, cols / group]
-  std::vector<int32_t> sum;  // [T, cols / 32]: sum of q per 32 elements
-};
-
-// x [T, cols] -> activations in groups of `group` (a divisor of cols).
-// SIMD, bit-identical to quantize_int8_ref (tested).
-void quantize_int8(const float* x, int64_t T, int64_t cols, int64_t group, Int8Activations* out, int threads);
-void quantize_int8_ref(const float* x, int64_t T, int64_t cols, int64_t group, Int8Activations* out);
 
 // y [T, W.rows] = x [T, W.cols] W^T with 8-bit activations. Throws
 // Error(kUnsupported) for a type int8_matmul_supported rejects.
