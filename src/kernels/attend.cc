@@ -65,11 +65,7 @@ class AttendCall {
         finish_row(r, out);
       });
     } else {
-      if (has_c())
-        core::parallel_for_grouped(
-            n_seg() * R_, opt_.threads,
-            [&](int64_t t) { return kTaskCost + seg_row(static_cast<int>(t / R_), t % R_).n_anchor * D_; },
-            [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
+      if (has_c()) prepare_all_rows();
       run_chunks();
       core::parallel_for(R_, opt_.threads, [&](int64_t r) { finish_row(r, out); });
     }
@@ -126,6 +122,7 @@ class AttendCall {
   void prepare_segments();
   void rotate_row_queries(int64_t r);
   void prepare_rows(int64_t r);
+  void prepare_all_rows();
   void prepare_row(int s, int64_t r);
   const float* prepare_rope_row(int s, const compress::CompressedRow& row, const float* q, RowPrep& p) const;
   void run_chunks();
@@ -275,8 +272,7 @@ void AttendCall::plan_segment(int s) {
 }
 
 // What every row's preparation shares: the per-segment arithmetic and, when
-// the segments share a codec, room for the rows' rotated queries (rotated
-// here unless each row's task rotates its own).
+// the segments share a codec, room for the rows' rotated queries.
 void AttendCall::prepare_segments() {
   values_in_place_ = !opt_.reference && kernels::f16_rows_supported(D_);
   anchors_in_place_ = values_in_place_ && !rope_;
@@ -286,10 +282,7 @@ void AttendCall::prepare_segments() {
   for (int s = 0; s < n_seg(); ++s)
     arith_[s] = s > 0 && seg(s).codec == seg(s - 1).codec ? arith_[s - 1]
                                                           : kernels::residual_arithmetic(*seg(s).codec, opt_.bf16_residuals);
-  if (!shared_codec_) return;
-  ws_.rq.assign(static_cast<size_t>(R_ * nq4() * D_), 0.0f);  // zero past nq
-  if (!rows_in_one_pass())
-    for (int64_t r = 0; r < R_; ++r) rotate_row_queries(r);
+  if (shared_codec_) ws_.rq.assign(static_cast<size_t>(R_ * nq4() * D_), 0.0f);  // zero past nq
 }
 
 void AttendCall::rotate_row_queries(int64_t r) {
@@ -299,10 +292,21 @@ void AttendCall::rotate_row_queries(int64_t r) {
     for (int64_t i = 0; i < nq_ * D_; ++i) rq[i] = core::round_to_bf16(rq[i]);
 }
 
-// Row r's share of prepare_segments and every segment's preparation of it.
+// Row r's rotated queries and every segment's preparation of it.
 void AttendCall::prepare_rows(int64_t r) {
   if (shared_codec_) rotate_row_queries(r);
   for (int s = 0; s < n_seg(); ++s) prepare_row(s, r);
+}
+
+// Every row's preparation at once: the rotations (cheap, in order), then
+// (segment, row) tasks grouped by cost.
+void AttendCall::prepare_all_rows() {
+  if (shared_codec_)
+    for (int64_t r = 0; r < R_; ++r) rotate_row_queries(r);
+  core::parallel_for_grouped(
+      n_seg() * R_, opt_.threads,
+      [&](int64_t t) { return kTaskCost + seg_row(static_cast<int>(t / R_), t % R_).n_anchor * D_; },
+      [&](int64_t t) { prepare_row(static_cast<int>(t / R_), t % R_); });
 }
 
 // Pre-RoPE keys: the row's anchors rotated to their own positions (returned:
