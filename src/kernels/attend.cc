@@ -7,6 +7,7 @@
 //   merge    fold the partials of a row in chunk order and finish each query
 // Chunks are merged in a fixed order, so results never depend on the thread count.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -77,6 +78,18 @@ class AttendCall {
   static Workspace& tls_workspace() {
     thread_local Workspace ws;  // named once here: worker lambdas must see the caller's buffers
     return ws;
+  }
+  // The running thread's (a worker's inside a task), and what it holds now
+  // counted towards the call's largest (report()).
+  static TaskScratch& task_scratch() {
+    thread_local TaskScratch ts;
+    return ts;
+  }
+  void count_task(const TaskScratch& ts) {
+    const int64_t b = ts.bytes();
+    for (int64_t seen = task_bytes_.load(std::memory_order_relaxed);
+         b > seen && !task_bytes_.compare_exchange_weak(seen, b, std::memory_order_relaxed);) {
+    }
   }
   int n_seg() const { return static_cast<int>(src_.segments.size()); }
   bool has_c() const { return !src_.segments.empty(); }
@@ -167,6 +180,7 @@ class AttendCall {
   bool values_in_place_ = false;   // fp16 value anchors read in place (fast path)
   bool runs_ = false;              // small segments are attended in runs (fast path, one codec)
   std::vector<std::vector<RowPrep>>& prep_;  // the workspace's (buffers reused across calls)
+  std::atomic<int64_t> task_bytes_{0};       // the most any thread's TaskScratch held after a task
 };
 
 // Queries per row, scaled (and rotated): [R, nq, D], g = (hq - h * G) * Sq + i.
@@ -178,7 +192,8 @@ void AttendCall::prepare_queries() {
   // The angles of each query position (exact sincos and the recurrence from
   // the first), shared by every head: one row per head cost 2.7 us each
   // (32 heads: 86 us, ~18% of a pre-RoPE decode at 4096).
-  thread_local std::vector<float> qcos, qsin;
+  std::vector<float>& qcos = ws_.qcos;
+  std::vector<float>& qsin = ws_.qsin;
   const int64_t half = D_ / 2;
   if (rope_) {
     qcos.resize(static_cast<size_t>(Sq_ * half));
@@ -315,7 +330,7 @@ void AttendCall::prepare_all_rows() {
 const float* AttendCall::prepare_rope_row(int s, const compress::CompressedRow& row, const float* q,
                                           RowPrep& p) const {
   const int64_t k = row.n_anchor, D = D_;
-  thread_local core::UninitVector<float> ak_rot;
+  core::UninitVector<float>& ak_rot = task_scratch().anchors_at_pos;
   ak_rot = p.ak;
   for (int64_t j = 0; j < k; ++j)
     rtab_->rotate(&ak_rot[j * D], rope_->style, seg(s).pos0 + p.anchor_pos[j] + rope_->position_offset);
@@ -403,6 +418,7 @@ void AttendCall::prepare_row(int s, int64_t r) {
     p.slot_k.push_back(index[2 * b]);
     p.slot_v.push_back(index[2 * b + 1]);
   }
+  count_task(task_scratch());
 }
 
 // Layout per (row, chunk, query): m, l, acc[D]; a segment's chunks also
@@ -465,20 +481,25 @@ void AttendCall::run_task(int64_t r, int64_t ci) {
   std::fill_n(out.l, nq_, 0.0f);     // first fold overwrites acc, w and rot)
   switch (c.kind) {
     case Chunk::kAnchors:
-      return run_anchors(c.seg, r, out);
+      run_anchors(c.seg, r, out);
+      break;
     case Chunk::kDense:
-      return run_dense(r, c, out);
+      run_dense(r, c, out);
+      break;
     case Chunk::kEntries:
-      return run_entries(r, c, out);
+      run_entries(r, c, out);
+      break;
     case Chunk::kRun:
-      return run_segments(r, c, out);
+      run_segments(r, c, out);
+      break;
   }
+  count_task(task_scratch());
 }
 
 void AttendCall::run_anchors(int s, int64_t r, kernels::PartialView out) {
   const int64_t k = seg_row(s, r).n_anchor, kc = k_max_[static_cast<size_t>(s)];
   const bool masked = masked_[static_cast<size_t>(s)];
-  thread_local std::vector<float> tw;
+  std::vector<float>& tw = task_scratch().anchor_w;
   tw.resize(static_cast<size_t>(nq_ * k));
   // anchor_pos holds segment-relative positions; the mask compares absolute ones.
   std::vector<int32_t> abs_pos;
@@ -496,8 +517,9 @@ void AttendCall::run_anchors(int s, int64_t r, kernels::PartialView out) {
 void AttendCall::run_dense(int64_t r, const Chunk& c, kernels::PartialView out) {
   const cache::DenseRegion& reg = *c.region;
   const float* q = row_queries(r);
-  thread_local core::UninitVector<float> scratch, tm, tl, tacc;
-  thread_local kernels::CodedScratch coded;
+  TaskScratch& ts = task_scratch();
+  auto &scratch = ts.dense, &tm = ts.tm, &tl = ts.tl, &tacc = ts.tacc;
+  kernels::CodedScratch& coded = ts.coded;
   tm.resize(static_cast<size_t>(nq_));
   tl.resize(static_cast<size_t>(nq_));
   tacc.resize(static_cast<size_t>(nq_ * D_));
@@ -544,8 +566,8 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
   const kernels::CompressedQueries cq = compressed_queries(s, r);
   const RowPrep& p = prep_[static_cast<size_t>(s)][static_cast<size_t>(r)];
   int64_t sk = p.slot_k[c.entry_chunk], sv = p.slot_v[c.entry_chunk];
-  thread_local kernels::EntryScratch scratch;
-  thread_local core::UninitVector<float> tm, tl, tacc, tw, trot;
+  TaskScratch& ts = task_scratch();
+  auto &tm = ts.tm, &tl = ts.tl, &tacc = ts.tacc, &tw = ts.tw, &trot = ts.trot;
   tm.resize(static_cast<size_t>(nq_));
   tl.resize(static_cast<size_t>(nq_));
   tacc.resize(static_cast<size_t>(nq_ * D_));
@@ -561,9 +583,9 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
     const bool in_place = a == c.a && b == e_end && k == kc;
     const kernels::PartialView t =
         in_place ? out : kernels::PartialView{tm.data(), tl.data(), tacc.data(), tw.data(), trot.data()};
-    kern_.entries_chunk(cq, row, *g_seg.codec, range, t, scratch);
-    sk += scratch.slots_k;  // the tile's residual slots
-    sv += scratch.slots_v;
+    const kernels::ResidualSlots held = kern_.entries_chunk(cq, row, *g_seg.codec, range, t, ts.entries);
+    sk += held.k;
+    sv += held.v;
     if (in_place) break;
     for (int64_t g = 0; g < nq_; ++g)  // w in the tile is [nq, k]; the chunk's is strided by the segment's k_max
       kernels::merge_partial(out.m[g], out.l[g], out.acc + g * D_, out.w + g * kc, out.rot + g * D_, tm[g], tl[g],
@@ -572,9 +594,9 @@ void AttendCall::run_entries(int64_t r, const Chunk& c, kernels::PartialView out
 }
 
 void AttendCall::run_segments(int64_t r, const Chunk& c, kernels::PartialView out) {
-  thread_local std::vector<kernels::CompressedQueries> cqs;
-  thread_local std::vector<kernels::SegmentPass> passes;
-  thread_local kernels::EntryScratch scratch;
+  TaskScratch& ts = task_scratch();
+  std::vector<kernels::CompressedQueries>& cqs = ts.run_queries;
+  std::vector<kernels::SegmentPass>& passes = ts.run_passes;
   cqs.clear();
   passes.clear();
   for (int s = static_cast<int>(c.a); s < c.b; ++s) cqs.push_back(compressed_queries(s, r));
@@ -582,17 +604,15 @@ void AttendCall::run_segments(int64_t r, const Chunk& c, kernels::PartialView ou
     const compress::CompressedRow& row = seg_row(s, r);
     passes.push_back({&cqs[static_cast<size_t>(s - c.a)], &row, {0, row.n_other(), 0, 0, seg(s).pos0}});
   }
-  kernels::segment_run_quads(passes.data(), static_cast<int64_t>(passes.size()), *shared_codec_, out, scratch);
+  kernels::segment_run_quads(passes.data(), static_cast<int64_t>(passes.size()), *shared_codec_, out, ts.entries);
 }
 
 void AttendCall::report(AttentionStats* stats) const {
   int64_t bytes = static_cast<int64_t>(ws_.Q.size() * 4 + qpos_.size() * 8 +
                                        (ws_.pm.size() + ws_.pl.size() + ws_.pacc.size()) * 4 +
                                        (ws_.pw.size() + ws_.prot.size()) * 4 +
-                                       (shared_codec_ ? ws_.rq.size() * 4 : 0));
-  int64_t k_all = 0;
+                                       (shared_codec_ ? ws_.rq.size() * 4 : 0) + (ws_.qcos.size() + ws_.qsin.size()) * 4);
   for (int s = 0; s < n_seg(); ++s) {
-    k_all = std::max(k_all, k_max_[static_cast<size_t>(s)]);
     for (const RowPrep& p : prep_[static_cast<size_t>(s)])
       bytes += static_cast<int64_t>((p.ak.size() + p.av.size() + p.anchor_dot.size() + p.anchor_dot4.size() +
                                      p.rq.size() + p.cs.size() + p.rope_queries.size()) *
@@ -600,12 +620,10 @@ void AttendCall::report(AttentionStats* stats) const {
                                     p.rope_anchors.size() * 2 + p.anchor_pos_found.size() * 4 +
                                     (p.slot_k.size() + p.slot_v.size()) * 8);
   }
+  // Every thread that ran a task holds a TaskScratch: counted at the largest
+  // one held after any task of this call.
   const int64_t threads = std::min<int64_t>(core::resolve_threads(opt_.threads), R_ * C_);
-  // Per-thread scratch (largest use: a dense tile, or an entry tile's scores
-  // and decoded metadata) + tile partials + finish buffers.
-  bytes += threads * 4 *
-           (std::max(kTile * (nq_ + 3), kEntryTile * (std::max<int64_t>(nq_, 4) + 12)) + 3 * D_ +
-            nq_ * (2 + 2 * D_ + k_all) + 3 * D_ + 9 * k_all);
+  bytes += threads * task_bytes_.load(std::memory_order_relaxed);
   for (const auto& o : src_.owned) bytes += static_cast<int64_t>(o->keys.nbytes() + o->values.nbytes());
   stats->workspace_bytes = bytes;
   stats->chunks_per_row = C_;
@@ -619,7 +637,8 @@ void AttendCall::report(AttentionStats* stats) const {
 // order, and the bits, never depend on the thread count.
 void AttendCall::finish_row(int64_t r, Tensor& out) {
   float m[4], l[4], ms[4], ls[4];
-  thread_local std::vector<float> acc, acc_s, rot, rot_s;
+  TaskScratch& ts = task_scratch();
+  auto &acc = ts.acc, &acc_s = ts.acc_s, &rot = ts.rot, &rot_s = ts.rot_s;
   acc.resize(static_cast<size_t>(4 * D_));
   acc_s.resize(static_cast<size_t>(4 * D_));
   rot.resize(static_cast<size_t>(4 * D_));
@@ -657,6 +676,7 @@ void AttendCall::finish_row(int64_t r, Tensor& out) {
       write_query(r, g0 + g, l[g], &acc[g * D_], out);
     }
   }
+  count_task(ts);
 }
 
 // Chunks [c0, c1) of one segment for queries g0 .. g0 + gn - 1 of row r,
@@ -666,7 +686,7 @@ void AttendCall::merge_segment(int64_t r, int64_t g0, int64_t gn, size_t c0, siz
                                float* acc, float* rot) {
   const int s = chunks_[c0].seg;
   const int64_t k = seg_row(s, r).n_anchor, kc = k_max_[static_cast<size_t>(s)];
-  thread_local std::vector<float> w;
+  std::vector<float>& w = task_scratch().w;
   w.resize(static_cast<size_t>(4 * k));
   for (int64_t g = 0; g < gn; ++g) {
     m[g] = kNegInf;

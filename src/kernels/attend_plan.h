@@ -11,6 +11,8 @@
 #include "cache/attention_source.h"
 #include "compress/segment.h"
 #include "core/buffer.h"
+#include "kernels/attention_kernels.h"
+#include "kernels/coded_attention.h"
 
 namespace anchorkv::kernels::attend_plan {
 
@@ -73,10 +75,34 @@ struct RowPrep {
   std::vector<int64_t> slot_k, slot_v;  // residual slots before each entry chunk
 };
 
+// What one task works in besides its chunk's partial: a tile's partial
+// before it is folded, the kernels' own workspaces, a run's segment list and
+// a quad's sums while its row finishes. One per thread (the calling thread's
+// and each worker's), reused across calls.
+struct TaskScratch {
+  core::UninitVector<float> tm, tl, tacc, tw, trot;  // a tile's partial
+  core::UninitVector<float> dense;                   // a dense tile's kernel scratch
+  kernels::CodedScratch coded;
+  kernels::EntryWorkspace entries;
+  core::UninitVector<float> anchors_at_pos;          // pre-RoPE anchors rotated to their positions
+  std::vector<float> anchor_w;                       // [nq, k] an anchors chunk's weights
+  std::vector<kernels::CompressedQueries> run_queries;  // a run's segments
+  std::vector<kernels::SegmentPass> run_passes;
+  std::vector<float> acc, acc_s, rot, rot_s, w;      // finishing a quad of queries
+  int64_t bytes() const {
+    const auto n = [](const auto&... v) { return static_cast<int64_t>((size_t{0} + ... + (v.size() * sizeof(v[0])))); };
+    const kernels::CodedScratch& c = coded;
+    return n(tm, tl, tacc, tw, trot, dense, anchors_at_pos, anchor_w, run_queries, run_passes) +
+           n(acc, acc_s, rot, rot_s, w) + n(c.rq, c.s, c.levels, c.dots, c.w, c.acc, c.x, c.scale, c.bias, c.bytes) +
+           entries.bytes();
+  }
+};
+
 // Workspaces are kept per calling thread and reused across calls: decode
 // calls attend once per token, and fresh pages cost more than the work.
 struct Workspace {
   core::UninitVector<float> Q, pm, pl, pacc, pw, prot;
+  std::vector<float> qcos, qsin;           // [Sq, D/2]: the angles of each query position
   std::vector<float> rq;                   // [R, ceil(nq / 4) * 4, D]: queries in the shared codec's rotation
   std::vector<std::vector<RowPrep>> prep;  // per segment, per row
 };

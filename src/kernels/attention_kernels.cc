@@ -634,18 +634,36 @@ bool entries_chunk_any_length(const CompressedQueries& cq, bool masked) {
   return !masked && (cq.rope ? cq.rope_anchors != nullptr : cq.anchor_dot4 != nullptr);
 }
 
-void entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
-                   const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
-                   EntryScratch& scratch) {
-  if (entries_chunk_any_length(cq, range.masked))
-    return entries_chunk_quads(cq, row, codec, range, out, scratch);
-  entries_chunk_impl<FastOps>(cq, row, codec, range, out, scratch);
+EntryWorkspace::EntryWorkspace() : scratch_(std::make_unique<EntryScratch>()) {}
+EntryWorkspace::~EntryWorkspace() = default;
+
+int64_t EntryWorkspace::bytes() const {
+  const EntryScratch& sc = *scratch_;
+  const auto n = [](const auto&... v) { return static_cast<int64_t>((size_t{0} + ... + (v.size() * sizeof(v[0])))); };
+  const EntryScratch::PreRope& r = sc.rope;
+  return static_cast<int64_t>(sizeof(EntryScratch)) + n(sc.s, sc.gk, sc.gv, sc.ak, sc.av, sc.pos, sc.res_k, sc.res_v) +
+         n(sc.z, sc.zscale, sc.zdot, sc.codes, sc.cs_row, sc.pt, sc.wa, sc.wb, sc.w4, sc.ml, sc.anchor_ids) +
+         n(sc.anchor_ones, sc.run_w, sc.zk, sc.zv, sc.zks, sc.zvs) +
+         n(r.qb, r.ksigns, r.zi, r.zrs, r.zero, r.zk_left, r.zks_left, r.res_left);
 }
 
-void entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRow& row,
-                       const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
-                       EntryScratch& scratch) {
-  entries_chunk_impl<RefOps>(cq, row, codec, range, out, scratch);
+ResidualSlots entries_chunk(const CompressedQueries& cq, const compress::CompressedRow& row,
+                            const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
+                            EntryWorkspace& workspace) {
+  EntryScratch& sc = workspace.scratch();
+  if (entries_chunk_any_length(cq, range.masked))
+    entries_chunk_quads(cq, row, codec, range, out, sc);
+  else
+    entries_chunk_impl<FastOps>(cq, row, codec, range, out, sc);
+  return {sc.slots_k, sc.slots_v};
+}
+
+ResidualSlots entries_chunk_ref(const CompressedQueries& cq, const compress::CompressedRow& row,
+                                const compress::ResidualCodec& codec, const EntryRange& range, PartialView out,
+                                EntryWorkspace& workspace) {
+  EntryScratch& sc = workspace.scratch();
+  entries_chunk_impl<RefOps>(cq, row, codec, range, out, sc);
+  return {sc.slots_k, sc.slots_v};
 }
 
 bool f16_rows_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsF16Rows)(D); }

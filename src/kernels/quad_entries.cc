@@ -131,7 +131,10 @@ void quad_rope_scores(const CompressedQueries& cq, const compress::CompressedRow
                       float* m4) {
   const int64_t n = r.e1 - r.e0, D = codec.dim(), offset = cq.rope->position_offset;
   const bool fuse = !sc.res_k.empty() && !row.key_rope.enabled;
-  if (fuse && sc.zk.empty()) fuse_key_residuals(cq, row, codec, r, sc);
+  if (fuse && !sc.zk_ready) {  // once per sub-tile, for its first quad
+    fuse_key_residuals(cq, row, codec, r, sc);
+    sc.zk_ready = true;
+  }
   rope_query_blocks(cq, q0, n, D, sc);
   const FusedKeys fk = fuse ? FusedKeys{sc.rope.zi.data(), sc.zk.data(), sc.rope.zero.data()} : FusedKeys{};
   const float *near_cos = cq.table->near_cos.data(), *near_sin = cq.table->near_sin.data();
@@ -165,7 +168,10 @@ void add_quad_key_residuals(const CompressedQueries& cq, const compress::Compres
     return QuadKeyResiduals2Bit(
         row.k.codes.data(), codec.code_bytes(), r.slot_k0, sc.zks.data(), sc.res_k.data(), nr,
         codec.levels().data(), cq.rq + q0 * D, D, s4, m4, &ahead);
-  if (sc.zk.empty()) decode_residual_rows(row.k, codec, r.slot_k0, nr, sc.zk, sc);
+  if (!sc.zk_ready) {
+    decode_residual_rows(row.k, codec, r.slot_k0, nr, sc.zk, sc);
+    sc.zk_ready = true;
+  }
   sc.zdot.resize(static_cast<size_t>(4 * nr));
   core::dot_matrix(cq.rq + q0 * D, gn, D, sc.zk.data(), nr, D, D, sc.zdot.data(), nr);
   for (int64_t j = 0; j < nr; ++j) {
@@ -302,7 +308,7 @@ std::pair<int64_t, int64_t> fold_entries(const CompressedQueries& cq, const comp
     const bool keys_as_given = cq.rope && !row.key_rope.enabled;
     residual_scales(row.k, sub.slot_k0, nrk, keys_as_given ? 1.0f : arith.inv_lambda, sc.zks);
     residual_scales(row.v, sub.slot_v0, nrv, arith.inv_lambda, sc.zvs);
-    sc.zk.clear();
+    sc.zk_ready = false;
     if (!fused_v) decode_residual_rows(row.v, codec, sub.slot_v0, nrv, sc.zv, sc);
     // the next sub-tile's lines (the next tile's first, up to r.ahead_end),
     // with half again this one's residual count
@@ -429,8 +435,8 @@ void entries_chunk_quads(const CompressedQueries& cq, const compress::Compressed
 }
 
 void segment_run_quads(const SegmentPass* passes, int64_t n_pass, const compress::ResidualCodec& codec,
-                       PartialView out, EntryScratch& sc) {
-  HWY_DYNAMIC_DISPATCH(SegmentRunQuads)(passes, n_pass, codec, out, sc);
+                       PartialView out, EntryWorkspace& workspace) {
+  HWY_DYNAMIC_DISPATCH(SegmentRunQuads)(passes, n_pass, codec, out, workspace.scratch());
 }
 
 bool quad_rope_supported(int64_t D) { return HWY_DYNAMIC_DISPATCH(SupportsQuadRope)(D); }

@@ -13,6 +13,7 @@
 #include "compress/segment.h"
 #include "kernels/attention_kernels.h"
 #include "kernels/causal_attention.h"
+#include "kernels/entries.h"
 #include "anchorkv/cachefile.h"
 
 namespace anchorkv {
