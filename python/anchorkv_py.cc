@@ -199,6 +199,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("key_rope", &AnchorKVConfig::key_rope)
       .def_readwrite("segment_tokens", &AnchorKVConfig::segment_tokens)
       .def_readwrite("recent_tokens", &AnchorKVConfig::recent_tokens)
+      .def_readwrite("extend_tokens", &AnchorKVConfig::extend_tokens)
       .def("validate", &AnchorKVConfig::validate)
       .def("__repr__", &AnchorKVConfig::to_string);
 

@@ -102,12 +102,17 @@ struct AnchorKVConfig {
   // token enters an exact tail; whenever the tail holds recent_tokens + T
   // tokens or more, its oldest T become a new compressed segment under the
   // same theta, so a session of any length stays compressed (the trigger is
-  // not used; compress_now() closes the whole tail as one segment). Segments
-  // are compressed on their own, each with its own anchors. Observation
+  // not used; compress_now() closes the whole tail as one segment). Observation
   // queries given with calls are kept for the newest `window` positions and
   // score each segment as it closes (docs/spec.md §4.8).
   int64_t segment_tokens = 0;
   int64_t recent_tokens = 0;  // exact tokens kept behind the newest segment (streaming only)
+  // Streaming: a segment that closes extends the one before it while the two
+  // hold at most extend_tokens tokens: its tokens may take that segment's
+  // anchors as well as their own (which halves the KL of short segments on
+  // real models, docs/results.md), and the two become one segment. 0 (the
+  // default): every segment is compressed on its own, with its own anchors.
+  int64_t extend_tokens = 0;
 
   bool streaming() const { return segment_tokens > 0; }
 

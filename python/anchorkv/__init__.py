@@ -108,6 +108,9 @@ class KVCacheConfig:
         holds anchorkv_recent_tokens + T tokens, its oldest T become a compressed segment, so
         a whole session stays compressed.
     anchorkv_recent_tokens: exact tokens kept behind the newest segment (streaming only).
+    anchorkv_extend_tokens: streaming only: a closing segment extends the one before it (its
+        tokens may take that segment's anchors too) while the two hold at most this many
+        tokens; 0 keeps every segment on its own.
     """
 
     anchorkv_theta: float = 0.05
@@ -128,6 +131,7 @@ class KVCacheConfig:
     anchorkv_key_rope_freq_scale: Optional[tuple] = None
     anchorkv_segment_tokens: int = 0
     anchorkv_recent_tokens: int = 0
+    anchorkv_extend_tokens: int = 0
 
     def __post_init__(self):
         self._native()  # validates; raises ValueError / TypeError naming the field
@@ -147,7 +151,8 @@ class KVCacheConfig:
             anchorkv_key_rope_style=name_of(_ROPE_STYLES, c.key_rope.style),
             anchorkv_key_rope_offset=c.key_rope.position_offset,
             anchorkv_key_rope_freq_scale=tuple(c.key_rope.freq_scale) if c.key_rope.freq_scale else None,
-            anchorkv_segment_tokens=c.segment_tokens, anchorkv_recent_tokens=c.recent_tokens)
+            anchorkv_segment_tokens=c.segment_tokens, anchorkv_recent_tokens=c.recent_tokens,
+            anchorkv_extend_tokens=c.extend_tokens)
 
     def _native(self) -> "_core.AnchorKVConfig":
         c = _core.AnchorKVConfig()
@@ -161,6 +166,7 @@ class KVCacheConfig:
             ("anchorkv_threads", "threads", int),
             ("anchorkv_segment_tokens", "segment_tokens", int),
             ("anchorkv_recent_tokens", "recent_tokens", int),
+            ("anchorkv_extend_tokens", "extend_tokens", int),
         ):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):

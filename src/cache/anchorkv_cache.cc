@@ -197,6 +197,7 @@ void AnchorKVStore::save_config(cache::ByteWriter& w) const {
   w.array(c.key_rope.freq_scale);  // format 5
   w.put<int64_t>(c.segment_tokens);  // format 6
   w.put<int64_t>(c.recent_tokens);
+  w.put<int64_t>(c.extend_tokens);  // format 7
 }
 
 void save_row(cache::ByteWriter& w, const compress::CompressedRow& row) {
@@ -261,6 +262,7 @@ void AnchorKVStore::save_state(cache::ByteWriter& w, const internal::CacheShape&
   w.put<uint64_t>(st_.segments.size());  // format 6 (before: i64 tokens, u64 rows of one segment or none)
   for (const AnchorKVSegment& seg : st_.segments) {
     w.put<int64_t>(seg.tokens);
+    w.put<uint8_t>(seg.sealed);  // format 7
     w.put<uint64_t>(seg.rows.size());
     for (const auto& row : seg.rows) save_row(w, row);
   }
@@ -305,9 +307,11 @@ void AnchorKVStore::load_state(cache::ByteReader& r, const internal::CacheShape&
       const int64_t tokens = r.get<int64_t>("segment.tokens");
       if (tokens < 1 || tokens > st.head.tokens + room - pos)
         r.fail("segment.tokens", "outside [1, tokens seen - head - tail - earlier segments]");
+      const bool sealed = r.format_version() >= 7 && r.flag("segment.sealed");
       const uint64_t n_rows = r.get<uint64_t>("segment.rows");
       if (n_rows == 0) r.fail("segment.rows", "a segment without rows");
       st.segments.push_back(load_segment(r, cfg, shape, pos, tokens, n_rows));
+      st.segments.back().sealed = sealed;
       pos += tokens;
     }
   }
@@ -368,6 +372,7 @@ std::unique_ptr<KVCache> internal::anchorkv_cache_from_config(cache::ByteReader&
     c.segment_tokens = r.get<int64_t>("config.segment_tokens");
     c.recent_tokens = r.get<int64_t>("config.recent_tokens");
   }
+  if (r.format_version() >= 7) c.extend_tokens = r.get<int64_t>("config.extend_tokens");
   return internal::rebuild(r, "config", [&] { return std::make_unique<AnchorKVCache>(c); });
 }
 
@@ -444,6 +449,13 @@ std::unique_ptr<KVCache> internal::copy_segments(const KVCache& cache, size_t fi
   return out;
 }
 
+void internal::seal_segments(KVCache& cache) {
+  auto* a = dynamic_cast<AnchorKVCache*>(&cache);
+  if (!a) return;
+  auto w = CacheAccess::write<AnchorKVStore>(*a);
+  for (AnchorKVSegment& s : w.store.mutable_state().segments) s.sealed = true;
+}
+
 void internal::append_segments(KVCache& cache, const KVCache& more) {
   constexpr const char* op = "anchorkv::append_segments";
   if (&cache == &more) core::fail(ErrorCode::kInvalidArgument, op, "a cache appended to itself");
@@ -464,6 +476,7 @@ void internal::append_segments(KVCache& cache, const KVCache& more) {
   int64_t pos = w.shape.seen;
   for (AnchorKVSegment& s : adding) {
     move_segment(s, st.config, pos);
+    s.sealed = true;
     pos += s.tokens;
   }
   cache::ExactRows tail;  // a streaming cache's head holds no rows

@@ -37,9 +37,19 @@ std::shared_ptr<const compress::ResidualCodec> state_codec(const AnchorKVState& 
   return st.codec ? st.codec : std::make_shared<const compress::ResidualCodec>(D, c.residual_bits, c.scale, c.seed);
 }
 
+const AnchorKVSegment* segment_to_extend(const AnchorKVState& st, const std::vector<NewSegment>& planned,
+                                         int64_t tokens) {
+  if (!st.streaming() || (planned.empty() && st.segments.empty())) return nullptr;
+  const AnchorKVSegment& last = planned.empty() ? st.segments.back() : planned.back().seg;
+  if (last.sealed || last.tokens + tokens > st.config.extend_tokens) return nullptr;
+  for (const auto& row : last.rows)  // the new segment takes at most one anchor per token
+    if (row.n_anchor + tokens > compress::max_anchors(row.layout)) return nullptr;
+  return &last;
+}
+
 NewSegment compress_segment(const AnchorKVConfig& config, const compress::ResidualCodec& codec, const CacheShape& shape,
                             int64_t pos0, int64_t S, const float* K, const float* V,
-                            const cache::ObservationQueries& queries, bool after) {
+                            const cache::ObservationQueries& queries, bool after, const AnchorKVSegment* extend) {
   AnchorKVConfig cfg = config;
   cfg.key_rope = segment_key_rope(cfg, pos0);
   const int64_t D = shape.D;
@@ -50,10 +60,18 @@ NewSegment compress_segment(const AnchorKVConfig& config, const compress::Residu
     in.W = queries.W;
     in.queries_after = after;
   }
+  if (extend) in.extends = extend->rows.data();
   NewSegment out;
   out.seg.rows = compress::compress(in, cfg, codec, &out.stats);
   out.seg.pos0 = pos0;
   out.seg.tokens = S;
+  if (extend) {
+    for (size_t r = 0; r < out.seg.rows.size(); ++r)
+      out.seg.rows[r] = compress::extend_row(extend->rows[r], out.seg.rows[r]);
+    out.seg.pos0 = extend->pos0;
+    out.seg.tokens = extend->tokens + S;
+    out.extends_last = true;
+  }
   count_segment(out.seg, D, cfg.residual_bits);
   return out;
 }
@@ -70,7 +88,10 @@ void recount(AnchorKVState& st) noexcept {
 void commit_segments(AnchorKVState& st, std::vector<NewSegment>&& segs,
                      std::shared_ptr<const compress::ResidualCodec> codec) noexcept {
   for (NewSegment& s : segs) {
-    st.segments.push_back(std::move(s.seg));
+    if (s.extends_last)
+      st.segments.back() = std::move(s.seg);
+    else
+      st.segments.push_back(std::move(s.seg));
     st.stats = s.stats;
   }
   if (!segs.empty()) st.codec = std::move(codec);

@@ -26,6 +26,11 @@ struct AnchorKVSegment {
   std::vector<std::vector<int64_t>> slots;          // [B * H] compress::residual_slot_index of each row
   std::vector<std::vector<int32_t>> anchor_pos;     // [B * H] anchor_positions() of seed-layout rows
   int64_t pos0 = 0, tokens = 0;
+  // Never extended (AnchorKVConfig::extend_tokens): sealed at a restore
+  // point (seal_segments: where a prefix pool cuts its blocks) or put back
+  // from elsewhere (append_segments), so a restored session goes on with the
+  // bits of the one it was saved from.
+  bool sealed = false;
   // Seed accounting (docs/spec.md §5 formula, summed over rows).
   int64_t bytes = 0, n_anchor = 0, n_residual = 0;
 };

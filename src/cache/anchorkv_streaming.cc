@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <utility>
 
 #ifdef __linux__
@@ -25,9 +26,16 @@ struct ClosingInputs {
   int64_t pos0 = 0, tokens = 0;
   core::UninitVector<float> kv;  // [rows, tokens, D] K, then V
   cache::ObservationQueries queries;
+  std::optional<AnchorKVSegment> extend;  // a copy of the segment it extends
   NewSegment compress() const {
     const int64_t half = shape.rows() * tokens * shape.D;
-    return compress_segment(cfg, *codec, shape, pos0, tokens, kv.data(), kv.data() + half, queries, true);
+    return compress_segment(cfg, *codec, shape, pos0, tokens, kv.data(), kv.data() + half, queries, true,
+                            extend ? &*extend : nullptr);
+  }
+  // Whether `last` is still the segment it extends, and may be extended
+  // (a restore point may have sealed it since): else it must not commit.
+  bool extends(const AnchorKVSegment* last) const {
+    return !extend || (last && !last->sealed && last->pos0 == extend->pos0 && last->tokens == extend->tokens);
   }
 };
 
@@ -56,8 +64,15 @@ std::shared_ptr<ClosingSegment> start_closing(std::shared_ptr<ClosingInputs> inp
   return c;
 }
 
-// The closing segment's result; a job that failed (memory) is redone here.
-NewSegment finish_closing(const ClosingSegment& c) {
+// The closing segment's result; a job that failed (memory) is redone here,
+// and one that extends a segment the state no longer ends with, or that was
+// sealed since, is redone on its own.
+NewSegment finish_closing(const ClosingSegment& c, const AnchorKVState& st) {
+  if (!c.inputs->extends(st.segments.empty() ? nullptr : &st.segments.back())) {
+    ClosingInputs alone = *c.inputs;
+    alone.extend.reset();
+    return alone.compress();
+  }
   try {
     return c.result.get();
   } catch (const std::exception&) {
@@ -159,7 +174,9 @@ void close_now(const AnchorKVState& st, const cache::StagedInput& in, const Cach
   for (int64_t done = 0; done < units;) {
     const int64_t len = std::min(units - done, most) * T, pos0 = st.compressed_tokens() + step.taken;
     gather_stream(st, in, rows, D, step.taken, len, K.data(), V.data());
-    step.segs.push_back(compress_segment(st.config, *codec, shape, pos0, len, K.data(), V.data(), queries, true));
+    const AnchorKVSegment* extend = segment_to_extend(st, step.segs, len);
+    step.segs.push_back(
+        compress_segment(st.config, *codec, shape, pos0, len, K.data(), V.data(), queries, true, extend));
     step.taken += len;
     done += len / T;
   }
@@ -181,6 +198,12 @@ void start_if_full(const AnchorKVState& st, const cache::StagedInput& in, const 
   inputs->kv.resize(static_cast<size_t>(2 * rows * T * D));
   gather_stream(st, in, rows, D, step.taken, T, inputs->kv.data(), inputs->kv.data() + rows * T * D);
   inputs->queries = closing_queries(st, window);
+  if (const AnchorKVSegment* extend = segment_to_extend(st, step.segs, T)) {
+    inputs->extend.emplace();  // its rows are all the compression reads
+    inputs->extend->rows = extend->rows;
+    inputs->extend->pos0 = extend->pos0;
+    inputs->extend->tokens = extend->tokens;
+  }
   step.started = start_closing(std::move(inputs));
 }
 
@@ -195,7 +218,7 @@ void store_streaming(AnchorKVState& st, const cache::StagedInput& in, const Cach
   StreamStep step;
   step.finish = st.closing && (S > 1 || st.tail.tokens + S >= R + T + close_lag(st.config));
   if (step.finish) {
-    step.segs.push_back(finish_closing(*st.closing));
+    step.segs.push_back(finish_closing(*st.closing, st));
     step.taken = T;
   }
   const bool busy = st.closing && !step.finish;
@@ -217,15 +240,16 @@ void close_tail(AnchorKVState& st, const CacheShape& shape, const char* op) {
   std::vector<NewSegment> segs;
   int64_t taken = 0;
   if (st.closing) {
-    segs.push_back(finish_closing(*st.closing));
-    taken = segs.back().seg.tokens;
+    segs.push_back(finish_closing(*st.closing, st));
+    taken = st.closing->inputs->tokens;
   }
   const int64_t S = st.tail.tokens - taken;
   if (S == 0 && segs.empty()) core::fail(ErrorCode::kInvalidState, op, "the cache holds no exact token to compress");
   if (S > 0) {
     const core::UninitVector<float> kv = exact_f32(st.tail, rows, D, taken, st.tail.tokens, st.config.threads);
+    const AnchorKVSegment* extend = segment_to_extend(st, segs, S);
     segs.push_back(compress_segment(st.config, *codec, shape, st.compressed_tokens() + taken, S, kv.data(),
-                                    kv.data() + rows * S * D, st.recent_queries.ordered(), true));
+                                    kv.data() + rows * S * D, st.recent_queries.ordered(), true, extend));
   }
   st.segments.reserve(st.segments.size() + segs.size());
   st.tail.drop_front(st.tail.tokens, D);

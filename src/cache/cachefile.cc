@@ -19,7 +19,7 @@ namespace {
 
 // 2: AnchorKV configs end with u8 anchor_count; 3: segment rows carry their layout
 // (tight metadata); 4: AnchorKV configs end with key_rope. Older files still load.
-constexpr uint32_t kVersion = 6;
+constexpr uint32_t kVersion = 7;
 constexpr size_t kHeaderBytes = 32, kSectionHeaderBytes = 24;
 constexpr uint64_t kMaxLayers = 1 << 16;
 constexpr const char* kLoadOp = "anchorkv::load_caches";

@@ -139,6 +139,7 @@ std::unique_ptr<KVCache> CacheSpec::make(double theta, int threads) const {
   AnchorKVConfig cfg = a->config();
   cfg.segment_tokens = segment_tokens;
   cfg.recent_tokens = std::max<int64_t>(recent_tokens, 0);
+  cfg.extend_tokens = std::max<int64_t>(extend_tokens, 0);
   return std::make_unique<AnchorKVCache>(cfg);
 }
 
@@ -186,15 +187,17 @@ bool layer_weights_modifier(const std::string& mod, std::vector<double>* out, co
 // :oneshot, :segN and :recentN: AnchorKV only, consistent with each other.
 void check_streaming_modifiers(const CacheSpec& c, const std::string& spec) {
   constexpr const char* op = "anchorkv::parse_cache_spec";
-  const bool any = c.oneshot || c.segment_tokens != 0 || c.recent_tokens >= 0;
+  const bool any = c.oneshot || c.segment_tokens != 0 || c.recent_tokens >= 0 || c.extend_tokens >= 0;
   if (any && !c.anchorkv())
     core::fail(ErrorCode::kInvalidArgument, op,
-               "cache '" + spec + "': :oneshot, :segN and :recentN choose how AnchorKV compresses a session");
-  if (c.oneshot && (c.segment_tokens != 0 || c.recent_tokens >= 0))
+               "cache '" + spec + "': :oneshot, :segN, :recentN and :extN choose how AnchorKV compresses a session");
+  if (c.oneshot && (c.segment_tokens != 0 || c.recent_tokens >= 0 || c.extend_tokens >= 0))
     core::fail(ErrorCode::kInvalidArgument, op,
-               "cache '" + spec + "': :oneshot does not stream, so it takes no :seg or :recent");
+               "cache '" + spec + "': :oneshot does not stream, so it takes no :seg, :recent or :ext");
   if (c.recent_tokens >= 0 && c.segment_tokens == 0)
     core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "': :recentN needs :segN");
+  if (c.extend_tokens >= 0 && c.segment_tokens == 0)
+    core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "': :extN needs :segN");
 }
 }  // namespace
 
@@ -216,12 +219,13 @@ CacheSpec parse_cache_spec(const std::string& spec) {
                  : mod == "fp32"    ? &c.fp32_residuals
                                     : nullptr;
     int64_t count = 0;
-    if (!flag && (count_modifier(mod, "seg", &count, spec) || count_modifier(mod, "recent", &count, spec))) {
+    if (!flag && (count_modifier(mod, "seg", &count, spec) || count_modifier(mod, "recent", &count, spec) ||
+                  count_modifier(mod, "ext", &count, spec))) {
       const bool seg = mod[0] == 's';
-      int64_t& field = seg ? c.segment_tokens : c.recent_tokens;
+      const char* name = seg ? "seg" : mod[0] == 'r' ? "recent" : "ext";
+      int64_t& field = seg ? c.segment_tokens : mod[0] == 'r' ? c.recent_tokens : c.extend_tokens;
       if (field != (seg ? 0 : -1))
-        core::fail(ErrorCode::kInvalidArgument, op,
-                   "cache '" + spec + "' repeats ':" + (seg ? "seg" : "recent") + "'");
+        core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "' repeats ':" + name + "'");
       field = count;
       at = next;
       continue;

@@ -48,6 +48,7 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
 //         positions (AnchorKVConfig::key_rope, set by the runtime, which knows the RoPE)
 //   :segN AnchorKV streams: segments of N tokens (AnchorKVConfig::segment_tokens)
 //   :recentN with :segN, N exact tokens behind the newest segment (recent_tokens)
+//   :extN   with :segN, segments extend the one before up to N tokens (extend_tokens; 0: never)
 //   :oneshot AnchorKV compresses the first prefill once and keeps later tokens
 //         exact (the seed), where the runtime would stream (runtime/session.h)
 //   :layersW0/W1/... a byte-budgeted cache's theta per layer: layer l takes
@@ -64,6 +65,7 @@ struct CacheSpec {
   bool fp32_residuals = false;  // :fp32: attention scores and sums AnchorKV residuals in fp32, not bf16
   int64_t segment_tokens = 0;  // :segN, or 0
   int64_t recent_tokens = -1;  // :recentN, or -1 (unset)
+  int64_t extend_tokens = -1;  // :extN, or -1 (unset)
   std::vector<double> layer_weights;  // :layersW0/W1/..., or empty (theta in every layer)
   std::string param;  // the kind's parameter modifier, or empty
   std::string spec;   // as written

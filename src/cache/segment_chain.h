@@ -23,6 +23,12 @@ std::vector<int64_t> segment_lengths(const KVCache& cache);
 // `cache` must qualify for segment_lengths, and first < last <= its count.
 std::unique_ptr<KVCache> copy_segments(const KVCache& cache, size_t first, size_t last);
 
+// A restore point: none of the segments `cache` holds now will be extended
+// (AnchorKVConfig::extend_tokens), so copies of them cut here and appended
+// back (a pooled prefix) go on with the bits of `cache` itself. Caches of
+// other kinds are left as they are.
+void seal_segments(KVCache& cache);
+
 // Appends `more`'s segments after `cache`'s, at the positions that follow
 // them. Both must qualify for segment_lengths (or `cache` be empty), with one
 // config, B, H and D. Strong guarantee: on a throw `cache` is unchanged.

@@ -1,5 +1,6 @@
 #include "compress/assignment.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/linalg.h"
@@ -15,11 +16,22 @@ void choose_anchor(const float* dots, int64_t n_anchor, float token_norm, const 
   *coef_out = dots[best] / (anchor_sq[best] + kAssignEps);
 }
 
-SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<const int32_t> anchors) {
-  const int64_t n = static_cast<int64_t>(anchors.size());
+std::vector<float> anchor_table(const float* X, int64_t D, std::span<const int32_t> anchors,
+                                const float* prior, int64_t n_prior) {
+  std::vector<float> table(static_cast<size_t>((n_prior + static_cast<int64_t>(anchors.size())) * D));
+  if (n_prior > 0) std::copy_n(prior, n_prior * D, table.begin());
+  for (size_t j = 0; j < anchors.size(); ++j)
+    std::copy_n(X + anchors[j] * D, D, table.begin() + (n_prior + static_cast<int64_t>(j)) * D);
+  return table;
+}
+
+SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<const int32_t> anchors,
+                                const float* prior, int64_t n_prior) {
+  const std::vector<float> table = anchor_table(X, D, anchors, prior, n_prior);
+  const int64_t n = n_prior + static_cast<int64_t>(anchors.size());
   std::vector<float> norms(static_cast<size_t>(n)), sq(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
-    const float* a = X + anchors[j] * D;
+    const float* a = &table[static_cast<size_t>(j * D)];
     sq[j] = core::dot_ref(a, a, D);
     norms[j] = std::sqrt(sq[j]);
   }
@@ -30,12 +42,12 @@ SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<
   size_t next_anchor = 0;
   for (int64_t t = 0; t < S; ++t) {
     if (next_anchor < anchors.size() && anchors[next_anchor] == t) {
-      out.anchor[t] = static_cast<int32_t>(next_anchor++);
+      out.anchor[t] = static_cast<int32_t>(n_prior + static_cast<int64_t>(next_anchor++));
       out.coef[t] = 1.0f;
       continue;
     }
     const float* x = X + t * D;
-    for (int64_t j = 0; j < n; ++j) dots[j] = core::dot_ref(x, X + anchors[j] * D, D);
+    for (int64_t j = 0; j < n; ++j) dots[j] = core::dot_ref(x, &table[static_cast<size_t>(j * D)], D);
     const float norm = std::sqrt(core::dot_ref(x, x, D));
     choose_anchor(dots.data(), n, norm, norms.data(), sq.data(), &out.anchor[t], &out.coef[t]);
   }

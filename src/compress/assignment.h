@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <vector>
+#include <vector>
 
 namespace anchorkv::compress {
 
@@ -18,8 +19,16 @@ struct SideAssignment {
   std::vector<float> coef;      // [S] gamma
 };
 
-// X: [S, D] row-major. anchors: sorted positions.
-SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<const int32_t> anchors);
+// The rows a side's tokens may be approximated by, [n, D]: the anchors of
+// the segment being extended (its table, compress/segment.h extend_row), then
+// the segment's own anchors in position order. Ordinals index this table.
+std::vector<float> anchor_table(const float* X, int64_t D, std::span<const int32_t> anchors,
+                                const float* prior, int64_t n_prior);
+
+// X: [S, D] row-major. anchors: sorted positions; prior [n_prior, D] the
+// anchors of the segment being extended (anchor_table), none by default.
+SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<const int32_t> anchors,
+                                const float* prior = nullptr, int64_t n_prior = 0);
 
 // Pick the anchor from precomputed dot products (shared by both paths):
 // dots[j] = <x, a_j>, anchor_norms[j] = ||a_j||, anchor_sq[j] = ||a_j||^2.

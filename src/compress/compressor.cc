@@ -12,6 +12,7 @@
 #include "compress/anchors.h"
 #include "compress/budget.h"
 #include "core/buffer.h"
+#include "core/convert.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/linalg.h"
@@ -39,12 +40,28 @@ void check_segment(const SegmentInput& in, const AnchorKVConfig& config) {
     core::fail(ErrorCode::kInvalidArgument, "anchorkv::compress",
                "RoPE positions beyond " + std::to_string(core::kMaxRopePosition) + " (key_rope.position_offset + S)");
   const AnchorPlan plan = plan_anchors(in.S, config);
-  const int64_t limit = max_anchors(config.metadata);
-  if (plan.k > limit && plan.k < in.S)
+  const int64_t limit = own_anchor_limit(in, config.metadata);
+  if (plan.k > limit && (plan.k < in.S || in.extends))
     core::fail(ErrorCode::kUnsupported, "anchorkv::compress",
                "segment of " + std::to_string(in.S) + " tokens needs " + std::to_string(plan.k) + " anchors; the " +
                    to_string(config.metadata) + " metadata layout holds at most " + std::to_string(limit) +
                    (config.metadata == MetadataLayout::kSeed ? std::string() : " (use the seed layout)"));
+}
+
+int64_t own_anchor_limit(const SegmentInput& in, MetadataLayout layout) {
+  int64_t prior = 0;
+  for (int64_t row = 0; row < in.rows(); ++row) prior = std::max(prior, in.n_prior(row));
+  return max_anchors(layout) - prior;
+}
+
+std::vector<float> prior_anchors(const SegmentInput& in, int64_t row, bool values) {
+  const int64_t n = in.n_prior(row);
+  std::vector<float> out(static_cast<size_t>(n * in.D));
+  if (n > 0) {
+    const CompressedRow& p = in.extends[row];
+    core::f16_to_f32_n((values ? p.anchor_v : p.anchor_k).data(), out.data(), n * in.D);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- reference
@@ -61,10 +78,14 @@ std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorK
     const std::vector<float> scores = window_scores(obs, S, plan.w);
     RowAnalysis& a = out[row];
     a.anchors = select_anchors(plan, scores, row_seed(config.seed, row));
-    a.k = assign_reference(K, S, D, a.anchors);
-    a.v = assign_reference(V, S, D, a.anchors);
-    a.utility = utilities_reference(o, K, V, S, D, obs, a.anchors, a.k.anchor.data(), a.k.coef.data(),
-                                    a.v.anchor.data(), a.v.coef.data());
+    const int64_t np = in.n_prior(row);
+    const std::vector<float> pk = prior_anchors(in, row, false), pv = prior_anchors(in, row, true);
+    a.k = assign_reference(K, S, D, a.anchors, pk.data(), np);
+    a.v = assign_reference(V, S, D, a.anchors, pv.data(), np);
+    const std::vector<float> tk = anchor_table(K, D, a.anchors, pk.data(), np);
+    const std::vector<float> tv = anchor_table(V, D, a.anchors, pv.data(), np);
+    a.utility = utilities_reference(o, K, V, S, D, obs, a.anchors, tk.data(), a.k.anchor.data(), a.k.coef.data(),
+                                    tv.data(), a.v.anchor.data(), a.v.coef.data());
   }
   return out;
 }
@@ -199,21 +220,18 @@ void FastAnalysis::anchors_and_outputs(int64_t row) {
   ra.v.anchor.resize(static_cast<size_t>(S));
 }
 
-// The anchors' K and V rows, norms and ordinals of a row.
+// The anchor table's K and V rows (the prior anchors, then the row's own)
+// and norms, and the own anchors' ordinals.
 void FastAnalysis::anchor_rows(int64_t row) {
   RowWork& rw = work_[row];
   const auto& anchors = out_[row].anchors;
-  const int64_t k = static_cast<int64_t>(anchors.size()), D = D_;
-  const float* K = in_.key_row(row);
-  const float* V = in_.value_row(row);
+  const int64_t np = in_.n_prior(row), k = np + static_cast<int64_t>(anchors.size()), D = D_;
   rw.ordinal.assign(static_cast<size_t>(S_), -1);
-  rw.ak.resize(static_cast<size_t>(k * D));
-  rw.av.resize(static_cast<size_t>(k * D));
+  for (size_t j = 0; j < anchors.size(); ++j) rw.ordinal[anchors[j]] = static_cast<int32_t>(np + static_cast<int64_t>(j));
+  rw.ak = anchor_table(in_.key_row(row), D, anchors, prior_anchors(in_, row, false).data(), np);
+  rw.av = anchor_table(in_.value_row(row), D, anchors, prior_anchors(in_, row, true).data(), np);
   for (auto* v : {&rw.k_norm, &rw.k_sq, &rw.v_norm, &rw.v_sq}) v->resize(static_cast<size_t>(k));
   for (int64_t j = 0; j < k; ++j) {
-    rw.ordinal[anchors[j]] = static_cast<int32_t>(j);
-    std::copy_n(K + anchors[j] * D, D, &rw.ak[j * D]);
-    std::copy_n(V + anchors[j] * D, D, &rw.av[j * D]);
     rw.k_sq[j] = core::dot(&rw.ak[j * D], &rw.ak[j * D], D);
     rw.v_sq[j] = core::dot(&rw.av[j * D], &rw.av[j * D], D);
     rw.k_norm[j] = std::sqrt(rw.k_sq[j]);
@@ -224,7 +242,7 @@ void FastAnalysis::anchor_rows(int64_t row) {
 // Stage 3: assignment, projection and utilities, per (row, chunk).
 void FastAnalysis::assign_chunk(int64_t row, int64_t c) {
   const int64_t a = c * kChunk, n = std::min(S_, a + kChunk) - a;
-  const int64_t k = static_cast<int64_t>(out_[row].anchors.size());
+  const int64_t k = static_cast<int64_t>(work_[row].k_sq.size());  // the anchor table
   thread_local ChunkScratch sc;
   sc.dots.resize(static_cast<size_t>(n * k));
   sc.r.resize(static_cast<size_t>(n * D_));
@@ -260,7 +278,7 @@ void FastAnalysis::assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const RowWork& rw = work_[row];
   RowAnalysis& ra = out_[row];
-  const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
+  const int64_t k = static_cast<int64_t>(rw.k_sq.size()), D = D_, m = m_;
   const float* K = in_.key_row(row);
   assign_side(K, rw.ak.data(), rw.k_norm.data(), rw.k_sq.data(), rw.ordinal, k, a, n, ra.k, sc);
   core::dot_matrix(sc.r.data(), n, D, in_.observers(row, config_.window).rows, m, D, D, sc.qr.data(), m);
@@ -278,7 +296,7 @@ void FastAnalysis::assign_values(int64_t row, int64_t a, int64_t n, ChunkScratch
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const RowWork& rw = work_[row];
   RowAnalysis& ra = out_[row];
-  const int64_t k = static_cast<int64_t>(ra.anchors.size()), D = D_, m = m_;
+  const int64_t k = static_cast<int64_t>(rw.k_sq.size()), D = D_, m = m_;
   assign_side(in_.value_row(row), rw.av.data(), rw.v_norm.data(), rw.v_sq.data(), rw.ordinal, k, a, n, ra.v, sc);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = a + i;
@@ -332,7 +350,7 @@ namespace {
 // row's tokens; anchors have gamma 1, harmless to include), room for the
 // entries.
 template <class L>
-void begin_row(L, CompressedRow& out, const RowAnalysis& a, int64_t S) {
+void begin_row(L, CompressedRow& out, const RowAnalysis& a, int64_t S, const CompressedRow* extends) {
   const auto n_other = static_cast<size_t>(S - static_cast<int64_t>(a.anchors.size()));
   out.layout = L::kKind;
   if (L::kListsPositions) out.anchor_pos = a.anchors;
@@ -342,6 +360,10 @@ void begin_row(L, CompressedRow& out, const RowAnalysis& a, int64_t S) {
     max_v = std::max(max_v, std::fabs(a.v.coef[t]));
   }
   L::begin(out, max_k, max_v);
+  if (extends) {  // one exponent per row and side: the extended row's (larger gammas clamp)
+    out.k.coef_exp = extends->k.coef_exp;
+    out.v.coef_exp = extends->v.coef_exp;
+  }
   L::words(out).reserve(n_other);
   L::coefs(out.k).reserve(n_other);
   L::coefs(out.v).reserve(n_other);
@@ -362,7 +384,9 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
     const float* K = in.key_row(row);
     const float* V = in.value_row(row);
     CompressedRow& out = rows[row];
-    const int64_t k = static_cast<int64_t>(a.anchors.size());
+    const int64_t k = static_cast<int64_t>(a.anchors.size()), np = in.n_prior(row);
+    const std::vector<float> table_k = anchor_table(K, D, a.anchors, prior_anchors(in, row, false).data(), np);
+    const std::vector<float> table_v = anchor_table(V, D, a.anchors, prior_anchors(in, row, true).data(), np);
     out.length = S;
     out.n_anchor = k;
     out.key_rope = key_rope;
@@ -372,7 +396,7 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
       core::float_to_half_n(K + a.anchors[j] * D, &out.anchor_k[j * D], D);
       core::float_to_half_n(V + a.anchors[j] * D, &out.anchor_v[j * D], D);
     }
-    with_layout(layout, [&](auto L) { begin_row(L, out, a, S); });
+    with_layout(layout, [&](auto L) { begin_row(L, out, a, S, in.extends ? &in.extends[row] : nullptr); });
     const auto& rk = choice.k[row];
     const auto& rv = choice.v[row];
     out.k.codes.resize(rk.size() * static_cast<size_t>(cb));
@@ -397,13 +421,13 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
         return std::pair{L.append_coef(out.k, a.k.coef[t], m.res_k), L.append_coef(out.v, a.v.coef[t], m.res_v)};
       });
       if (m.res_k) {
-        residual(K + t * D, K + a.anchors[m.anchor_k] * D, gk, D, r.data());
+        residual(K + t * D, &table_k[static_cast<size_t>(m.anchor_k * D)], gk, D, r.data());
         if (to_position) to_position->rotate(r.data(), key_rope.position_offset + t);
         codec.encode(r.data(), &out.k.codes[ik * cb], &out.k.scales[ik], scratch.data());
         ++ik;
       }
       if (m.res_v) {
-        residual(V + t * D, V + a.anchors[m.anchor_v] * D, gv, D, r.data());
+        residual(V + t * D, &table_v[static_cast<size_t>(m.anchor_v * D)], gv, D, r.data());
         codec.encode(r.data(), &out.v.codes[iv * cb], &out.v.scales[iv], scratch.data());
         ++iv;
       }
@@ -443,7 +467,7 @@ std::vector<double> anchor_fractions(const SegmentInput& in, const AnchorKVConfi
   const double allowed = config.theta * static_cast<double>(full_row_bytes(in.S, in.D));
   for (int i = 1; i <= kMaxAnchorDoublings; ++i) {
     const int64_t k = k0 << i;
-    if (k > in.S / 2 || k > max_anchors(config.metadata)) break;
+    if (k > in.S / 2 || k > own_anchor_limit(in, config.metadata)) break;
     if (static_cast<double>(base_row_bytes(in.S, k, in.D, config.metadata)) > allowed) break;
     out.push_back(static_cast<double>(k) / static_cast<double>(in.S));
   }

@@ -32,6 +32,12 @@ struct SegmentInput {
   // The queries sit after the segment (a streaming segment scored by the
   // recent window's queries): each sees all S positions.
   bool queries_after = false;
+  // Optional: the rows [B * H] of the segment this one extends (a streaming
+  // segment appended to the one before it, extend_row). Its anchors come
+  // first in each row's anchor table, so tokens may take them as well as the
+  // segment's own; the tight layout keeps its coefficient exponents.
+  const CompressedRow* extends = nullptr;
+  int64_t n_prior(int64_t row) const { return extends ? extends[row].n_anchor : 0; }
   const float* key_row(int64_t row) const { return K + row * S * D; }
   const float* value_row(int64_t row) const { return V + row * S * D; }
   int64_t rows() const { return B * H; }
@@ -43,8 +49,8 @@ struct SegmentInput {
 
 // What compression decides for one row before residuals are allocated.
 struct RowAnalysis {
-  std::vector<int32_t> anchors;  // sorted positions
-  SideAssignment k, v;           // [S] anchor ordinal and gamma per side
+  std::vector<int32_t> anchors;  // sorted positions of the segment's own anchors
+  SideAssignment k, v;           // [S] ordinal into the anchor table (anchor_table) and gamma per side
   Utilities utility;             // [S] per side, -inf at anchors
 };
 
@@ -58,6 +64,11 @@ uint64_t row_seed(uint64_t seed, int64_t row);
 
 // Throws Error(kUnsupported) when the segment cannot be stored in the seed layout.
 void check_segment(const SegmentInput& in, const AnchorKVConfig& config);
+// The most anchors of its own a segment may take: the layout's limit less
+// the anchors of the segment it extends.
+int64_t own_anchor_limit(const SegmentInput& in, MetadataLayout layout);
+// Row `row`'s prior anchors (SegmentInput::extends) of one side, f32 [n, D].
+std::vector<float> prior_anchors(const SegmentInput& in, int64_t row, bool values);
 
 std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorKVConfig& config);
 std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config,

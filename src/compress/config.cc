@@ -40,6 +40,8 @@ void AnchorKVConfig::validate() const {
     bad("segment_tokens", "must be in [0, 16777216], got " + std::to_string(segment_tokens));
   if (recent_tokens < 0 || recent_tokens > (int64_t{1} << 24))
     bad("recent_tokens", "must be in [0, 16777216], got " + std::to_string(recent_tokens));
+  if (extend_tokens < 0 || extend_tokens > (int64_t{1} << 24))
+    bad("extend_tokens", "must be in [0, 16777216], got " + std::to_string(extend_tokens));
   if (threads < 0 || threads > 4096) bad("threads", "must be in [0, 4096], got " + std::to_string(threads));
   if (key_rope.enabled) {
     if (!std::isfinite(key_rope.base) || !(key_rope.base > 1.0))
@@ -75,7 +77,9 @@ std::string AnchorKVConfig::to_string() const {
   if (key_rope.enabled)
     os << " key_rope=" << (key_rope.style == RopeStyle::kNeox ? "neox" : "normal") << ":" << key_rope.base << "@"
        << key_rope.position_offset << (key_rope.freq_scale.empty() ? "" : "(scaled frequencies)");
-  if (streaming()) os << " segment_tokens=" << segment_tokens << " recent_tokens=" << recent_tokens;
+  if (streaming())
+    os << " segment_tokens=" << segment_tokens << " recent_tokens=" << recent_tokens
+       << " extend_tokens=" << extend_tokens;
   return os.str();
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/convert.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "core/rope.h"
 
@@ -264,6 +265,46 @@ void decode_side(const CompressedSide& side, float g, const float* anchors, int6
 }
 
 }  // namespace
+
+namespace {
+template <class T>
+void append_to(std::vector<T>& to, const std::vector<T>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+void append_side(CompressedSide& to, const CompressedSide& from) {
+  append_to(to.coef, from.coef);
+  append_to(to.coef16, from.coef16);
+  append_to(to.coef8, from.coef8);
+  append_to(to.codes, from.codes);
+  append_to(to.scales, from.scales);
+}
+}  // namespace
+
+CompressedRow extend_row(const CompressedRow& prior, const CompressedRow& part) {
+  const char* op = "anchorkv::compress::extend_row";
+  if (prior.layout != part.layout) core::fail(ErrorCode::kInvalidArgument, op, "the rows have different layouts");
+  if (prior.k.coef_exp != part.k.coef_exp || prior.v.coef_exp != part.v.coef_exp)
+    core::fail(ErrorCode::kInvalidArgument, op, "the rows have different coefficient exponents");
+  if (prior.key_rope.enabled != part.key_rope.enabled ||
+      (part.key_rope.enabled && part.key_rope.position_offset != prior.key_rope.position_offset + prior.length))
+    core::fail(ErrorCode::kInvalidArgument, op, "the part's key residuals are not coded at the positions that follow");
+  CompressedRow out = prior;
+  out.length += part.length;
+  out.n_anchor += part.n_anchor;
+  append_to(out.anchor_k, part.anchor_k);
+  append_to(out.anchor_v, part.anchor_v);
+  for (uint64_t w : part.meta) {  // seed words count the anchors before them
+    Meta m = unpack_meta(w);
+    m.anchors_before += static_cast<int32_t>(prior.n_anchor);
+    out.meta.push_back(pack_meta(m));
+  }
+  append_to(out.meta32, part.meta32);
+  append_to(out.meta16, part.meta16);
+  for (int32_t p : part.anchor_pos) out.anchor_pos.push_back(p + static_cast<int32_t>(prior.length));
+  append_side(out.k, part.k);
+  append_side(out.v, part.v);
+  return out;
+}
 
 void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float* out_k, float* out_v) {
   const int64_t D = codec.dim();

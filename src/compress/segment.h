@@ -143,6 +143,14 @@ class EntryMetaReader {
 // the kernels read can then fall outside the buffers.
 std::string check_row(const CompressedRow& row, int64_t D, int64_t code_bytes);
 
+// `prior` followed by `part`, a row compressed to extend it
+// (SegmentInput::extends): the part's anchors after the prior's (its ordinals
+// already index that table), its entries, coefficients and residual slots
+// after the prior's, its positions shifted by prior.length. Returns a new
+// row; throws Error(kInvalidArgument) when the two do not fit together
+// (layouts, tight exponents, key_rope offsets).
+CompressedRow extend_row(const CompressedRow& prior, const CompressedRow& part);
+
 // Decode one row into out_k / out_v ([length, D] f32).
 void reconstruct_row(const CompressedRow& row, const ResidualCodec& codec, float* out_k, float* out_v);
 // Same, written as fp16 ([length, D]); anchors are copied bit for bit.

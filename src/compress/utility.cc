@@ -69,8 +69,9 @@ double value_weight(const float* alpha, int64_t m, int64_t stride) {
 
 Utilities utilities_reference(const Observers& o, const float* K, const float* V, int64_t S, int64_t D,
                               const Observation& obs,
-                              std::span<const int32_t> anchors, const int32_t* assign_k,
-                              const float* coef_k, const int32_t* assign_v, const float* coef_v) {
+                              std::span<const int32_t> anchors, const float* table_k, const int32_t* assign_k,
+                              const float* coef_k, const float* table_v, const int32_t* assign_v,
+                              const float* coef_v) {
   const int64_t m = obs.m;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   Utilities u;
@@ -85,7 +86,7 @@ Utilities utilities_reference(const Observers& o, const float* K, const float* V
       continue;
     }
     const float* vt = V + t * D;
-    residual(K + t * D, K + anchors[assign_k[t]] * D, coef_k[t], D, r.data());
+    residual(K + t * D, table_k + assign_k[t] * D, coef_k[t], D, r.data());
     for (int64_t w = 0; w < m; ++w) {
       al[w] = obs.alpha[static_cast<size_t>(w * S + t)];
       qr[w] = core::dot_ref(o.rows + w * D, r.data(), D) * inv_sqrt_d;
@@ -94,7 +95,7 @@ Utilities utilities_reference(const Observers& o, const float* K, const float* V
       dist[w] = core::dot_ref(diff.data(), diff.data(), D);
     }
     u.key[t] = static_cast<float>(key_utility(al.data(), qr.data(), dist.data(), m, 1));
-    residual(vt, V + anchors[assign_v[t]] * D, coef_v[t], D, r.data());
+    residual(vt, table_v + assign_v[t] * D, coef_v[t], D, r.data());
     u.value[t] = static_cast<float>(value_weight(al.data(), m, 1) * core::dot_ref(r.data(), r.data(), D));
   }
   return u;

@@ -57,7 +57,8 @@ struct Utilities {
 
 Utilities utilities_reference(const Observers& o, const float* K, const float* V, int64_t S, int64_t D,
                               const Observation& obs,
-                              std::span<const int32_t> anchors, const int32_t* assign_k,
-                              const float* coef_k, const int32_t* assign_v, const float* coef_v);
+                              std::span<const int32_t> anchors, const float* table_k, const int32_t* assign_k,
+                              const float* coef_k, const float* table_v, const int32_t* assign_v,
+                              const float* coef_v);
 
 }  // namespace anchorkv::compress

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "anchorkv/anchorkv.h"
+#include "cache/segment_chain.h"
 
 namespace anchorkv::runtime {
 
@@ -16,6 +17,7 @@ cache::CacheSpec session_spec(const std::string& spec) {
   if (!c.anchorkv() || c.oneshot) return c;
   if (c.segment_tokens == 0) c.segment_tokens = kSegmentTokens;
   if (c.recent_tokens < 0) c.recent_tokens = kRecentTokens;
+  if (c.extend_tokens < 0) c.extend_tokens = kExtendTokens;
   return c;
 }
 
@@ -43,6 +45,10 @@ void close_prompt(const model::LlamaModel& m) {
       if (e.code() != ErrorCode::kInvalidState) throw;  // nothing exact left to close
     }
   }
+}
+
+void mark_restore_point(const model::LlamaModel& m) {
+  for (const auto& c : m.caches()) internal::seal_segments(*c);
 }
 
 namespace {

@@ -16,9 +16,10 @@ namespace anchorkv::runtime {
 
 // The runtime streams AnchorKV (docs/spec.md §4.8): a spec that names no
 // :segN and no :oneshot gets segments of kSegmentTokens behind kRecentTokens
-// exact tokens (:segN alone keeps kRecentTokens). Chosen by measurement
-// (docs/results.md, "Whole sessions").
-inline constexpr int64_t kSegmentTokens = 128, kRecentTokens = 32;
+// exact tokens (:segN alone keeps kRecentTokens), each extending the one
+// before it up to kExtendTokens (:extN sets it; :ext0 keeps every segment on
+// its own). Chosen by measurement (docs/results.md, "Whole sessions").
+inline constexpr int64_t kSegmentTokens = 128, kRecentTokens = 32, kExtendTokens = 1024;
 cache::CacheSpec session_spec(const std::string& spec);
 
 // One layer's cache of `spec` for a model of `config` (:keyrope: the model's
@@ -37,6 +38,12 @@ model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& sp
 // cache holds it) and a pooled or saved prompt stores no exact tail; the
 // tokens generated after it stream. Other caches are left as they are.
 void close_prompt(const model::LlamaModel& m);
+// A restore point after a prompt (internal::seal_segments on every layer):
+// its streaming segments are never extended, so blocks of them pooled now
+// restore a session that goes on with this one's bits. A prefix pool marks
+// one wherever it cuts blocks; elsewhere the next tokens' segments may
+// extend the prompt's last (AnchorKVConfig::extend_tokens).
+void mark_restore_point(const model::LlamaModel& m);
 // A prompt (or the rest of one) through the model in calls of at most
 // `chunk` tokens (0: one call), then close_prompt: how every front end feeds
 // a prompt. Returns the last position's logits. Chunks bound the prefill's

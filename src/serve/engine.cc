@@ -170,6 +170,7 @@ void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, s
   auto prefill_to = [&](int64_t end) {
     logits = runtime::prefill_prompt(m, std::vector<int32_t>(prompt.begin() + m.position(), prompt.begin() + end));
     if (end < opt_.min_prefix) return;
+    runtime::mark_restore_point(m);  // the blocks pooled here are the session's own from now on
     const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + end);
     std::vector<runtime::ChainBlock> blocks = runtime::chain_blocks(key(), m, tokens, chain.end, logits);
     chain.end = {blocks.back().info.key, end};

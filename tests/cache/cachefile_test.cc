@@ -15,6 +15,7 @@
 #include "anchorkv/anchorkv.h"
 #include "cache/anchorkv_state.h"
 #include "cache/registry.h"
+#include "cache/segment_chain.h"
 #include "cache/serial.h"
 #include "compress/budget.h"
 #include "compress/segment.h"
@@ -174,18 +175,35 @@ std::vector<uint8_t> small_file() {
   streaming.segment_tokens = 16;
   streaming.recent_tokens = 4;
   AnchorKVCache streaming_cache(streaming);
+  AnchorKVConfig extending = streaming;  // format 7: segments extending the one before, one sealed
+  extending.segment_tokens = 8;
+  extending.extend_tokens = 24;
+  AnchorKVCache extending_cache(extending);
   KIVICache kivi(2, 8, 8);
   H2OCache h2o(0.3);
   TurboQuantCache turbo(2.5, 3);  // two channel groups for its keys
   for (KVCache* c :
-       std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &streaming_cache, &kivi, &h2o, &turbo}) {
-    feed(*c, 1, 1, 48, 8, 1);
+       std::vector<KVCache*>{&seed_layout, &compact_cache, &tight_cache, &streaming_cache, &extending_cache, &kivi,
+                             &h2o, &turbo}) {
+    if (c == &extending_cache) {  // [0, 16) extended to 24 tokens and sealed, [24, 32), an exact tail
+      feed(*c, 1, 1, 20, 8, 1);
+      feed(*c, 1, 1, 8, 8, 3);
+      internal::seal_segments(*c);
+      feed(*c, 1, 1, 8, 8, 4);
+    } else {
+      feed(*c, 1, 1, 48, 8, 1);
+    }
     feed(*c, 1, 1, 1, 8, 2);
   }
+  const auto& ext = internal::unlocked_state(extending_cache);
+  EXPECT_EQ(ext.segments.size(), 2u);
+  EXPECT_TRUE(ext.segments.size() == 2 && ext.segments[0].tokens == 24 && ext.segments[0].sealed &&
+              ext.segments[1].tokens == 8 && !ext.segments[1].sealed);
   PromptCacheMeta meta;
   meta.tokens = {5, 6};
   meta.entries = {{"model", "m"}};
-  return serialize_caches({&seed_layout, &compact_cache, &tight_cache, &streaming_cache, &kivi, &h2o, &turbo}, meta);
+  return serialize_caches(
+      {&seed_layout, &compact_cache, &tight_cache, &streaming_cache, &extending_cache, &kivi, &h2o, &turbo}, meta);
 }
 
 ErrorCode load_error(const std::vector<uint8_t>& bytes) {
@@ -203,17 +221,18 @@ ErrorCode load_error(const std::vector<uint8_t>& bytes) {
 // row; seed_mixed_v4.akvc: format 4, whose tight cache has key_rope;
 // seed_mixed_v5.akvc: format 5, its key_rope with scaled frequencies, and a
 // TurboQuant cache; seed_mixed_v6.akvc: format 6, a streaming cache of two
-// segments); every
+// segments; seed_mixed_v7.akvc: format 7, segments extending the one before
+// them, one sealed); every
 // one must keep loading. ANCHORKV_WRITE_CACHEFILE_SEEDS=DIR writes the
 // current format's anew.
 TEST(CacheFile, FuzzSeedsLoad) {
   const auto bytes = small_file();
   if (const char* dir = std::getenv("ANCHORKV_WRITE_CACHEFILE_SEEDS")) {
-    std::ofstream(std::string(dir) + "/seed_mixed_v6.akvc", std::ios::binary)
+    std::ofstream(std::string(dir) + "/seed_mixed_v7.akvc", std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
   for (const char* name : {"seed_mixed.akvc", "seed_mixed_v3.akvc", "seed_mixed_v4.akvc", "seed_mixed_v5.akvc",
-                           "seed_mixed_v6.akvc"}) {
+                           "seed_mixed_v6.akvc", "seed_mixed_v7.akvc"}) {
     const std::string seed = std::string(ANCHORKV_SOURCE_DIR) + "/fuzz/corpus/cachefile/" + name;
     std::ifstream f(seed, std::ios::binary);
     ASSERT_TRUE(f.good()) << seed;

@@ -334,6 +334,7 @@ TEST(Streaming, SegmentsCutIntoRunsAndAppendedBackAreTheSameCache) {
     AnchorKVCache c(cfg);
     x.feed(c, {130, 96, 96, 40});
     c.compress_now();
+    internal::seal_segments(c);  // a restore point, as a pool cuts its blocks at
     const std::vector<int64_t> lengths = internal::segment_lengths(c);
     ASSERT_GE(lengths.size(), 3u);
     int64_t total = 0;
@@ -370,6 +371,59 @@ TEST(Streaming, SegmentsCutIntoRunsAndAppendedBackAreTheSameCache) {
     EXPECT_THROW(internal::append_segments(other, *first), Error);
     EXPECT_EQ(serialize_caches({&c}), before);
     EXPECT_EQ(other.offset(), 0);
+  }
+}
+
+// With extend_tokens, a segment that closes extends the one before it while
+// the two hold at most extend_tokens (decode steps off the path, multi-token
+// calls and compress_now alike), never a sealed one (a restore point, or one
+// appended back); files keep the seals, and a loaded session goes on with
+// the same bits.
+TEST(Streaming, SegmentsExtendTheOneBeforeThemUntilSealed) {
+  const Tokens x;
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
+    SCOPED_TRACE(to_string(layout));
+    AnchorKVConfig cfg = streaming(64, 16, layout);
+    cfg.extend_tokens = 256;
+    AnchorKVCache c(cfg);
+    x.feed(c, {100});
+    for (int64_t n = 100; n < 400; ++n) {
+      c.update(x.k(n, 1), x.v(n, 1));
+      expect_invariants(c);
+    }
+    const auto& st = internal::unlocked_state(c);
+    ASSERT_GE(st.segments.size(), 2u);
+    for (const auto& seg : st.segments) {
+      EXPECT_LE(seg.tokens, 256);
+      EXPECT_EQ(seg.tokens % 64, 0);
+    }
+    EXPECT_EQ(st.segments.front().tokens, 256) << "extended until the next would not fit";
+    for (const auto& seg : st.segments)
+      for (const auto& row : seg.rows) EXPECT_EQ(compress::check_row(row, D, st.codec->code_bytes()), "");
+    internal::seal_segments(c);
+    const std::vector<int64_t> sealed_at = [&] {
+      std::vector<int64_t> l;
+      for (const auto& seg : st.segments) l.push_back(seg.tokens);
+      return l;
+    }();
+    const auto bytes = serialize_caches({&c});
+    LoadedCaches l = load_caches_from_memory(bytes.data(), bytes.size());
+    auto& back = dynamic_cast<AnchorKVCache&>(*l.caches[0]);
+    EXPECT_EQ(back.config().extend_tokens, 256);
+    for (const auto& seg : internal::unlocked_state(back).segments) EXPECT_TRUE(seg.sealed);
+    for (int64_t n = 400; n < N; ++n) {
+      c.update(x.k(n, 1), x.v(n, 1));
+      back.update(x.k(n, 1), x.v(n, 1));
+    }
+    for (size_t j = 0; j < sealed_at.size(); ++j)
+      EXPECT_EQ(st.segments[j].tokens, sealed_at[j]) << "a sealed segment is never extended";
+    EXPECT_GT(st.segments.size(), sealed_at.size());
+    int64_t longest_after = 0;
+    for (size_t j = sealed_at.size(); j < st.segments.size(); ++j)
+      longest_after = std::max(longest_after, st.segments[j].tokens);
+    EXPECT_GT(longest_after, 64) << "the segments after the seal extend each other";
+    EXPECT_EQ(serialize_caches({&back}), serialize_caches({&c}));
+    expect_invariants(back);
   }
 }
 

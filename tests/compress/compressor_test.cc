@@ -388,6 +388,85 @@ TEST(Compressor, KeyRopeCodesKeyResidualsAtTheirPositions) {
   EXPECT_NEAR(rec_roped, rec_plain, 0.1 * rec_plain);
 }
 
+// A segment compressed to extend another (SegmentInput::extends) may take
+// the earlier segment's anchors: tokens close to them do, the fast path and
+// the reference agree on every choice, and extend_row gives one well-formed
+// row that decodes the earlier tokens bit for bit and the new ones as the
+// part's own row would with the earlier anchors.
+TEST(Compressor, AnExtendingSegmentTakesTheAnchorsBeforeIt) {
+  const int64_t B = 1, H = 2, S1 = 300, S2 = 128, D = 64;
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight})
+  for (bool key_rope : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << to_string(layout) << (key_rope ? " key_rope" : ""));
+    AnchorKVConfig cfg;
+    cfg.theta = 0.15;
+    cfg.anchor_frac = 1.0 / 32;
+    cfg.window = 8;
+    cfg.metadata = layout;
+    if (key_rope) cfg.key_rope = {true, 10000.0, RopeStyle::kNormal, 0, {}};
+    const ResidualCodec codec(D, cfg.residual_bits, cfg.scale, cfg.seed);
+    const auto K1 = random_kv(B, H, S1, D, 61), V1 = random_kv(B, H, S1, D, 62);
+    const std::vector<CompressedRow> prior = compress(SegmentInput{B, H, S1, D, K1.data(), V1.data()}, cfg, codec);
+    // The part: every other token a multiple of one of the prior's anchors (fp16 values), the rest new.
+    auto K2 = random_kv(B, H, S2, D, 63, 3), V2 = random_kv(B, H, S2, D, 64, 3);
+    for (int64_t r = 0; r < B * H; ++r)
+      for (int64_t t = 0; t < S2; t += 2) {
+        const int64_t j = (t / 2) % prior[r].n_anchor;
+        for (int64_t d = 0; d < D; ++d) {
+          K2[(r * S2 + t) * D + d] = 0.5f * core::half_to_float(prior[r].anchor_k[j * D + d]);
+          V2[(r * S2 + t) * D + d] = 2.0f * core::half_to_float(prior[r].anchor_v[j * D + d]);
+        }
+      }
+    SegmentInput in{B, H, S2, D, K2.data(), V2.data()};
+    in.extends = prior.data();
+    AnchorKVConfig part_cfg = cfg;
+    if (key_rope) part_cfg.key_rope.position_offset += S1;
+    const auto ref = analyze_reference(in, part_cfg), fast = analyze(in, part_cfg);
+    for (int64_t r = 0; r < B * H; ++r) {
+      ASSERT_EQ(ref[r].anchors, fast[r].anchors);
+      ASSERT_EQ(ref[r].k.anchor, fast[r].k.anchor);
+      ASSERT_EQ(ref[r].v.anchor, fast[r].v.anchor);
+    }
+    const std::vector<CompressedRow> part = compress(in, part_cfg, codec), part_ref = compress_reference(in, part_cfg, codec);
+    for (int64_t r = 0; r < B * H; ++r) {
+      const CompressedRow& p = prior[r];
+      EXPECT_EQ(part[r].meta16, part_ref[r].meta16);
+      EXPECT_EQ(part[r].meta32, part_ref[r].meta32);
+      int64_t took_prior_k = 0, took_prior_v = 0;
+      for (int64_t e = 0; e < part[r].n_other(); ++e) {
+        took_prior_k += part[r].fields_at(e).anchor_k < p.n_anchor;
+        took_prior_v += part[r].fields_at(e).anchor_v < p.n_anchor;
+      }
+      EXPECT_GE(took_prior_k, S2 / 4) << "tokens next to an earlier anchor take it";
+      EXPECT_GE(took_prior_v, S2 / 4);
+      const CompressedRow joined = extend_row(p, part[r]);
+      EXPECT_EQ(check_row(joined, D, codec.code_bytes()), "");
+      EXPECT_EQ(joined.length, S1 + S2);
+      EXPECT_EQ(joined.n_anchor, p.n_anchor + part[r].n_anchor);
+      EXPECT_EQ(joined.buffer_bytes(), p.buffer_bytes() + part[r].buffer_bytes() - (layout == MetadataLayout::kTight ? 2 : 0));
+      std::vector<float> jk((S1 + S2) * D), jv(jk.size()), pk(S1 * D), pv(pk.size());
+      reconstruct_row(joined, codec, jk.data(), jv.data());
+      reconstruct_row(p, codec, pk.data(), pv.data());
+      EXPECT_TRUE(std::equal(pk.begin(), pk.end(), jk.begin())) << "the earlier tokens as they were";
+      EXPECT_TRUE(std::equal(pv.begin(), pv.end(), jv.begin()));
+      double err = 0, norm = 0;  // the new tokens as given, to the codec's error
+      for (int64_t t = 0; t < S2; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          const double x = K2[(r * S2 + t) * D + d], y = jk[(S1 + t) * D + d];
+          err += (x - y) * (x - y);
+          norm += x * x;
+        }
+      EXPECT_LT(err / norm, 0.5);
+    }
+    AnchorKVConfig tight_mismatch = part_cfg;  // a part made without `extends` does not join
+    if (layout == MetadataLayout::kSeed) continue;
+    in.extends = nullptr;
+    const auto alone = compress(in, tight_mismatch, codec);
+    if (alone[0].k.coef_exp != prior[0].k.coef_exp || alone[0].v.coef_exp != prior[0].v.coef_exp)
+      EXPECT_THROW(extend_row(prior[0], alone[0]), Error);
+  }
+}
+
 TEST(Compressor, MoreAnchorsThanTheLayoutHoldsIsRejected) {
   SegmentInput in{1, 1, (int64_t{1} << 21) + 8, 4, nullptr, nullptr};
   AnchorKVConfig cfg;

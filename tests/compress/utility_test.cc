@@ -80,8 +80,9 @@ TEST(Utility, MatchesEquationSix) {
       for (int64_t t = 0; t < S; ++t) s += obs.alpha[w * S + t];
       EXPECT_NEAR(s, 1.0, 1e-5);
     }
-    const Utilities u = utilities_reference(o, K.data(), V.data(), S, D, obs, anchors, ak.anchor.data(),
-                                            ak.coef.data(), av.anchor.data(), av.coef.data());
+    const auto tk = anchor_table(K.data(), D, anchors, nullptr, 0), tv = anchor_table(V.data(), D, anchors, nullptr, 0);
+    const Utilities u = utilities_reference(o, K.data(), V.data(), S, D, obs, anchors, tk.data(), ak.anchor.data(),
+                                            ak.coef.data(), tv.data(), av.anchor.data(), av.coef.data());
     for (int64_t t = 0; t < S; ++t) {
       if (t == 2 || t == 11) {
         EXPECT_EQ(u.key[t], -INFINITY);
@@ -123,8 +124,9 @@ TEST(Utility, RealQueriesAreCausalAndMatchEquationSix) {
     }
     EXPECT_NEAR(sum, 1.0, 1e-5);
   }
-  const Utilities u = utilities_reference(o, K.data(), V.data(), S, D, obs, anchors, ak.anchor.data(),
-                                          ak.coef.data(), av.anchor.data(), av.coef.data());
+  const auto tk = anchor_table(K.data(), D, anchors, nullptr, 0), tv = anchor_table(V.data(), D, anchors, nullptr, 0);
+  const Utilities u = utilities_reference(o, K.data(), V.data(), S, D, obs, anchors, tk.data(), ak.anchor.data(),
+                                          ak.coef.data(), tv.data(), av.anchor.data(), av.coef.data());
   for (int64_t t = 0; t < S; ++t) {
     if (t == 3 || t == 11) continue;
     double uk, uv;

@@ -104,7 +104,7 @@ struct Case {
 };
 
 void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, double anchor_frac = 1.0 / 16,
-              int64_t segment_tokens = 0, int64_t recent_tokens = 0) {
+              int64_t segment_tokens = 0, int64_t recent_tokens = 0, int64_t extend_tokens = 0) {
   SCOPED_TRACE(::testing::Message() << "S=" << c.S << " D=" << c.D << " G=" << c.G << " B=" << c.B
                                     << " Sq=" << c.Sq << " tail=" << c.tail);
   const int64_t H = 2, Hq = H * c.G;
@@ -115,6 +115,7 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
   cfg.metadata = layout;
   cfg.segment_tokens = segment_tokens;
   cfg.recent_tokens = recent_tokens;
+  cfg.extend_tokens = extend_tokens;
   AnchorKVCache cache(cfg);
   const auto K = random_kv(c.B, H, c.S, c.D, 11), V = random_kv(c.B, H, c.S, c.D, 12);
   // A streaming cache is fed a segment at a time (a longer call closes up to 16 in one).
@@ -134,6 +135,12 @@ void run_case(const Case& c, MetadataLayout layout = MetadataLayout::kSeed, doub
   if (cache.offset() < c.Sq) return;
   if (segment_tokens > 0) {
     ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
+  }
+  if (extend_tokens > 0) {  // some segment extended another
+    int64_t longest = 0;
+    for (const auto& seg : internal::unlocked_state(cache).segments) longest = std::max(longest, seg.tokens);
+    ASSERT_GT(longest, segment_tokens);
+    ASSERT_LE(longest, extend_tokens);
   }
   if (c.S >= 1000) {  // the sweep must exercise key and value residuals
     int64_t rk = 0, rv = 0;
@@ -530,7 +537,7 @@ RopeOptions check_rope_attention(const AnchorKVCache& cache, const std::vector<f
 void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool head, bool tail,
                    bool key_rope = false, int64_t D = 64, int64_t G = 4,
                    MetadataLayout layout = MetadataLayout::kSeed, int64_t segment_tokens = 0,
-                   int64_t recent_tokens = 0) {
+                   int64_t recent_tokens = 0, int64_t extend_tokens = 0) {
   SCOPED_TRACE(::testing::Message() << "style=" << static_cast<int>(style) << " offset=" << offset << " S=" << S
                                     << " Sq=" << Sq << " head=" << head << " tail=" << tail
                                     << " key_rope=" << key_rope << " D=" << D << " G=" << G
@@ -543,6 +550,7 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   cfg.metadata = layout;
   cfg.segment_tokens = segment_tokens;
   cfg.recent_tokens = recent_tokens;
+  cfg.extend_tokens = extend_tokens;
   if (key_rope) cfg.key_rope = {true, 10000.0, style, offset, {}};
   AnchorKVCache cache(cfg);
   FullKVCache full;
@@ -557,6 +565,12 @@ void run_rope_case(RopeStyle style, int64_t offset, int64_t S, int64_t Sq, bool 
   if (tail) feed(std::max<int64_t>(Sq, 2), 44);
   if (segment_tokens > 0) {
     ASSERT_GT(internal::unlocked_state(cache).segments.size(), 1u);
+  }
+  if (extend_tokens > 0) {  // some segment extended another
+    int64_t longest = 0;
+    for (const auto& seg : internal::unlocked_state(cache).segments) longest = std::max(longest, seg.tokens);
+    ASSERT_GT(longest, segment_tokens);
+    ASSERT_LE(longest, extend_tokens);
   }
   const auto q = random_kv(B, Hq, Sq, D, 46);
   const RopeOptions rope = check_rope_attention(cache, q, style, offset, H, Hq, Sq, D);
@@ -804,6 +818,24 @@ TEST(Attention, ManySegmentsPreRope) {
       run_rope_case(RopeStyle::kNormal, 0, 1000, 1, false, true, key_rope, 64, 4, layout, 128, 16);
       run_rope_case(RopeStyle::kNeox, 1000, 1000, 7, false, false, key_rope, 128, 4, layout, 100, 0);
       run_rope_case(RopeStyle::kNeox, 0, 4500, 5, false, false, key_rope, 64, 3, layout, 1500, 0);
+    }
+}
+
+// Segments that extend the one before them (AnchorKVConfig::extend_tokens:
+// entries naming the earlier part's anchors, positions and residual slots
+// after its own) attend like any: against dense attention over the
+// reconstruction, the scalar twins and 1 vs 2 threads, with queries after
+// them and inside the last (masked), keys after and before RoPE.
+TEST(Attention, ExtendedSegments) {
+  for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kCompact, MetadataLayout::kTight}) {
+    SCOPED_TRACE(to_string(layout));
+    run_case({1000, 64, 4, 1, 1, true}, layout, 1.0 / 16, 64, 16, 320);   // segments of up to 320
+    run_case({1000, 128, 8, 2, 7, false}, layout, 1.0 / 16, 100, 0, 300);  // the queries inside the last
+  }
+  for (bool key_rope : {false, true})
+    for (MetadataLayout layout : {MetadataLayout::kSeed, MetadataLayout::kTight}) {
+      run_rope_case(RopeStyle::kNormal, 0, 1000, 1, false, true, key_rope, 64, 4, layout, 64, 16, 256);
+      run_rope_case(RopeStyle::kNeox, 1000, 1000, 7, false, false, key_rope, 128, 4, layout, 100, 0, 400);
     }
 }
 

@@ -255,7 +255,8 @@ TEST(Session, Fp32ResidualsModifierReachesAttention) {
 
 // The runtime streams AnchorKV: a prompt is compressed whole at its end, the
 // tokens generated after it close into segments behind an exact window (with
-// the decode steps' own queries), and :oneshot is the seed's cache.
+// the decode steps' own queries), each extending the one before it up to
+// kExtendTokens (:ext0 keeps them apart), and :oneshot is the seed's cache.
 TEST(Session, StaysCompressedThroughAGeneration) {
   const std::string path = shared_model("anchorkv-tiny.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
@@ -280,9 +281,21 @@ TEST(Session, StaysCompressedThroughAGeneration) {
       ASSERT_LT(st.tail.tokens, runtime::kRecentTokens + runtime::kSegmentTokens + internal::close_lag(st.config));
     }
   }
-  ASSERT_GE(st.segments.size(), prompt_segments + 2) << "generated tokens close a segment at a time";
-  for (size_t j = prompt_segments; j < st.segments.size(); ++j)
-    EXPECT_EQ(st.segments[j].tokens, runtime::kSegmentTokens);
+  ASSERT_GE(st.compressed_tokens(), 300 + 2 * runtime::kSegmentTokens) << "generated tokens close a segment at a time";
+  EXPECT_EQ((st.compressed_tokens() - 300) % runtime::kSegmentTokens, 0);
+  EXPECT_EQ(st.segments.size(), prompt_segments) << "each extends the prompt's (800 < kExtendTokens tokens)";
+  LlamaModel apart = runtime::make_model(w, "anchorkv_tight:pre:obs:auto:seg128:ext0", 0.05, 2);
+  runtime::prefill_prompt(apart, prompt);
+  const auto& sa = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*apart.caches()[0]));
+  const size_t apart_prompt_segments = sa.segments.size();
+  for (int i = 0; i < 500; ++i) apart.forward({3 + (i * 11) % 200});
+  ASSERT_EQ(sa.compressed_tokens(), st.compressed_tokens());
+  ASSERT_GE(sa.segments.size(), apart_prompt_segments + 2);
+  for (size_t j = apart_prompt_segments; j < sa.segments.size(); ++j)
+    EXPECT_EQ(sa.segments[j].tokens, runtime::kSegmentTokens) << ":ext0: a segment each";
+  // The same budget per token; one segment spares the others' per-row bytes (tight exponents).
+  EXPECT_LE(runtime::cache_totals(s).bytes, runtime::cache_totals(apart).bytes);
+  EXPECT_GE(runtime::cache_totals(s).bytes, runtime::cache_totals(apart).bytes * 99 / 100);
   EXPECT_EQ(st.recent_queries.size(), AnchorKVConfig{}.window) << "decode steps hand over their queries";
   EXPECT_GT(runtime::cache_totals(s).ratio(), 2.5);  // 800 tokens, fewer than 192 exact
   EXPECT_LT(runtime::cache_totals(o).ratio(), 2.0) << "the seed's cache keeps generated tokens exact";
@@ -315,25 +328,31 @@ TEST(Session, LongPromptsArriveInChunksWhereTheCachesAllow) {
   EXPECT_EQ(chunked_bytes.bytes, whole_bytes.bytes);
   for (const char* oneshot : {"anchorkv_tight:pre:obs:auto:oneshot", "snapkv:obs"})
     EXPECT_EQ(run(oneshot, 96).first, run(oneshot, 0).first) << oneshot << " takes the prompt in one call";
-  LlamaModel s = runtime::make_model(w, "anchorkv_tight:pre:obs:auto", 0.05, 2);
+  LlamaModel s = runtime::make_model(w, "anchorkv_tight:pre:obs:auto:seg128:ext0", 0.05, 2);
   const std::vector<float> streamed = runtime::prefill_prompt(s, prompt, 96);
   const auto& st = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*s.caches()[0]));
   EXPECT_EQ(st.compressed_tokens(), 500);
   EXPECT_GE(st.segments.size(), 4u) << "each chunk closes what left the window";
+  LlamaModel x = runtime::make_model(w, "anchorkv_tight:pre:obs:auto", 0.05, 2);
+  runtime::prefill_prompt(x, prompt, 96);
+  const auto& sx = internal::unlocked_state(dynamic_cast<const AnchorKVCache&>(*x.caches()[0]));
+  EXPECT_EQ(sx.compressed_tokens(), 500);
+  EXPECT_EQ(sx.segments.size(), 1u) << "by default each extends the one before it";
   EXPECT_GT(runtime::cache_totals(s).ratio(), 10.0);
   EXPECT_NE(streamed, run("anchorkv_tight:pre:obs:auto", 0).first)
       << "later chunks attend over the compressed segments";
 }
 
-// A prompt's blocks (one per segment) restore the session bit for bit: the
-// same logits, the same next steps; a later turn adds blocks after them
-// alone; blocks out of place, of another cache or not of this prompt are
-// refused and leave the model as it was.
+// A prompt's blocks (one per segment) restore the session bit for bit at a
+// restore point: the same logits, the same next steps; a later turn adds
+// blocks after them alone; blocks out of place, of another cache or not of
+// this prompt are refused and leave the model as it was. (Segments extend
+// up to 256 tokens here, so each turn's prompt is two.)
 TEST(PrefixChain, BlocksRestoreTheSessionAndTheNextTurnAddsItsOwn) {
   const std::string path = shared_model("anchorkv-tiny.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
   const LlamaWeights w = load_model(path);
-  const std::string spec = "anchorkv_tight:pre:obs:auto";
+  const std::string spec = "anchorkv_tight:pre:obs:auto:seg128:ext256";
   const runtime::PromptCacheKey key{runtime::model_identity(path, w), spec, 0.05};
   std::vector<int32_t> turn1 = {1};
   for (int i = 0; i < 299; ++i) turn1.push_back(3 + (i * 37) % 200);
@@ -346,6 +365,7 @@ TEST(PrefixChain, BlocksRestoreTheSessionAndTheNextTurnAddsItsOwn) {
   };
   LlamaModel s = runtime::make_model(w, spec, 0.05, 2);
   const std::vector<float> logits1 = runtime::prefill_prompt(s, turn1);
+  runtime::mark_restore_point(s);
   const std::vector<runtime::ChainBlock> blocks1 = runtime::chain_blocks(key, s, turn1, {}, logits1);
   ASSERT_GE(blocks1.size(), 2u) << "one block per segment";
   uint64_t parent = runtime::chain_root(key);
@@ -414,7 +434,7 @@ TEST(PrefixChain, DamagedChainsAreRefusedAndTheModelGoesOn) {
   const std::string path = shared_model("anchorkv-tiny.gguf");
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "shared model not present: " << path;
   const LlamaWeights w = load_model(path);
-  const std::string spec = "anchorkv_tight:pre:seg32:recent8";
+  const std::string spec = "anchorkv_tight:pre:seg32:recent8:ext0";
   const runtime::PromptCacheKey key{"tiny", spec, 0.1};
   std::vector<int32_t> prompt = {1};
   for (int i = 0; i < 159; ++i) prompt.push_back(3 + (i * 13) % 200);
