@@ -14,7 +14,10 @@ int64_t round_half_even(double x) { return static_cast<int64_t>(std::nearbyint(x
 AnchorPlan plan_anchors(int64_t S, const AnchorKVConfig& config) {
   AnchorPlan p;
   p.S = S;
-  p.k = std::min<int64_t>(S, std::max<int64_t>(1, round_half_even(static_cast<double>(S) * config.anchor_frac)));
+  // At least one anchor, unless the fraction is 0: a segment that extends
+  // another may take only that one's (anchor_fractions offers it).
+  const int64_t least = config.anchor_frac > 0 ? 1 : 0;
+  p.k = std::min<int64_t>(S, std::max<int64_t>(least, round_half_even(static_cast<double>(S) * config.anchor_frac)));
   // The tight layout's 8-bit ordinals hold 256 anchors (docs/spec.md §5): a
   // longer segment gets fewer anchors rather than an error.
   if (config.metadata == MetadataLayout::kTight) p.k = std::min(p.k, kMaxTightAnchors);

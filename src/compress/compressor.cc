@@ -465,6 +465,12 @@ std::vector<double> anchor_fractions(const SegmentInput& in, const AnchorKVConfi
   if (config.anchor_count != AnchorCount::kAuto) return out;
   const int64_t k0 = plan_anchors(in.S, config).k;
   const double allowed = config.theta * static_cast<double>(full_row_bytes(in.S, in.D));
+  // A segment that extends another, whose own anchors and metadata would
+  // take more than half of theta's bytes (a short one), may take none: its
+  // tokens take the earlier anchors and the bytes go to residuals.
+  // (Measured: docs/results.md, "Whole sessions".)
+  if (in.extends && static_cast<double>(base_row_bytes(in.S, k0, in.D, config.metadata)) > allowed / 2)
+    out.insert(out.begin(), 0.0);
   for (int i = 1; i <= kMaxAnchorDoublings; ++i) {
     const int64_t k = k0 << i;
     if (k > in.S / 2 || k > own_anchor_limit(in, config.metadata)) break;

@@ -86,10 +86,13 @@ std::vector<CompressedRow> encode_rows(const SegmentInput& in, const ResidualCod
                                        MetadataLayout layout = MetadataLayout::kSeed,
                                        const RopeOptions& key_rope = {});
 
-// AnchorCount::kAuto (docs/spec.md §4.7). The anchor fractions tried: the
-// configured one, then 2, 4, ... (up to 2^kMaxAnchorDoublings) times its anchors
-// while they stay within S / 2, the layout's limit and theta's bytes with the
-// metadata. Just the configured one for kFixed.
+// AnchorCount::kAuto (docs/spec.md §4.7). The anchor fractions tried: none
+// of its own when the segment extends another and the configured one's
+// anchors and metadata would take over half of theta's bytes, the
+// configured one, then 2,
+// 4, ... (up to 2^kMaxAnchorDoublings) times its anchors while they stay
+// within S / 2, the layout's limit and theta's bytes with the metadata. Just
+// the configured one for kFixed.
 inline constexpr int kMaxAnchorDoublings = 4;
 std::vector<double> anchor_fractions(const SegmentInput& in, const AnchorKVConfig& config);
 // Relative squared error a b-bit residual leaves (Lloyd-Max for a Gaussian coordinate).

@@ -467,6 +467,39 @@ TEST(Compressor, AnExtendingSegmentTakesTheAnchorsBeforeIt) {
   }
 }
 
+// A short segment extending another, whose own anchor would take most of its
+// bytes, may take none (AnchorCount::kAuto): its tokens then all name the
+// earlier anchors, its bytes go to residuals, and the joined row is whole.
+TEST(Compressor, AShortExtendingSegmentMayTakeNoAnchorOfItsOwn) {
+  const int64_t B = 1, H = 2, S1 = 256, S2 = 16, D = 128;
+  AnchorKVConfig cfg;
+  cfg.theta = 0.05;
+  cfg.metadata = MetadataLayout::kTight;
+  cfg.anchor_count = AnchorCount::kAuto;
+  const ResidualCodec codec(D, cfg.residual_bits, cfg.scale, cfg.seed);
+  const auto K1 = random_kv(B, H, S1, D, 71), V1 = random_kv(B, H, S1, D, 72);
+  const auto prior = compress(SegmentInput{B, H, S1, D, K1.data(), V1.data()}, cfg, codec);
+  const auto K2 = random_kv(B, H, S2, D, 73), V2 = random_kv(B, H, S2, D, 74);
+  SegmentInput in{B, H, S2, D, K2.data(), V2.data()};
+  EXPECT_NE(anchor_fractions(in, cfg).front(), 0.0) << "a segment on its own keeps an anchor";
+  in.extends = prior.data();
+  ASSERT_EQ(anchor_fractions(in, cfg).front(), 0.0);
+  const auto part = compress(in, cfg, codec), part_ref = compress_reference(in, cfg, codec);
+  int64_t residuals = 0;
+  for (int64_t r = 0; r < B * H; ++r) {
+    EXPECT_EQ(part[r].meta16, part_ref[r].meta16);
+    EXPECT_EQ(part[r].n_anchor, part_ref[r].n_anchor);
+    residuals += part[r].n_residual();
+    const CompressedRow joined = extend_row(prior[r], part[r]);
+    EXPECT_EQ(check_row(joined, D, codec.code_bytes()), "");
+    for (int64_t e = 0; e < part[r].n_other(); ++e) EXPECT_LT(part[r].fields_at(e).anchor_k, joined.n_anchor);
+  }
+  int64_t own = 0;
+  for (const auto& row : part) own += row.n_anchor;
+  EXPECT_EQ(own, 0) << "random tokens: the earlier anchors and residuals beat an anchor of their own";
+  EXPECT_GT(residuals, 0);
+}
+
 TEST(Compressor, MoreAnchorsThanTheLayoutHoldsIsRejected) {
   SegmentInput in{1, 1, (int64_t{1} << 21) + 8, 4, nullptr, nullptr};
   AnchorKVConfig cfg;
