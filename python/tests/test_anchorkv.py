@@ -209,6 +209,27 @@ def test_streaming_stays_compressed_through_decode_and_survives_state():
         anchorkv.KVCacheConfig(anchorkv_segment_tokens=-1)
 
 
+def test_streaming_segments_extend_the_one_before_and_keep_the_bytes():
+    k, v = kv(S=600, D=128)
+    apart = anchorkv.KVCacheConfig(anchorkv_metadata="tight", anchorkv_segment_tokens=64,
+                                   anchorkv_recent_tokens=16)
+    joined = anchorkv.KVCacheConfig(anchorkv_metadata="tight", anchorkv_segment_tokens=64,
+                                    anchorkv_recent_tokens=16, anchorkv_extend_tokens=512)
+    a, j = anchorkv.AnchorKVKVCache(apart), anchorkv.AnchorKVKVCache(joined)
+    for t in range(600):
+        a.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        j.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
+    assert j.config.anchorkv_extend_tokens == 512
+    # The same tokens compressed, in fewer rows: the bytes within the per-row exponents of the tight layout.
+    assert abs(j.anchorkv_bytes - a.anchorkv_bytes) < 0.01 * a.anchorkv_bytes
+    assert j.compression_ratio > 3
+    d = anchorkv.AnchorKVKVCache(joined)
+    d.state = j.state
+    assert d.config.anchorkv_extend_tokens == 512 and d.state.tobytes() == j.state.tobytes()
+    with pytest.raises(ValueError, match="extend_tokens"):
+        anchorkv.KVCacheConfig(anchorkv_extend_tokens=-1)
+
+
 def test_builder_propagates_the_config():
     cfg = anchorkv.KVCacheConfig(anchorkv_theta=0.1)
     caches = anchorkv.KVCacheBuilder.for_layers(4, cfg)
