@@ -308,7 +308,9 @@ std::string cache_modifier_help() {
          "residuals in fp32 in attention instead of bf16 products (the default where the CPU has AVX-512 BF16; "
          "slower, docs/benchmarks.md); AnchorKV:segN:recentM "
          "streams, closing the exact tail's oldest N tokens into a compressed segment whenever it holds M + N "
-         "(the runtime streams by default: :seg128:recent32, docs/spec.md 4.8) and AnchorKV:oneshot compresses the first prefill "
+         "and :extE lets each segment extend the one before it up to E tokens, its tokens taking that one's anchors too "
+         "(the runtime streams by default: :seg128:recent32:ext1024, docs/spec.md 4.8; :ext0 keeps segments apart) "
+         "and AnchorKV:oneshot compresses the first prefill "
          "only, keeping later tokens exact (the seed); NAME:layersW0/W1/... shares a byte-budgeted cache's theta "
          "out by layer (layer l takes theta * W_l / mean W; one weight per layer); modifiers combine, e.g. "
          "anchorkv_compact:pre:obs:auto" +

@@ -458,9 +458,17 @@ TEST(Streaming, CacheSpecsChooseIt) {
                    .streaming());
   for (const char* bad : {"snapkv:seg64", "full:oneshot", "anchorkv:seg", "anchorkv:seg-4", "anchorkv:seg12x",
                           "anchorkv:recent8", "anchorkv:seg64:seg32", "anchorkv:oneshot:seg64",
-                          "anchorkv:oneshot:oneshot", "anchorkv:seg0", "anchorkv:seg123456789"})
+                          "anchorkv:oneshot:oneshot", "anchorkv:seg0", "anchorkv:seg123456789", "anchorkv:ext256",
+                          "anchorkv:seg64:ext1:ext2", "anchorkv:oneshot:ext64", "snapkv:ext64"})
     EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
   EXPECT_NE(cache::cache_modifier_help().find(":oneshot"), std::string::npos);
+  EXPECT_NE(cache::cache_modifier_help().find(":ext"), std::string::npos);
+  const auto extending = cache::parse_cache_spec("anchorkv_tight:seg64:recent16:ext512").make(0.05, 1);
+  EXPECT_EQ(dynamic_cast<const AnchorKVCache&>(*extending).config().extend_tokens, 512);
+  EXPECT_EQ(dynamic_cast<const AnchorKVCache&>(*cache::parse_cache_spec("anchorkv_tight:seg64").make(0.1, 1))
+                .config()
+                .extend_tokens,
+            0);
 }
 
 TEST(CacheSpecs, LayersShareTheBudgetOutKeepingItsMean) {
