@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <new>
 #include <type_traits>
@@ -60,5 +61,11 @@ struct AlignedAllocator {
 // A vector whose data() is 64-byte aligned.
 template <class T>
 using AlignedVector = std::vector<T, AlignedAllocator<T>>;
+
+// The bytes the elements of some vectors take (what a workspace reports).
+template <class... Vectors>
+int64_t bytes_held(const Vectors&... v) {
+  return static_cast<int64_t>((std::size_t{0} + ... + (v.size() * sizeof(typename Vectors::value_type))));
+}
 
 }  // namespace anchorkv::core

@@ -90,7 +90,7 @@ struct TaskScratch {
   std::vector<kernels::SegmentPass> run_passes;
   std::vector<float> acc, acc_s, rot, rot_s, w;      // finishing a quad of queries
   int64_t bytes() const {
-    const auto n = [](const auto&... v) { return static_cast<int64_t>((size_t{0} + ... + (v.size() * sizeof(v[0])))); };
+    const auto n = [](const auto&... v) { return core::bytes_held(v...); };
     const kernels::CodedScratch& c = coded;
     return n(tm, tl, tacc, tw, trot, dense, anchors_at_pos, anchor_w, run_queries, run_passes) +
            n(acc, acc_s, rot, rot_s, w) + n(c.rq, c.s, c.levels, c.dots, c.w, c.acc, c.x, c.scale, c.bias, c.bytes) +

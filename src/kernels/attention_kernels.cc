@@ -639,7 +639,7 @@ EntryWorkspace::~EntryWorkspace() = default;
 
 int64_t EntryWorkspace::bytes() const {
   const EntryScratch& sc = *scratch_;
-  const auto n = [](const auto&... v) { return static_cast<int64_t>((size_t{0} + ... + (v.size() * sizeof(v[0])))); };
+  const auto n = [](const auto&... v) { return core::bytes_held(v...); };
   const EntryScratch::PreRope& r = sc.rope;
   return static_cast<int64_t>(sizeof(EntryScratch)) + n(sc.s, sc.gk, sc.gv, sc.ak, sc.av, sc.pos, sc.res_k, sc.res_v) +
          n(sc.z, sc.zscale, sc.zdot, sc.codes, sc.cs_row, sc.pt, sc.wa, sc.wb, sc.w4, sc.ml, sc.anchor_ids) +
