@@ -47,6 +47,10 @@ struct Sample {
   // Per repetition: percentiles of the decode steps' times (a step that
   // closes a streaming segment compresses it), and the rate of the last 64.
   std::vector<double> p50_ms, p99_ms, max_ms, last_decode;
+  // Per repetition: the slowest step that closed a segment into the cache
+  // (its stored bytes changed by other than the modal step's), -1 for none.
+  std::vector<double> close_max_ms;
+  int64_t close_steps = 0;
   std::vector<double> prefill_peak;  // bytes the process's resident set grew by at most during the prefill
   int64_t cache_peak = 0;            // the caches' bytes at their largest between the prefill's calls
   double ratio = 1, ratio_end = 1;
@@ -77,6 +81,24 @@ void add_steps(Sample& s, const std::vector<double>& step_s) {
   double t = 0;
   for (size_t i = step_s.size() - last; i < step_s.size(); ++i) t += step_s[i];
   s.last_decode.push_back(static_cast<double>(last) / std::max(t, 1e-9));
+}
+
+// The times of the steps whose change in stored bytes is not the most common
+// one: a streaming cache's commits of a segment (every other step adds one
+// exact token); none for caches whose every step adds the same.
+std::vector<double> closing_step_times(const std::vector<double>& step_s, int64_t bytes0,
+                                       const std::vector<int64_t>& bytes_after) {
+  std::map<int64_t, int64_t> count;
+  std::vector<int64_t> delta(bytes_after.size());
+  for (size_t i = 0; i < bytes_after.size(); ++i) {
+    delta[i] = bytes_after[i] - (i == 0 ? bytes0 : bytes_after[i - 1]);
+    ++count[delta[i]];
+  }
+  const auto modal = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  std::vector<double> out;
+  for (size_t i = 0; i < delta.size(); ++i)
+    if (delta[i] != modal->first) out.push_back(step_s[i]);
+  return out;
 }
 
 // Linux: a /proc/self/status field in bytes (-1 when unreadable).
@@ -126,13 +148,19 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
   if (rss0 >= 0 && hwm >= rss0) s.prefill_peak.push_back(static_cast<double>(hwm - rss0));
   const runtime::CacheTotals t = runtime::cache_totals(m);
   std::vector<double> step_s;
+  std::vector<int64_t> bytes_after;
   step_s.reserve(static_cast<size_t>(o.n));
+  bytes_after.reserve(static_cast<size_t>(o.n));
   for (int64_t i = 0; i < o.n; ++i) {
     const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const auto ts = Clock::now();
     logits = m.forward({next});
     step_s.push_back(since(ts));
+    bytes_after.push_back(runtime::cache_totals(m).bytes);
   }
+  const std::vector<double> closing = step_s.empty() ? std::vector<double>{} : closing_step_times(step_s, t.bytes, bytes_after);
+  s.close_max_ms.push_back(closing.empty() ? -1.0 : 1e3 * *std::max_element(closing.begin(), closing.end()));
+  s.close_steps = static_cast<int64_t>(closing.size());
   double dec_s = 0;
   for (double x : step_s) dec_s += x;
   s.first_ms.push_back(1e3 * step_s.front());
@@ -151,10 +179,10 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
 nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample>& samples) {
   size_t width = 21;  // the longest spec sets the first column
   for (const auto& c : o.caches) width = std::max(width, c.size());
-  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13} {:>8} {:>8} {:>8} {:>9} {:>11} {:>16} {:>11}\n",
-             "cache",
-             width, "KV MiB", "ratio", "prefill t/s", "vs full", "decode t/s", "vs full", "1st step ms", "p50 ms",
-             "p99 ms", "max ms", "at end", "last 64 t/s", "prefill peak MiB", "KV peak MiB");
+  fmt::print("  {:<{}} {:>9} {:>9} {:>13} {:>9} {:>12} {:>9} {:>13} {:>8} {:>8} {:>8} {:>13} {:>9} {:>11} {:>16} "
+             "{:>11}\n",
+             "cache", width, "KV MiB", "ratio", "prefill t/s", "vs full", "decode t/s", "vs full", "1st step ms",
+             "p50 ms", "p99 ms", "max ms", "close max ms", "at end", "last 64 t/s", "prefill peak MiB", "KV peak MiB");
   const double full_pre = samples.count("full") ? median(samples["full"].prefill) : 0;
   const double full_dec = samples.count("full") ? median(samples["full"].decode) : 0;
   nlohmann::json rows = nlohmann::json::array();
@@ -162,12 +190,14 @@ nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample
     const Sample& s = samples[c];
     const double p = median(s.prefill), d = median(s.decode), first = median(s.first_ms);
     const bool peak = !s.prefill_peak.empty();
-    fmt::print("  {:<{}} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f}x "
-               "{:>11.1f} {:>16} {:>11.2f}\n",
+    const double close = median(s.close_max_ms);
+    fmt::print("  {:<{}} {:>9.2f} {:>8.2f}x {:>13.1f} {:>9} {:>12.1f} {:>9} {:>13.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>13} "
+               "{:>8.2f}x {:>11.1f} {:>16} {:>11.2f}\n",
                c, width, static_cast<double>(s.bytes) / (1 << 20), s.ratio, p,
                full_pre > 0 ? fmt::format("{:.2f}x", p / full_pre) : "-", d,
                full_dec > 0 ? fmt::format("{:.2f}x", d / full_dec) : "-", first, median(s.p50_ms),
-               median(s.p99_ms), median(s.max_ms), s.ratio_end, median(s.last_decode),
+               median(s.p99_ms), median(s.max_ms), close < 0 ? "-" : fmt::format("{:.2f}", close), s.ratio_end,
+               median(s.last_decode),
                peak ? fmt::format("{:.1f}", least(s.prefill_peak) / (1 << 20)) : "-",
                static_cast<double>(s.cache_peak) / (1 << 20));
     rows.push_back({{"cache", c},
@@ -180,6 +210,8 @@ nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample
                     {"decode_step_p50_ms", median(s.p50_ms)},
                     {"decode_step_p99_ms", median(s.p99_ms)},
                     {"decode_step_max_ms", median(s.max_ms)},
+                    {"closing_steps", s.close_steps},
+                    {"closing_step_max_ms", median(s.close_max_ms) < 0 ? nlohmann::json() : nlohmann::json(median(s.close_max_ms))},
                     {"last_64_steps_tok_s", median(s.last_decode)},
                     {"compression_ratio_at_end", s.ratio_end},
                     {"bytes_at_end", s.bytes_end},
@@ -212,7 +244,8 @@ void bench_runtime(const RuntimeBenchOptions& o) {
   fmt::print("\n  prefill peak: the most the resident memory grew during the prefill (the prompt's activations,\n"
              "  the same for every cache, and the cache's own share; Linux VmHWM; the least over repetitions,\n"
              "  as the first also faults in the weights: use --reps 2 or more); KV peak: the caches' bytes at\n"
-             "  their largest between the prefill's calls (--prefill-chunk)\n");
+             "  their largest between the prefill's calls (--prefill-chunk); close max: the slowest decode step\n"
+             "  that closed a segment into the cache (a streaming cache's commit; - for caches without)\n");
   int64_t local = 0;
   for (int64_t l = 0; l < w.config.n_layers; ++l) local += w.config.is_local(l);
   if (local > 0 && !samples.empty())
