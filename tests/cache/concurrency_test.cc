@@ -131,25 +131,18 @@ TEST(Concurrency, AnchorKVCompactWritersAndReaders) {
 // Writers close segments (every 8 tokens behind a window of 4, on their own or
 // extending the one before) while readers attend.
 TEST(Concurrency, StreamingAnchorKVWritersAndReaders) {
-  hammer([] {
-    AnchorKVConfig c;
-    c.theta = 0.2;
-    c.threads = 1;
-    c.metadata = MetadataLayout::kTight;
-    c.segment_tokens = 8;
-    c.recent_tokens = 4;
-    return std::make_unique<AnchorKVCache>(c);
-  });
-  hammer([] {  // segments extending the one before them (replaced under the writer's lock)
-    AnchorKVConfig c;
-    c.theta = 0.2;
-    c.threads = 1;
-    c.metadata = MetadataLayout::kTight;
-    c.segment_tokens = 8;
-    c.recent_tokens = 4;
-    c.extend_tokens = 64;
-    return std::make_unique<AnchorKVCache>(c);
-  });
+  for (int64_t extend : {0, 64}) {  // 64: segments extend the one before (replaced under the writer's lock)
+    hammer([extend] {
+      AnchorKVConfig c;
+      c.theta = 0.2;
+      c.threads = 1;
+      c.metadata = MetadataLayout::kTight;
+      c.segment_tokens = 8;
+      c.recent_tokens = 4;
+      c.extend_tokens = extend;
+      return std::make_unique<AnchorKVCache>(c);
+    });
+  }
 }
 
 TEST(Concurrency, FullWritersAndReaders) {
