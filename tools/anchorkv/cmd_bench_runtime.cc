@@ -83,9 +83,10 @@ void add_steps(Sample& s, const std::vector<double>& step_s) {
   s.last_decode.push_back(static_cast<double>(last) / std::max(t, 1e-9));
 }
 
-// The times of the steps whose change in stored bytes is not the most common
-// one: a streaming cache's commits of a segment (every other step adds one
-// exact token); none for caches whose every step adds the same.
+// The times of the steps whose change in stored bytes is not the one most
+// steps share: a streaming cache's commits of a segment (every other step
+// adds one exact token); none for caches whose every step adds the same, or
+// when no change is shared by more than half of the steps.
 std::vector<double> closing_step_times(const std::vector<double>& step_s, int64_t bytes0,
                                        const std::vector<int64_t>& bytes_after) {
   std::map<int64_t, int64_t> count;
@@ -96,6 +97,7 @@ std::vector<double> closing_step_times(const std::vector<double>& step_s, int64_
   }
   const auto modal = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; });
   std::vector<double> out;
+  if (2 * modal->second <= static_cast<int64_t>(delta.size())) return out;
   for (size_t i = 0; i < delta.size(); ++i)
     if (delta[i] != modal->first) out.push_back(step_s[i]);
   return out;
