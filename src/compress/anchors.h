@@ -14,7 +14,7 @@ int64_t round_half_even(double x);
 
 struct AnchorPlan {
   int64_t S = 0;
-  int64_t k = 0;          // anchors in all: min(S, max(1, round(S * anchor_frac))); 0 when anchor_frac is
+  int64_t k = 0;          // anchors in all: min(S, max(1, round(S * anchor_frac))); 0 when anchor_frac is 0
   int64_t w = 0;          // trailing window anchors: min(window, k)
   int64_t r = 0;          // k - w
   int64_t n_scored = 0;   // min(round(rho * r), S - w) when w > 0, else 0

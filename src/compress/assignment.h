@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <span>
 #include <vector>
-#include <vector>
 
 namespace anchorkv::compress {
 
