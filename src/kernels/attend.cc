@@ -55,6 +55,7 @@ class AttendCall {
   Tensor run(AttentionStats* stats) {
     Tensor out(opt_.out_dtype, query_.shape);
     if (Sq_ == 0) return out;
+    counting_ = stats != nullptr;
     prepare_queries();
     plan_chunks();
     size_partials();
@@ -86,6 +87,7 @@ class AttendCall {
     return ts;
   }
   void count_task(const TaskScratch& ts) {
+    if (!counting_) return;  // only AttentionStats reads it
     const int64_t b = ts.bytes();
     for (int64_t seen = task_bytes_.load(std::memory_order_relaxed);
          b > seen && !task_bytes_.compare_exchange_weak(seen, b, std::memory_order_relaxed);) {
@@ -181,6 +183,7 @@ class AttendCall {
   bool runs_ = false;              // small segments are attended in runs (fast path, one codec)
   std::vector<std::vector<RowPrep>>& prep_;  // the workspace's (buffers reused across calls)
   std::atomic<int64_t> task_bytes_{0};       // the most any thread's TaskScratch held after a task
+  bool counting_ = false;                    // task_bytes_ is wanted (stats asked for)
 };
 
 // Queries per row, scaled (and rotated): [R, nq, D], g = (hq - h * G) * Sq + i.
