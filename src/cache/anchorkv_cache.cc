@@ -456,6 +456,11 @@ void internal::seal_segments(KVCache& cache) {
   for (AnchorKVSegment& s : w.store.mutable_state().segments) s.sealed = true;
 }
 
+bool internal::compressing_in_background(const KVCache& cache) {
+  const auto* a = dynamic_cast<const AnchorKVCache*>(&cache);
+  return a && CacheAccess::read<AnchorKVStore>(*a).store.state().closing != nullptr;
+}
+
 void internal::append_segments(KVCache& cache, const KVCache& more) {
   constexpr const char* op = "anchorkv::append_segments";
   if (&cache == &more) core::fail(ErrorCode::kInvalidArgument, op, "a cache appended to itself");

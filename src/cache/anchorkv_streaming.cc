@@ -1,17 +1,11 @@
 #include "cache/anchorkv_streaming.h"
 
 #include <algorithm>
-#include <future>
 #include <optional>
 #include <utility>
 
-#ifdef __linux__
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "cache/anchorkv_segments.h"
+#include "core/background.h"
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -39,28 +33,26 @@ struct ClosingInputs {
   }
 };
 
+// A cache that goes away mid-closing waits for its job (at most one
+// segment's compression), so no job outlives every cache (as std::async's
+// threads did not).
 struct ClosingSegment {
   std::shared_ptr<const ClosingInputs> inputs;
   std::shared_future<NewSegment> result;
+  ClosingSegment() = default;
+  ClosingSegment(const ClosingSegment&) = delete;
+  ClosingSegment& operator=(const ClosingSegment&) = delete;
+  ~ClosingSegment() {
+    if (result.valid()) result.wait();
+  }
 };
 
 namespace {
 
-// The background thread yields to decode (nice 19: it takes what the cores
-// leave; SCHED_IDLE starved it until the commit had to wait, measured worse).
-void lower_this_threads_priority() {
-#ifdef __linux__
-  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
-#endif
-}
-
 std::shared_ptr<ClosingSegment> start_closing(std::shared_ptr<ClosingInputs> inputs) {
   auto c = std::make_shared<ClosingSegment>();
   c->inputs = inputs;
-  c->result = std::async(std::launch::async, [inputs] {
-                lower_this_threads_priority();
-                return inputs->compress();
-              }).share();
+  c->result = core::in_background([inputs] { return inputs->compress(); });
   return c;
 }
 

@@ -29,6 +29,11 @@ std::unique_ptr<KVCache> copy_segments(const KVCache& cache, size_t first, size_
 // other kinds are left as they are.
 void seal_segments(KVCache& cache);
 
+// Whether `cache` has a segment compressing off the decode path now (a
+// streaming AnchorKV cache between the step that filled it and the one that
+// commits it); false for every other cache.
+bool compressing_in_background(const KVCache& cache);
+
 // Appends `more`'s segments after `cache`'s, at the positions that follow
 // them. Both must qualify for segment_lengths (or `cache` be empty), with one
 // config, B, H and D. Strong guarantee: on a throw `cache` is unchanged.

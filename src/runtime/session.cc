@@ -86,6 +86,7 @@ CacheTotals cache_totals(const model::LlamaModel& m) {
   for (const auto& c : m.caches()) {
     t.bytes += c->nbytes();
     t.full += c->full_seq_bytes();
+    t.compressing += internal::compressing_in_background(*c) ? 1 : 0;
   }
   return t;
 }

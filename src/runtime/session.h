@@ -61,6 +61,7 @@ std::vector<float> prefill_prompt(model::LlamaModel& m, const std::vector<int32_
 
 struct CacheTotals {
   int64_t bytes = 0, full = 0;  // stored bytes, fp16 bytes for the same tokens (all layers)
+  int64_t compressing = 0;      // layers with a segment compressing off the decode path
   double ratio() const { return bytes > 0 ? static_cast<double>(full) / static_cast<double>(bytes) : 1.0; }
 };
 CacheTotals cache_totals(const model::LlamaModel& m);

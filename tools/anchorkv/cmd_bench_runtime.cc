@@ -44,11 +44,9 @@ struct RuntimeBenchOptions {
 // each repetition (same machine state), medians over repetitions.
 struct Sample {
   std::vector<double> prefill, decode, first_ms;  // first_ms: the first decode step after the prompt
-  // Per repetition: percentiles of the decode steps' times (a step that
-  // closes a streaming segment compresses it), and the rate of the last 64.
+  // Per repetition: percentiles of the decode steps' times, and the rate of the last 64.
   std::vector<double> p50_ms, p99_ms, max_ms, last_decode;
-  // Per repetition: the slowest step that closed a segment into the cache
-  // (its stored bytes changed by other than the modal step's), -1 for none.
+  // Per repetition: the slowest step that closed a segment (closing_step_times), -1 for none.
   std::vector<double> close_max_ms;
   int64_t close_steps = 0;
   std::vector<double> prefill_peak;  // bytes the process's resident set grew by at most during the prefill
@@ -83,23 +81,27 @@ void add_steps(Sample& s, const std::vector<double>& step_s) {
   s.last_decode.push_back(static_cast<double>(last) / std::max(t, 1e-9));
 }
 
-// The times of the steps whose change in stored bytes is not the one most
-// steps share: a streaming cache's commits of a segment (every other step
-// adds one exact token); none for caches whose every step adds the same, or
-// when no change is shared by more than half of the steps.
-std::vector<double> closing_step_times(const std::vector<double>& step_s, int64_t bytes0,
-                                       const std::vector<int64_t>& bytes_after) {
+// The times of the steps that close a segment: those that hand one to the
+// background (layers compressing off the path go from none to some) and
+// those that commit one (their change in stored bytes is not the one most
+// steps share: every other step adds one exact token). None for caches
+// whose every step adds the same, or when no change is shared by more than
+// half of the steps.
+std::vector<double> closing_step_times(const std::vector<double>& step_s, const runtime::CacheTotals& before,
+                                       const std::vector<runtime::CacheTotals>& after) {
   std::map<int64_t, int64_t> count;
-  std::vector<int64_t> delta(bytes_after.size());
-  for (size_t i = 0; i < bytes_after.size(); ++i) {
-    delta[i] = bytes_after[i] - (i == 0 ? bytes0 : bytes_after[i - 1]);
+  std::vector<int64_t> delta(after.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    delta[i] = after[i].bytes - (i == 0 ? before.bytes : after[i - 1].bytes);
     ++count[delta[i]];
   }
   const auto modal = std::max_element(count.begin(), count.end(), [](auto& a, auto& b) { return a.second < b.second; });
   std::vector<double> out;
   if (2 * modal->second <= static_cast<int64_t>(delta.size())) return out;
-  for (size_t i = 0; i < delta.size(); ++i)
-    if (delta[i] != modal->first) out.push_back(step_s[i]);
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const int64_t compressing_before = i == 0 ? before.compressing : after[i - 1].compressing;
+    if (delta[i] != modal->first || (compressing_before == 0 && after[i].compressing > 0)) out.push_back(step_s[i]);
+  }
   return out;
 }
 
@@ -150,17 +152,18 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
   if (rss0 >= 0 && hwm >= rss0) s.prefill_peak.push_back(static_cast<double>(hwm - rss0));
   const runtime::CacheTotals t = runtime::cache_totals(m);
   std::vector<double> step_s;
-  std::vector<int64_t> bytes_after;
+  std::vector<runtime::CacheTotals> after;
   step_s.reserve(static_cast<size_t>(o.n));
-  bytes_after.reserve(static_cast<size_t>(o.n));
+  after.reserve(static_cast<size_t>(o.n));
   for (int64_t i = 0; i < o.n; ++i) {
     const auto next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const auto ts = Clock::now();
     logits = m.forward({next});
     step_s.push_back(since(ts));
-    bytes_after.push_back(runtime::cache_totals(m).bytes);
+    after.push_back(runtime::cache_totals(m));
   }
-  const std::vector<double> closing = step_s.empty() ? std::vector<double>{} : closing_step_times(step_s, t.bytes, bytes_after);
+  const std::vector<double> closing = step_s.empty() ? std::vector<double>{} : closing_step_times(step_s, t, after);
+  if (std::getenv("AKV_T")) { auto c = closing; std::sort(c.begin(), c.end()); for (double x : c) fprintf(stderr, "%.2f ", 1e3 * x); fprintf(stderr, "\n"); }
   s.close_max_ms.push_back(closing.empty() ? -1.0 : 1e3 * *std::max_element(closing.begin(), closing.end()));
   s.close_steps = static_cast<int64_t>(closing.size());
   double dec_s = 0;
@@ -247,7 +250,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
              "  the same for every cache, and the cache's own share; Linux VmHWM; the least over repetitions,\n"
              "  as the first also faults in the weights: use --reps 2 or more); KV peak: the caches' bytes at\n"
              "  their largest between the prefill's calls (--prefill-chunk); close max: the slowest decode step\n"
-             "  that closed a segment into the cache (a streaming cache's commit; - for caches without)\n");
+             "  that closed a segment (handed one to the background or committed it; - for caches without)\n");
   int64_t local = 0;
   for (int64_t l = 0; l < w.config.n_layers; ++l) local += w.config.is_local(l);
   if (local > 0 && !samples.empty())
