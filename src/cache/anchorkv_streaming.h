@@ -2,7 +2,7 @@
 // tail, and the tail's oldest segment_tokens close into a compressed segment
 // once it holds recent_tokens + segment_tokens. A multi-token call (a prompt,
 // a chunk) closes its segments at once, up to 16 segment_tokens each. A decode step that fills a segment
-// compresses it on a background thread and leaves its tokens exact until the
+// compresses it on a background worker and leaves its tokens exact until the
 // step that brings the tail to recent + segment + lag tokens, which commits it
 // (waiting if it is not done): where segments close never depends on timing,
 // so the bits do not either, and no decode step pays for a whole compression.

@@ -78,7 +78,7 @@ void analyze(const AnalyzeOptions& o) {
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", std::filesystem::path(o.model).filename().string()},
+    f << nlohmann::json{{"model", model_name(o.model)},
                         {"cache", o.cache},
                         {"theta", o.theta},
                         {"tokens", N},

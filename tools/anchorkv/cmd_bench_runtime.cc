@@ -47,7 +47,7 @@ struct Sample {
   // Per repetition: percentiles of the decode steps' times, and the rate of the last 64.
   std::vector<double> p50_ms, p99_ms, max_ms, last_decode;
   // Per repetition: the slowest step that closed a segment (closing_step_times), -1 for none.
-  std::vector<double> close_max_ms;
+  std::vector<double> close_max_ms, close_p50_ms;
   int64_t close_steps = 0;
   std::vector<double> prefill_peak;  // bytes the process's resident set grew by at most during the prefill
   int64_t cache_peak = 0;            // the caches' bytes at their largest between the prefill's calls
@@ -165,6 +165,7 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
   const std::vector<double> closing = step_s.empty() ? std::vector<double>{} : closing_step_times(step_s, t, after);
   if (std::getenv("AKV_T")) { auto c = closing; std::sort(c.begin(), c.end()); for (double x : c) fprintf(stderr, "%.2f ", 1e3 * x); fprintf(stderr, "\n"); }
   s.close_max_ms.push_back(closing.empty() ? -1.0 : 1e3 * *std::max_element(closing.begin(), closing.end()));
+  s.close_p50_ms.push_back(closing.empty() ? -1.0 : 1e3 * median(closing));
   s.close_steps = static_cast<int64_t>(closing.size());
   double dec_s = 0;
   for (double x : step_s) dec_s += x;
@@ -217,6 +218,7 @@ nlohmann::json report(const RuntimeBenchOptions& o, std::map<std::string, Sample
                     {"decode_step_max_ms", median(s.max_ms)},
                     {"closing_steps", s.close_steps},
                     {"closing_step_max_ms", median(s.close_max_ms) < 0 ? nlohmann::json() : nlohmann::json(median(s.close_max_ms))},
+                    {"closing_step_p50_ms", median(s.close_p50_ms) < 0 ? nlohmann::json() : nlohmann::json(median(s.close_p50_ms))},
                     {"last_64_steps_tok_s", median(s.last_decode)},
                     {"compression_ratio_at_end", s.ratio_end},
                     {"bytes_at_end", s.bytes_end},
@@ -259,7 +261,7 @@ void bench_runtime(const RuntimeBenchOptions& o) {
                local, w.config.n_layers, w.config.sliding_window,
                static_cast<double>(samples.begin()->second.full) / (1 << 20));
   if (o.json_path.empty()) return;
-  std::ofstream(o.json_path) << nlohmann::json{{"model", o.model},
+  std::ofstream(o.json_path) << nlohmann::json{{"model", model_name(o.model)},
                                                {"local_layers", local},
                                                {"sliding_window", w.config.sliding_window},
                                                {"prompt_tokens", o.ctx},

@@ -110,7 +110,7 @@ void evaluate(const EvalOptions& o) {
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    nlohmann::json j{{"model", o.model}, {"task", o.task}, {"tokens", N}, {"prefix", P}, {"results", rows}};
+    nlohmann::json j{{"model", model_name(o.model)}, {"task", o.task}, {"tokens", N}, {"prefix", P}, {"results", rows}};
     if (copy) j["passage"] = o.passage;
     f << j.dump(2);
   }
@@ -147,7 +147,7 @@ void passkey(const EvalOptions& o) {
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", o.model},
+    f << nlohmann::json{{"model", model_name(o.model)},
                         {"task", "passkey"},
                         {"trials", o.trials},
                         {"depths", o.depths},
@@ -201,7 +201,7 @@ void multi_query(const EvalOptions& o) {
   }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
-    f << nlohmann::json{{"model", o.model},      {"task", "multiquery"},      {"prompts", o.trials},
+    f << nlohmann::json{{"model", model_name(o.model)},      {"task", "multiquery"},      {"prompts", o.trials},
                         {"ctx", o.ctxs[0]},      {"questions", o.questions}, {"results", rows}}
              .dump(2);
   }
@@ -240,7 +240,7 @@ void chat(const EvalOptions& o) {
                     {"turns", per_turn}});
   }
   if (!o.json_path.empty())
-    std::ofstream(o.json_path) << nlohmann::json{{"model", o.model}, {"task", "chat"}, {"turns", o.turns},
+    std::ofstream(o.json_path) << nlohmann::json{{"model", model_name(o.model)}, {"task", "chat"}, {"turns", o.turns},
                                                  {"message", o.message}, {"answer", o.answer}, {"results", rows}}
                                       .dump(2);
 }

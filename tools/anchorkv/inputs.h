@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@ namespace anchorkv::cli {
 
 using Clock = std::chrono::steady_clock;
 inline double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The model as a results file names it: its file name, never where it lay.
+inline std::string model_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
 // A regular file's contents (never a FIFO: MappedFile refuses it at once).
 std::string read_file(const std::string& path);
