@@ -1,6 +1,9 @@
 #include "cache/anchorkv_streaming.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <utility>
 
@@ -34,17 +37,19 @@ struct ClosingInputs {
 };
 
 // A cache that goes away mid-closing waits for its job (at most one
-// segment's compression), so no job outlives every cache (as std::async's
-// threads did not).
+// segment's compression), so no job outlives every cache. A forked child
+// has no worker running it: there the job is never waited for.
 struct ClosingSegment {
   std::shared_ptr<const ClosingInputs> inputs;
   std::shared_future<NewSegment> result;
+  pid_t process = getpid();  // whose worker runs the job
   ClosingSegment() = default;
   ClosingSegment(const ClosingSegment&) = delete;
   ClosingSegment& operator=(const ClosingSegment&) = delete;
   ~ClosingSegment() {
-    if (result.valid()) result.wait();
+    if (result.valid() && in_its_process()) result.wait();
   }
+  bool in_its_process() const { return getpid() == process; }
 };
 
 namespace {
@@ -56,15 +61,18 @@ std::shared_ptr<ClosingSegment> start_closing(std::shared_ptr<ClosingInputs> inp
   return c;
 }
 
-// The closing segment's result; a job that failed (memory) is redone here,
-// and one that extends a segment the state no longer ends with, or that was
-// sealed since, is redone on its own.
+// The closing segment's result; a job that failed (memory) or that a
+// forked child's missing worker never runs is redone here, and one that
+// extends a segment the state no longer ends with, or that was sealed
+// since, is redone on its own.
 NewSegment finish_closing(const ClosingSegment& c, const AnchorKVState& st) {
   if (!c.inputs->extends(st.segments.empty() ? nullptr : &st.segments.back())) {
     ClosingInputs alone = *c.inputs;
     alone.extend.reset();
     return alone.compress();
   }
+  if (!c.in_its_process() && c.result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return c.inputs->compress();
   try {
     return c.result.get();
   } catch (const std::exception&) {

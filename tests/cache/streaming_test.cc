@@ -2,6 +2,9 @@
 // closes into compressed segments as it grows, so a session stays compressed.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -425,6 +428,44 @@ TEST(Streaming, SegmentsExtendTheOneBeforeThemUntilSealed) {
     EXPECT_EQ(serialize_caches({&back}), serialize_caches({&c}));
     expect_invariants(back);
   }
+}
+
+// A process forked while a segment compresses in the background has no
+// worker running that job: its cache must still commit the segment (with
+// the parent's bits), not wait forever.
+TEST(Streaming, AForkedChildCommitsTheSegmentItsParentWasCompressing) {
+  const Tokens x;
+  AnchorKVCache c(streaming(64, 16));
+  x.feed(c, {100});
+  int64_t n = 100;
+  for (; n < 400 && !internal::compressing_in_background(c); ++n) c.update(x.k(n, 1), x.v(n, 1));
+  ASSERT_TRUE(internal::compressing_in_background(c));
+  const auto finish = [&](AnchorKVCache& cache) {
+    for (int64_t i = n; i < N; ++i) cache.update(x.k(i, 1), x.v(i, 1));
+    return serialize_caches({&cache});
+  };
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(60);  // a child that waits for the parent's worker never gets here
+    close(fds[0]);
+    const auto bytes = finish(c);
+    const bool all = write(fds[1], bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+    _exit(all ? 0 : 1);
+  }
+  close(fds[1]);
+  const auto expected = finish(c);
+  std::vector<uint8_t> got;
+  uint8_t buf[4096];
+  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) got.insert(got.end(), buf, buf + r);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child did not finish";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), expected.begin(), expected.end())) << "the child's bits differ";
 }
 
 TEST(Streaming, ConfigIsValidated) {
