@@ -163,7 +163,6 @@ void measure(const RuntimeBenchOptions& o, const model::LlamaWeights& w, const s
     after.push_back(runtime::cache_totals(m));
   }
   const std::vector<double> closing = step_s.empty() ? std::vector<double>{} : closing_step_times(step_s, t, after);
-  if (std::getenv("AKV_T")) { auto c = closing; std::sort(c.begin(), c.end()); for (double x : c) fprintf(stderr, "%.2f ", 1e3 * x); fprintf(stderr, "\n"); }
   s.close_max_ms.push_back(closing.empty() ? -1.0 : 1e3 * *std::max_element(closing.begin(), closing.end()));
   s.close_p50_ms.push_back(closing.empty() ? -1.0 : 1e3 * median(closing));
   s.close_steps = static_cast<int64_t>(closing.size());
