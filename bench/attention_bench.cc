@@ -185,6 +185,7 @@ void BM_DecodeAttentionTight(benchmark::State& state) {
   const int64_t mode = state.range(1);
   AttentionOptions ao = l.ao;
   ao.bf16_residuals = state.range(2) != 0;
+  ao.bf16_scores = state.range(2) == 1;
   if (mode == 0) {
     const TensorView q = TensorView::f32(l.post.Q.data(), {1, 32, 1, 128});
     ao.rope.enabled = false;
@@ -195,11 +196,13 @@ void BM_DecodeAttentionTight(benchmark::State& state) {
     for (auto _ : state) benchmark::DoNotOptimize(attend(q, c, ao).data());
   }
   state.SetLabel(std::string(mode == 0 ? "tight, post-RoPE" : mode == 1 ? "tight, pre-RoPE" : "tight, :keyrope") +
-                 (ao.bf16_residuals ? ", bf16 residuals" : ", fp32 residuals"));
+                 (ao.bf16_residuals ? ", bf16 residuals" : ", fp32 residuals") +
+                 (mode == 0 ? "" : ao.bf16_scores ? ", bf16 scores" : ", fp32 scores"));
 }
-// args: S, keys (0 post-RoPE, 1 pre-RoPE, 2 :keyrope), bf16 residual arithmetic (1) or fp32 (0)
+// args: S, keys (0 post-RoPE, 1 pre-RoPE, 2 :keyrope), arithmetic: bf16 residuals and pre-RoPE
+// scores (1), fp32 (0), bf16 residuals with fp32 scores (2)
 BENCHMARK(BM_DecodeAttentionTight)
-    ->ArgsProduct({{4096, 32768, 131072}, {0, 1, 2}, {1, 0}})
+    ->ArgsProduct({{4096, 32768, 131072}, {0, 1, 2}, {1, 0, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

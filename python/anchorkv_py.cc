@@ -223,7 +223,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "attend",
       [](const py::handle& query, const KVCache& cache, float scale, bool f16, int threads,
-         const RopeOptions& rope, bool bf16_residuals) {
+         const RopeOptions& rope, bool bf16_residuals, bool bf16_scores) {
         ArrayView q = as_view(query, "query", "anchorkv::attend");
         AttentionOptions o;
         o.scale = scale;
@@ -231,6 +231,7 @@ PYBIND11_MODULE(_core, m) {
         o.threads = threads;
         o.rope = rope;
         o.bf16_residuals = bf16_residuals;
+        o.bf16_scores = bf16_scores;
         Tensor out;
         {
           py::gil_scoped_release release;
@@ -239,7 +240,8 @@ PYBIND11_MODULE(_core, m) {
         return to_numpy(std::move(out));
       },
       py::arg("query"), py::arg("cache"), py::arg("scale") = 0.0f, py::arg("f16") = false,
-      py::arg("threads") = 0, py::arg("rope") = RopeOptions{}, py::arg("bf16_residuals") = true);
+      py::arg("threads") = 0, py::arg("rope") = RopeOptions{}, py::arg("bf16_residuals") = true,
+      py::arg("bf16_scores") = true);
 
   m.def(
       "serialize_caches",

@@ -36,6 +36,11 @@ struct AttentionOptions {
   // sums) where the CPU has AVX-512 BF16: the rotated query and each value
   // weight rounded to bf16 (docs/spec.md §6). false: fp32 throughout.
   bool bf16_residuals = true;
+  // Pre-RoPE anchor scores (keys stored before RoPE) with bf16 products
+  // (fp32 sums) where the CPU has AVX-512 BF16: each entry's key, rotated to
+  // its position in fp32, and the queries rounded to bf16 (docs/spec.md §6).
+  // false: fp32. The scalar twin (reference) always scores in fp32.
+  bool bf16_scores = true;
 };
 
 // What one attend() call used besides its output.

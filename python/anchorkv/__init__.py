@@ -456,7 +456,7 @@ def load_prompt_cache(file_name: str, return_metadata: bool = False):
 
 def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.float32, threads: int = 0,
            rope_base: Optional[float] = None, rope_style: str = "normal", rope_offset: int = 0,
-           rope_freq_scale=None, bf16_residuals: bool = True) -> np.ndarray:
+           rope_freq_scale=None, bf16_residuals: bool = True, bf16_scores: bool = True) -> np.ndarray:
     """Attention of ``query`` [B, Hq, Sq, D] over ``cache`` without building its dense K/V.
 
     Hq must be a multiple of the cache's H (GQA). The Sq queries are the cache's
@@ -466,7 +466,9 @@ def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.flo
     ``rope_offset``: position of the cache's first token; ``rope_freq_scale``: D/2 per-pair
     multipliers of the frequencies, a model's RoPE scaling).
     ``bf16_residuals``: AnchorKV's 2-bit residuals are scored and summed with bf16
-    products (fp32 sums) where the CPU has AVX-512 BF16; False keeps fp32 throughout.
+    products (fp32 sums) where the CPU has AVX-512 BF16; False keeps them in fp32.
+    ``bf16_scores``: with keys stored before RoPE, the anchor scores likewise (each
+    rotated key and the queries rounded to bf16); False keeps them in fp32.
     Returns [B, Hq, Sq, D] float32 (or float16 with dtype=np.float16).
     """
     native = getattr(cache, "_cache", None)
@@ -477,7 +479,7 @@ def attend(query: np.ndarray, cache, scale: Optional[float] = None, dtype=np.flo
     rope = _core.RopeOptions() if rope_base is None else _rope_options(rope_base, rope_style, rope_offset,
                                                                         "anchorkv.attend", "rope_", rope_freq_scale)
     return _core.attend(query, native, 0.0 if scale is None else float(scale), np.dtype(dtype) == np.float16,
-                        int(threads), rope, bool(bf16_residuals))
+                        int(threads), rope, bool(bf16_residuals), bool(bf16_scores))
 
 
 _WRAPPERS.update({

@@ -336,6 +336,11 @@ def test_attend_applies_rope_to_keys_given_before_it():
         ref = dense_attention(rope(q, [offset + n - 1], base, style), rope(K, offset + np.arange(n), base, style), V)
         y = anchorkv.attend(q, cache, rope_base=base, rope_style=style, rope_offset=offset)
         assert np.sum((y - ref) ** 2) / np.sum(ref ** 2) < 1e-5
+        # fp32 anchor scores (and residuals): as close, and the two within bf16 rounding of each other
+        y32 = anchorkv.attend(q, cache, rope_base=base, rope_style=style, rope_offset=offset,
+                              bf16_residuals=False, bf16_scores=False)
+        assert np.sum((y32 - ref) ** 2) / np.sum(ref ** 2) < 1e-5
+        assert np.sum((y - y32) ** 2) / np.sum(y32 ** 2) < 1e-5
     with pytest.raises(ValueError, match="key_rope"):  # coded for one RoPE, attended with another
         anchorkv.attend(q, coded, rope_base=base, rope_style=style, rope_offset=offset + 1)
     with pytest.raises(ValueError, match="key_rope"):

@@ -216,7 +216,7 @@ CacheSpec parse_cache_spec(const std::string& spec) {
                  : mod == "auto"    ? &c.auto_anchors
                  : mod == "keyrope" ? &c.key_rope
                  : mod == "oneshot" ? &c.oneshot
-                 : mod == "fp32"    ? &c.fp32_residuals
+                 : mod == "fp32"    ? &c.fp32_arithmetic
                                     : nullptr;
     int64_t count = 0;
     if (!flag && (count_modifier(mod, "seg", &count, spec) || count_modifier(mod, "recent", &count, spec) ||
@@ -265,7 +265,7 @@ CacheSpec parse_cache_spec(const std::string& spec) {
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :keyrope codes AnchorKV key residuals at their positions, so it needs an "
                "AnchorKV cache with :pre");
-  if (c.fp32_residuals && !c.kind->make_auto)
+  if (c.fp32_arithmetic && !c.kind->make_auto)
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :fp32 chooses how attention computes AnchorKV residuals, and " + name +
                    " has none");
@@ -305,8 +305,8 @@ std::string cache_modifier_help() {
          obs + "); NAME:auto chooses the anchor count per layer within the byte budget (" + tuned +
          "); NAME:pre:keyrope (AnchorKV) codes key residuals after RoPE at their positions, so decode "
          "need not rotate them (faster; on the d128 model up to 3x the KL of :pre); AnchorKV:fp32 scores and sums "
-         "residuals in fp32 in attention instead of bf16 products (the default where the CPU has AVX-512 BF16; "
-         "slower, docs/benchmarks.md); AnchorKV:segN:recentM "
+         "residuals, and scores pre-RoPE anchors, in fp32 in attention instead of bf16 products (the default where "
+         "the CPU has AVX-512 BF16; slower, docs/benchmarks.md); AnchorKV:segN:recentM "
          "streams, closing the exact tail's oldest N tokens into a compressed segment whenever it holds M + N "
          "and :extE lets each segment extend the one before it up to E tokens, its tokens taking that one's anchors too "
          "(the runtime streams by default: :seg128:recent32:ext1024, docs/spec.md 4.8; :ext0 keeps segments apart) "

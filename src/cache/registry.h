@@ -62,7 +62,7 @@ struct CacheSpec {
   bool auto_anchors = false;
   bool key_rope = false;
   bool oneshot = false;
-  bool fp32_residuals = false;  // :fp32: attention scores and sums AnchorKV residuals in fp32, not bf16
+  bool fp32_arithmetic = false;  // :fp32: AnchorKV attention in fp32 (residuals, pre-RoPE anchor scores), not bf16
   int64_t segment_tokens = 0;  // :segN, or 0
   int64_t recent_tokens = -1;  // :recentN, or -1 (unset)
   int64_t extend_tokens = -1;  // :extN, or -1 (unset)

@@ -449,7 +449,8 @@ kernels::CompressedQueries AttendCall::compressed_queries(int s, int64_t r) cons
                                    : p.rope_anchors.data(),
           p.rope_queries.empty() ? nullptr : p.rope_queries.data(),
           rtab_.get(),
-          &arith_[static_cast<size_t>(s)]};
+          &arith_[static_cast<size_t>(s)],
+          opt_.bf16_scores && !opt_.reference};
 }
 
 void AttendCall::size_partials() {

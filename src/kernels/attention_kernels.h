@@ -74,6 +74,9 @@ struct CompressedQueries {
   // How residual codes enter the arithmetic (nullptr: fp32). With bf16, rq
   // holds the rotated queries rounded to bf16 (core::round_to_bf16).
   const ResidualArithmetic* arith = nullptr;
+  // The fast kernel's pre-RoPE anchor scores in bf16 products (split rows
+  // only, where the CPU has AVX-512 BF16: AttentionOptions::bf16_scores).
+  bool bf16_scores = false;
 };
 
 // The arithmetic of `codec`'s residuals: bf16 where asked, the codes are

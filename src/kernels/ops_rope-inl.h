@@ -166,16 +166,91 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
 }
 #endif
 
+#if ANCHORKV_AVX512_TARGET
+#ifndef ANCHORKV_BF16_ATTR
+#define ANCHORKV_BF16_ATTR __attribute__((target("avx512bf16")))
+#endif
+// QuadRopeBlockScores with bf16 products (AttentionOptions::bf16_scores):
+// each entry's rotated key and the block's queries rounded to bf16, two
+// products per lane and instruction (VDPBF16PS), sums in fp32. The rotation
+// stays fp32. Lanes pair the same coordinates in both operands, so the
+// order _mm512_cvtne2ps_pbh leaves them in needs no shuffle. Entries past
+// the last whole four take the fp32 path.
+template <int64_t kD>
+ANCHORKV_BF16_ATTR void QuadRopeBlockScoresBf16(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Q,
+                                                const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
+                                                const int64_t* HWY_RESTRICT pos, int64_t offset,
+                                                const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
+                                                const FusedKeys& fk, int64_t n, float* HWY_RESTRICT s4) {
+  const DF df;
+  constexpr int64_t half = kD / 2, NC = half / 16;
+  __m512bh qb[4 * NC];  // (q_x, q_y) of query g, pairs 16c .. 16c + 15
+  for (int64_t g = 0; g < 4; ++g)
+    for (int64_t c = 0; c < NC; ++c)
+      qb[g * NC + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(Q + g * kD + half + 16 * c),
+                                           _mm512_loadu_ps(Q + g * kD + 16 * c));
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const uint16_t* a[4];
+    const float *cj[4], *sj[4], *z[4];
+    bool fused = false;
+    for (int e = 0; e < 4; ++e) {
+      const int64_t j = (pos[i + e] + offset) % kRopeStep;
+      a[e] = A + ak[i + e] * kD;
+      cj[e] = cos_t + j * half;
+      sj[e] = sin_t + j * half;
+      const int32_t r = fk.zi ? fk.zi[i + e] : -1;
+      z[e] = r >= 0 ? fk.Z + r * kD : fk.zero;
+      fused |= r >= 0;
+    }
+    if (i + 12 <= n)
+      for (int e = 8; e < 12; ++e)
+        for (int64_t b = 0; b < kD * 2; b += 64)
+          hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
+    hn::Vec<DF> acc[16];
+    for (auto& x : acc) x = hn::Zero(df);
+    const auto group = [&](auto with_residuals) {
+      for (int64_t c = 0; c < NC; ++c) {
+        const int64_t t = 16 * c;
+#pragma GCC unroll 4
+        for (int e = 0; e < 4; ++e) {
+          auto x = LoadAsF32(a[e] + t), y = LoadAsF32(a[e] + half + t);
+          if constexpr (decltype(with_residuals)::value) {
+            x = hn::Add(x, hn::LoadU(df, z[e] + t));
+            y = hn::Add(y, hn::LoadU(df, z[e] + half + t));
+          }
+          hn::Vec<DF> rx, ry;
+          RotatePairs(x, y, hn::LoadU(df, cj[e] + t), hn::LoadU(df, sj[e] + t), rx, ry);
+          const __m512bh k = _mm512_cvtne2ps_pbh(ry.raw, rx.raw);
+#pragma GCC unroll 4
+          for (int g = 0; g < 4; ++g) acc[e * 4 + g].raw = _mm512_dpbf16_ps(acc[e * 4 + g].raw, k, qb[g * NC + c]);
+        }
+      }
+    };
+    if (fused)
+      group(std::true_type());
+    else
+      group(std::false_type());
+    hn::StoreU(hn::Mul(SumsOf16(acc), SpreadFour(gk + i)), df, s4 + i * 4);
+  }
+  if (i < n) {
+    const FusedKeys rest{fk.zi ? fk.zi + i : nullptr, fk.Z, fk.zero};
+    QuadRopeBlockScores<kD>(A, Q, kD, ak + i, gk + i, pos + i, offset, cos_t, sin_t, rest, n - i, s4 + i * 4);
+  }
+}
+#endif
+
 // The same over entries of any blocks (Qb from RopeQueryBlocks, first block
-// b0): runs of entries in one block each.
+// b0): runs of entries in one block each; bf16: QuadRopeBlockScoresBf16
+// where the CPU has it (the caller checks SupportsBf16Scores).
 void QuadRopeScores(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Qb, int64_t b0, int64_t D,
                     const int32_t* HWY_RESTRICT ak, const float* HWY_RESTRICT gk,
                     const int64_t* HWY_RESTRICT pos, int64_t offset, const float* HWY_RESTRICT cos_t,
-                    const float* HWY_RESTRICT sin_t, const FusedKeys* HWY_RESTRICT fk, int64_t n,
+                    const float* HWY_RESTRICT sin_t, const FusedKeys* HWY_RESTRICT fk, int64_t n, bool bf16,
                     float* HWY_RESTRICT s4) {
 #if HWY_TARGET == HWY_SCALAR
   (void)A, (void)Qb, (void)b0, (void)D, (void)ak, (void)gk, (void)pos, (void)offset, (void)cos_t, (void)sin_t,
-      (void)fk, (void)n, (void)s4;
+      (void)fk, (void)n, (void)bf16, (void)s4;
 #else
   for (int64_t i = 0, e; i < n; i = e) {
     const int64_t block = (pos[i] + offset) / kRopeStep;
@@ -183,6 +258,12 @@ void QuadRopeScores(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Qb
     const float* Q = Qb + (block - b0) * 4 * D;
     const FusedKeys run_keys{fk->zi ? fk->zi + i : nullptr, fk->Z, fk->zero};
     const auto run = [&](auto kD) {
+#if ANCHORKV_AVX512_TARGET
+      if constexpr (decltype(kD)::value != 0)
+        if (bf16)
+          return QuadRopeBlockScoresBf16<decltype(kD)::value>(A, Q, ak + i, gk + i, pos + i, offset, cos_t,
+                                                              sin_t, run_keys, e - i, s4 + i * 4);
+#endif
       QuadRopeBlockScores<decltype(kD)::value>(A, Q, D, ak + i, gk + i, pos + i, offset, cos_t, sin_t,
                                                run_keys, e - i, s4 + i * 4);
     };

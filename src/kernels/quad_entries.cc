@@ -30,6 +30,7 @@
 #define HWY_TARGET_INCLUDE "kernels/quad_entries.cc"
 // clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include <cstdlib>
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
@@ -141,7 +142,7 @@ void quad_rope_scores(const CompressedQueries& cq, const compress::CompressedRow
   float* s4 = sc.s.data();
   QuadRopeScores
   (cq.rope_anchors, sc.rope.qb.data(), sc.rope.qb0, D, sc.ak.data(), sc.gk_at, sc.pos.data(), offset,
-   near_cos, near_sin, &fk, n, s4);
+   near_cos, near_sin, &fk, n, cq.bf16_scores && SupportsBf16Residuals(D), s4);
   QuadMax(s4, n, m4);
   const EntryScratch::PreRope& pr = sc.rope;
   if (fuse && !pr.res_left.empty()) {

@@ -164,8 +164,8 @@ class LlamaModel {
   // Scalar reference kernels for every matmul and attention (tests compare the
   // fast path with it).
   void set_reference(bool on) { reference_ = on; }
-  // AttentionOptions::bf16_residuals for every attend() (the runtime's :fp32 turns it off).
-  void set_bf16_residuals(bool on) { bf16_residuals_ = on; }
+  // AttentionOptions::bf16_residuals and bf16_scores for every attend() (the runtime's :fp32 turns them off).
+  void set_bf16_arithmetic(bool on) { bf16_arithmetic_ = on; }
   void set_activations(Activations a) { activations_ = a; }
   Activations activations() const { return activations_; }
   // Observation queries handed to every layer's cache with each update
@@ -196,7 +196,7 @@ class LlamaModel {
   int threads_;
   KeyRope keys_;
   bool reference_ = false;
-  bool bf16_residuals_ = true;
+  bool bf16_arithmetic_ = true;
   Activations activations_ = Activations::kInt8;
   int64_t observe_ = 0;
   bool observe_steps_ = false;

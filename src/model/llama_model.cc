@@ -311,7 +311,7 @@ Tensor LlamaModel::attend_layer(int64_t l, Pass& p, const float* q_att, const fl
   AttentionOptions ao;
   ao.threads = threads_;
   ao.reference = reference_;
-  ao.bf16_residuals = bf16_residuals_;
+  ao.bf16_residuals = ao.bf16_scores = bf16_arithmetic_;
   if (pre && (T == 1 || cache.offset() > 0)) ao.rope = c.rope;  // cache position 0 is token position 0
   // Caches that observe a window score the prompt only: a decode step's one
   // query goes to them only when every position is asked for (H2O) or the

@@ -31,7 +31,7 @@ model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& sp
       threads,
       c.pre_rope ? model::KeyRope::kPreRope : model::KeyRope::kPostRope);
   m.set_observation_window(c.observation_window(), c.segment_tokens > 0);
-  m.set_bf16_residuals(!c.fp32_residuals);
+  m.set_bf16_arithmetic(!c.fp32_arithmetic);
   return m;
 }
 

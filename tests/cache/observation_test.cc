@@ -192,8 +192,8 @@ TEST(ObservationQueries, CacheSpecsNameThem) {
     EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
   EXPECT_NE(cache::cache_modifier_help().find(":keyrope"), std::string::npos);
   // :fp32: AnchorKV kinds only, once.
-  EXPECT_TRUE(cache::parse_cache_spec("anchorkv_tight:pre:fp32").fp32_residuals);
-  EXPECT_FALSE(cache::parse_cache_spec("anchorkv_tight:pre").fp32_residuals);
+  EXPECT_TRUE(cache::parse_cache_spec("anchorkv_tight:pre:fp32").fp32_arithmetic);
+  EXPECT_FALSE(cache::parse_cache_spec("anchorkv_tight:pre").fp32_arithmetic);
   for (const char* bad : {"full:fp32", "kivi2:fp32", "anchorkv:fp32:fp32"})
     EXPECT_THROW(cache::parse_cache_spec(bad), Error) << bad;
   EXPECT_NE(cache::cache_modifier_help().find(":fp32"), std::string::npos);

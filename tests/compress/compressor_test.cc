@@ -462,8 +462,9 @@ TEST(Compressor, AnExtendingSegmentTakesTheAnchorsBeforeIt) {
     if (layout == MetadataLayout::kSeed) continue;
     in.extends = nullptr;
     const auto alone = compress(in, tight_mismatch, codec);
-    if (alone[0].k.coef_exp != prior[0].k.coef_exp || alone[0].v.coef_exp != prior[0].v.coef_exp)
+    if (alone[0].k.coef_exp != prior[0].k.coef_exp || alone[0].v.coef_exp != prior[0].v.coef_exp) {
       EXPECT_THROW(extend_row(prior[0], alone[0]), Error);
+    }
   }
 }
 

@@ -34,8 +34,11 @@ constexpr double kSimdVsReferenceNmse = 1e-10;
 // under its own softmax shift (the fast kernel's lags the maximum by up to
 // kHeadroom), so they differ by the weights' rounding; bf16 against fp32
 // by both.
-constexpr double kBf16ReconstructionNmse = 5e-6;
-constexpr double kBf16VsReferenceNmse = 5e-6;
+// With pre-RoPE keys the fast kernel's anchor scores are bf16 products too
+// (AttentionOptions::bf16_scores: each entry's rotated key and the queries
+// rounded; the twin scores in fp32): up to ~6e-6 on these heads.
+constexpr double kBf16ReconstructionNmse = 1.5e-5;
+constexpr double kBf16VsReferenceNmse = 1.5e-5;
 
 // Dense causal attention in double over [n, D] rows; query i at position n - Sq + i.
 std::vector<double> dense_reference(const std::vector<float>& q /*[B,Hq,Sq,D]*/, const std::vector<float>& K,
@@ -170,6 +173,7 @@ void expect_kernels_agree(const TensorView& qv, const AnchorKVCache& cache, cons
     oref.reference = true;
     oref.threads = 2;
     o1.bf16_residuals = o2.bf16_residuals = oref.bf16_residuals = bf16;
+    o1.bf16_scores = o2.bf16_scores = oref.bf16_scores = bf16;
     AttentionStats stats;
     const auto y1 = attend(qv, cache, o1, &stats).to_f32();
     const auto y2 = attend(qv, cache, o2).to_f32();
