@@ -82,6 +82,54 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> RopeDots4(const T* HWY_RESTRICT x, c
   return SumsOf4(a0, a1, a2, a3);
 }
 
+#if ANCHORKV_AVX512_TARGET
+// Entries i .. i + 3 of a block's run: each one's anchor row, near angles
+// and fused key residual (fk.zero when it has none).
+struct FourEntries {
+  const uint16_t* a[4];
+  const float *cj[4], *sj[4], *z[4];
+  bool fused = false;  // some of the four has a fused residual
+};
+
+template <int64_t kD>
+HWY_INLINE FourEntries FourEntriesAt(const uint16_t* HWY_RESTRICT A, const int32_t* HWY_RESTRICT ak,
+                                     const int64_t* HWY_RESTRICT pos, int64_t offset,
+                                     const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
+                                     const FusedKeys& fk, int64_t i, int64_t n) {
+  constexpr int64_t half = kD / 2;
+  FourEntries f;
+  for (int e = 0; e < 4; ++e) {
+    const int64_t j = (pos[i + e] + offset) % kRopeStep;
+    f.a[e] = A + ak[i + e] * kD;
+    f.cj[e] = cos_t + j * half;
+    f.sj[e] = sin_t + j * half;
+    const int32_t r = fk.zi ? fk.zi[i + e] : -1;
+    f.z[e] = r >= 0 ? fk.Z + r * kD : fk.zero;
+    f.fused |= r >= 0;
+  }
+  // anchors sit in L2 in no order the prefetchers see: each is requested
+  // two groups ahead (~5% of the pre-RoPE decode)
+  if (i + 12 <= n)
+    for (int e = 8; e < 12; ++e)
+      for (int64_t b = 0; b < kD * 2; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
+  return f;
+}
+
+// Entry e's key (anchor plus fused residual) at pairs t .. t + 15, rotated
+// to its offset in the block.
+template <int64_t kD, bool kResiduals>
+HWY_INLINE void RotatedKey(const FourEntries& f, int e, int64_t t, hn::Vec<DF>& rx, hn::Vec<DF>& ry) {
+  const DF df;
+  constexpr int64_t half = kD / 2;
+  auto x = LoadAsF32(f.a[e] + t), y = LoadAsF32(f.a[e] + half + t);
+  if constexpr (kResiduals) {
+    x = hn::Add(x, hn::LoadU(df, f.z[e] + t));
+    y = hn::Add(y, hn::LoadU(df, f.z[e] + half + t));
+  }
+  RotatePairs(x, y, hn::LoadU(df, f.cj[e] + t), hn::LoadU(df, f.sj[e] + t), rx, ry);
+}
+#endif
+
 // s4[i * 4 + g] = gk[i] * q_g . RoPE_{p_i}(a_{ak[i]} + z_i) with p_i = pos[i] +
 // offset, entries of one block whose queries Q [4, D] are rotated back to its
 // start (RopeQueryBlocks): each entry's anchor (A [k, D], split rows,
@@ -108,24 +156,7 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
   // quarter of the kernel's samples).
   if constexpr (kD != 0) {
     for (; i + 4 <= n; i += 4) {
-      const uint16_t* a[4];
-      const float *cj[4], *sj[4], *z[4];
-      bool fused = false;
-      for (int e = 0; e < 4; ++e) {
-        const int64_t j = (pos[i + e] + offset) % kRopeStep;
-        a[e] = A + ak[i + e] * kD;
-        cj[e] = cos_t + j * half;
-        sj[e] = sin_t + j * half;
-        const int32_t r = fk.zi ? fk.zi[i + e] : -1;
-        z[e] = r >= 0 ? fk.Z + r * kD : fk.zero;
-        fused |= r >= 0;
-      }
-      // anchors sit in L2 in no order the prefetchers see: each is requested
-      // two groups ahead (~5% of the pre-RoPE decode)
-      if (i + 12 <= n)
-        for (int e = 8; e < 12; ++e)
-          for (int64_t b = 0; b < kD * 2; b += 64)
-            hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
+      const FourEntries f = FourEntriesAt<kD>(A, ak, pos, offset, cos_t, sin_t, fk, i, n);
       hn::Vec<DF> acc[16];
       for (auto& x : acc) x = hn::Zero(df);
       // groups without a residual skip the additions (a branch per group,
@@ -134,13 +165,8 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
         for (int64_t t = 0; t < half; t += N) {
 #pragma GCC unroll 4
           for (int e = 0; e < 4; ++e) {
-            auto x = LoadAsF32(a[e] + t), y = LoadAsF32(a[e] + half + t);
-            if constexpr (decltype(with_residuals)::value) {
-              x = hn::Add(x, hn::LoadU(df, z[e] + t));
-              y = hn::Add(y, hn::LoadU(df, z[e] + half + t));
-            }
             hn::Vec<DF> rx, ry;  // the key's pairs at the entry's offset in the block
-            RotatePairs(x, y, hn::LoadU(df, cj[e] + t), hn::LoadU(df, sj[e] + t), rx, ry);
+            RotatedKey<kD, decltype(with_residuals)::value>(f, e, t, rx, ry);
 #pragma GCC unroll 4
             for (int g = 0; g < 4; ++g)
               acc[e * 4 + g] = hn::MulAdd(hn::LoadU(df, Q + g * kD + half + t), ry,
@@ -148,7 +174,7 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
           }
         }
       };
-      if (fused)
+      if (f.fused)
         group(std::true_type());
       else
         group(std::false_type());
@@ -191,43 +217,22 @@ ANCHORKV_BF16_ATTR void QuadRopeBlockScoresBf16(const uint16_t* HWY_RESTRICT A, 
                                            _mm512_loadu_ps(Q + g * kD + 16 * c));
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    const uint16_t* a[4];
-    const float *cj[4], *sj[4], *z[4];
-    bool fused = false;
-    for (int e = 0; e < 4; ++e) {
-      const int64_t j = (pos[i + e] + offset) % kRopeStep;
-      a[e] = A + ak[i + e] * kD;
-      cj[e] = cos_t + j * half;
-      sj[e] = sin_t + j * half;
-      const int32_t r = fk.zi ? fk.zi[i + e] : -1;
-      z[e] = r >= 0 ? fk.Z + r * kD : fk.zero;
-      fused |= r >= 0;
-    }
-    if (i + 12 <= n)
-      for (int e = 8; e < 12; ++e)
-        for (int64_t b = 0; b < kD * 2; b += 64)
-          hwy::Prefetch(reinterpret_cast<const char*>(A + ak[i + e] * kD) + b);
+    const FourEntries f = FourEntriesAt<kD>(A, ak, pos, offset, cos_t, sin_t, fk, i, n);
     hn::Vec<DF> acc[16];
     for (auto& x : acc) x = hn::Zero(df);
     const auto group = [&](auto with_residuals) {
       for (int64_t c = 0; c < NC; ++c) {
-        const int64_t t = 16 * c;
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
-          auto x = LoadAsF32(a[e] + t), y = LoadAsF32(a[e] + half + t);
-          if constexpr (decltype(with_residuals)::value) {
-            x = hn::Add(x, hn::LoadU(df, z[e] + t));
-            y = hn::Add(y, hn::LoadU(df, z[e] + half + t));
-          }
           hn::Vec<DF> rx, ry;
-          RotatePairs(x, y, hn::LoadU(df, cj[e] + t), hn::LoadU(df, sj[e] + t), rx, ry);
+          RotatedKey<kD, decltype(with_residuals)::value>(f, e, 16 * c, rx, ry);
           const __m512bh k = _mm512_cvtne2ps_pbh(ry.raw, rx.raw);
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g) acc[e * 4 + g].raw = _mm512_dpbf16_ps(acc[e * 4 + g].raw, k, qb[g * NC + c]);
         }
       }
     };
-    if (fused)
+    if (f.fused)
       group(std::true_type());
     else
       group(std::false_type());
