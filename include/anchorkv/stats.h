@@ -7,9 +7,10 @@ namespace anchorkv {
 
 // Per-stage wall time of the last compression, seconds.
 struct CompressionStats {
-  // Stage times sum over every anchor count tried (anchor_count = auto tries several).
-  double scores_s = 0;    // observation logits + softmax
-  double anchors_s = 0;   // anchor selection + observation outputs y_w
+  // Stage times sum over every anchor count tried (anchor_count = auto tries
+  // several), but for the observation, which they share.
+  double scores_s = 0;    // observation logits + softmax + observation outputs y_w
+  double anchors_s = 0;   // anchor selection + anchor tables
   double assign_s = 0;    // assignment, projection, residual utilities
   double allocate_s = 0;  // budget and top-N allocation
   double encode_s = 0;    // residual codec

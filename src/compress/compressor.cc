@@ -99,27 +99,21 @@ namespace {
 // thread count.
 class FastAnalysis {
  public:
-  FastAnalysis(const SegmentInput& in, const AnchorKVConfig& config)
-      : in_(in), config_(config), plan_(plan_anchors(in.S, config)), S_(in.S), D_(in.D), R_(in.rows()),
-        m_(in.observers(0, config.window).m), n_chunks_((in.S + kChunk - 1) / kChunk),
+  FastAnalysis(const SegmentInput& in, const AnchorKVConfig& config, const SegmentObservation& obs)
+      : in_(in), config_(config), obs_(obs), plan_(plan_anchors(in.S, config)), S_(in.S), D_(in.D),
+        R_(in.rows()), m_(in.observers(0, config.window).m), n_chunks_((in.S + kChunk - 1) / kChunk),
         inv_sqrt_d_(1.0f / std::sqrt(static_cast<float>(in.D))), work_(static_cast<size_t>(R_)),
-        out_(static_cast<size_t>(R_)) {
-    for (auto& w : work_) w.alpha.resize(static_cast<size_t>(S_ * m_));
-  }
+        out_(static_cast<size_t>(R_)) {}
 
   std::vector<RowAnalysis> run(CompressionStats* stats) {
     const int threads = config_.threads;
     auto t0 = Clock::now();
-    core::parallel_for(R_ * n_chunks_, threads, [&](int64_t task) { proxy_logits(task / n_chunks_, task % n_chunks_); });
-    core::parallel_for(R_, threads, [&](int64_t row) { softmax_over_positions(row); });
-    const double scores_s = seconds_since(t0);
-    t0 = Clock::now();
-    core::parallel_for(R_, threads, [&](int64_t row) { anchors_and_outputs(row); });
+    core::parallel_for(R_, threads, [&](int64_t row) { anchors(row); });
     const double anchors_s = seconds_since(t0);
     t0 = Clock::now();
     core::parallel_for(R_ * n_chunks_, threads, [&](int64_t task) { assign_chunk(task / n_chunks_, task % n_chunks_); });
     if (stats) {
-      stats->scores_s = scores_s;
+      stats->scores_s = obs_.seconds;
       stats->anchors_s = anchors_s;
       stats->assign_s = seconds_since(t0);
     }
@@ -128,8 +122,6 @@ class FastAnalysis {
 
  private:
   struct RowWork {
-    core::UninitVector<float> alpha;                // [S, m]
-    std::vector<float> y;                           // [m, D]
     std::vector<int32_t> ordinal;                   // [S] anchor ordinal or -1
     std::vector<float> ak, av;                      // [k, D] anchors
     std::vector<float> k_norm, k_sq, v_norm, v_sq;  // [k]
@@ -139,9 +131,7 @@ class FastAnalysis {
     core::UninitVector<float> dots, r, qr, dist;
   };
 
-  void proxy_logits(int64_t row, int64_t c);
-  void softmax_over_positions(int64_t row);
-  void anchors_and_outputs(int64_t row);
+  void anchors(int64_t row);
   void anchor_rows(int64_t row);
   void assign_chunk(int64_t row, int64_t c);
   void assign_side(const float* X, const float* anchor_rows, const float* norm, const float* sq,
@@ -152,6 +142,7 @@ class FastAnalysis {
 
   const SegmentInput& in_;
   const AnchorKVConfig& config_;
+  const SegmentObservation& obs_;
   const AnchorPlan plan_;
   const int64_t S_, D_, R_, m_, n_chunks_;
   const float inv_sqrt_d_;
@@ -159,25 +150,26 @@ class FastAnalysis {
   std::vector<RowAnalysis> out_;
 };
 
-// Stage 1: proxy-query logits, [S, m] per row.
-void FastAnalysis::proxy_logits(int64_t row, int64_t c) {
-  const int64_t a = c * kChunk, b = std::min(S_, a + kChunk);
-  const float* K = in_.key_row(row);
-  const Observers o = in_.observers(row, config_.window);
-  float* L = work_[row].alpha.data() + a * m_;
-  core::dot_matrix(K + a * D_, b - a, D_, o.rows, m_, D_, D_, L, m_);
-  for (int64_t i = 0; i < (b - a) * m_; ++i) L[i] *= inv_sqrt_d_;
+// The observation, stage 1: proxy-query logits of tokens [a, a + kChunk)
+// of one row, into its alpha [S, m].
+void proxy_logits(const SegmentInput& in, const AnchorKVConfig& config, int64_t row, int64_t c, int64_t m,
+                  float* alpha) {
+  const int64_t S = in.S, D = in.D, a = c * kChunk, b = std::min(S, a + kChunk);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* K = in.key_row(row);
+  const Observers o = in.observers(row, config.window);
+  float* L = alpha + a * m;
+  core::dot_matrix(K + a * D, b - a, D, o.rows, m, D, D, L, m);
+  for (int64_t i = 0; i < (b - a) * m; ++i) L[i] *= inv_sqrt_d;
   if (!o.real()) return;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t t = a; t < b; ++t)  // real queries see positions up to their own
-    for (int64_t w = 0; w < m_; ++w)
-      if (t >= o.visible(w, S_)) L[(t - a) * m_ + w] = kNegInf;
+    for (int64_t w = 0; w < m; ++w)
+      if (t >= o.visible(w, S)) L[(t - a) * m + w] = kNegInf;
 }
 
-// Softmax over positions for each proxy query (column of [S, m]).
-void FastAnalysis::softmax_over_positions(int64_t row) {
-  float* A = work_[row].alpha.data();
-  const int64_t S = S_, m = m_;
+// Stage 2: softmax over positions for each proxy query (column of A [S, m]).
+void softmax_over_positions(int64_t S, int64_t m, float* A) {
   std::vector<float> mx(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
   std::vector<double> sum(static_cast<size_t>(m), 0.0);
   for (int64_t t = 0; t < S; ++t)
@@ -194,11 +186,18 @@ void FastAnalysis::softmax_over_positions(int64_t row) {
     for (int64_t w = 0; w < m; ++w) A[t * m + w] *= inv[w];
 }
 
-// Stage 2: anchors and observation outputs y_w, per row.
-void FastAnalysis::anchors_and_outputs(int64_t row) {
-  RowWork& rw = work_[row];
-  const float* A = rw.alpha.data();
-  const int64_t S = S_, m = m_, D = D_;
+// Stage 3: the observers' outputs y [m, D] = sum over t of A[t, w] V[t].
+std::vector<float> observed_outputs(const float* A, const float* V, int64_t S, int64_t m, int64_t D) {
+  std::vector<float> y(static_cast<size_t>(m * D), 0.0f);
+  for (int64_t t = 0; t < S; ++t)
+    for (int64_t w = 0; w < m; ++w) core::axpy(A[t * m + w], V + t * D, &y[w * D], D);
+  return y;
+}
+
+// Anchors, per row: the plan's window anchors, scored and uniform ones.
+void FastAnalysis::anchors(int64_t row) {
+  const float* A = obs_.rows[static_cast<size_t>(row)].alpha.data();
+  const int64_t S = S_, m = m_;
   std::vector<float> scores(static_cast<size_t>(S), 0.0f);
   if (plan_.w > 0) {  // as window_scores: the last w proxies, or every real query
     const int64_t first = in_.Q ? 0 : m - plan_.w;
@@ -210,10 +209,6 @@ void FastAnalysis::anchors_and_outputs(int64_t row) {
   }
   out_[row].anchors = select_anchors(plan_, scores, row_seed(config_.seed, row));
   anchor_rows(row);
-  const float* V = in_.value_row(row);
-  rw.y.assign(static_cast<size_t>(m * D), 0.0f);
-  for (int64_t t = 0; t < S; ++t)
-    for (int64_t w = 0; w < m; ++w) core::axpy(A[t * m + w], V + t * D, &rw.y[w * D], D);
   RowAnalysis& ra = out_[row];
   for (auto* v : {&ra.k.coef, &ra.v.coef, &ra.utility.key, &ra.utility.value}) v->resize(static_cast<size_t>(S));
   ra.k.anchor.resize(static_cast<size_t>(S));
@@ -283,12 +278,13 @@ void FastAnalysis::assign_keys(int64_t row, int64_t a, int64_t n, ChunkScratch& 
   assign_side(K, rw.ak.data(), rw.k_norm.data(), rw.k_sq.data(), rw.ordinal, k, a, n, ra.k, sc);
   core::dot_matrix(sc.r.data(), n, D, in_.observers(row, config_.window).rows, m, D, D, sc.qr.data(), m);
   for (auto& x : sc.qr) x *= inv_sqrt_d_;
-  core::sq_dist_matrix(in_.value_row(row) + a * D, n, D, rw.y.data(), m, D, D, sc.dist.data(), m);
+  const SegmentObservation::Row& o = obs_.rows[static_cast<size_t>(row)];
+  core::sq_dist_matrix(in_.value_row(row) + a * D, n, D, o.y.data(), m, D, D, sc.dist.data(), m);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = a + i;
     ra.utility.key[t] = rw.ordinal[t] >= 0
                             ? kNegInf
-                            : static_cast<float>(key_utility(&rw.alpha[t * m], &sc.qr[i * m], &sc.dist[i * m], m, 1));
+                            : static_cast<float>(key_utility(&o.alpha[t * m], &sc.qr[i * m], &sc.dist[i * m], m, 1));
   }
 }
 
@@ -303,14 +299,39 @@ void FastAnalysis::assign_values(int64_t row, int64_t a, int64_t n, ChunkScratch
     const float* ri = &sc.r[i * D];
     ra.utility.value[t] = rw.ordinal[t] >= 0
                               ? kNegInf
-                              : static_cast<float>(value_weight(&rw.alpha[t * m], m, 1) * core::dot(ri, ri, D));
+                              : static_cast<float>(value_weight(&obs_.rows[static_cast<size_t>(row)].alpha[t * m], m, 1) *
+                                                   core::dot(ri, ri, D));
   }
 }
 
 }  // namespace
 
+SegmentObservation observe(const SegmentInput& in, const AnchorKVConfig& config) {
+  const auto t0 = Clock::now();
+  const int64_t S = in.S, R = in.rows(), m = in.observers(0, config.window).m, n_chunks = (S + kChunk - 1) / kChunk;
+  SegmentObservation obs;
+  obs.rows.resize(static_cast<size_t>(R));
+  for (auto& r : obs.rows) r.alpha.resize(static_cast<size_t>(S * m));
+  core::parallel_for(R * n_chunks, config.threads, [&](int64_t task) {
+    const int64_t row = task / n_chunks;
+    proxy_logits(in, config, row, task % n_chunks, m, obs.rows[static_cast<size_t>(row)].alpha.data());
+  });
+  core::parallel_for(R, config.threads, [&](int64_t row) {
+    SegmentObservation::Row& r = obs.rows[static_cast<size_t>(row)];
+    softmax_over_positions(S, m, r.alpha.data());
+    r.y = observed_outputs(r.alpha.data(), in.value_row(row), S, m, in.D);
+  });
+  obs.seconds = seconds_since(t0);
+  return obs;
+}
+
+std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config, const SegmentObservation& obs,
+                                 CompressionStats* stats) {
+  return FastAnalysis(in, config, obs).run(stats);
+}
+
 std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config, CompressionStats* stats) {
-  return FastAnalysis(in, config).run(stats);
+  return analyze(in, config, observe(in, config), stats);
 }
 
 // ---------------------------------------------------------------- shared
@@ -522,12 +543,13 @@ std::vector<CompressedRow> compress(const SegmentInput& in, const AnchorKVConfig
   if (stats) *stats = {};
   AnchorKVConfig c = config;
   int64_t tried = 0;
+  const SegmentObservation obs = observe(in, c);  // one for every anchor count tried
+  if (stats) stats->scores_s = obs.seconds;
   const auto analysis = analyze_best(in, c, [&](const AnchorKVConfig& x) {
     CompressionStats one;
-    auto a = analyze(in, x, &one);
+    auto a = analyze(in, x, obs, &one);
     ++tried;
     if (stats) {
-      stats->scores_s += one.scores_s;
       stats->anchors_s += one.anchors_s;
       stats->assign_s += one.assign_s;
     }

@@ -16,6 +16,7 @@
 #include "compress/codec.h"
 #include "compress/segment.h"
 #include "compress/utility.h"
+#include "core/buffer.h"
 
 namespace anchorkv::compress {
 
@@ -71,6 +72,24 @@ int64_t own_anchor_limit(const SegmentInput& in, MetadataLayout layout);
 std::vector<float> prior_anchors(const SegmentInput& in, int64_t row, bool values);
 
 std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorKVConfig& config);
+
+// What every anchor count's analysis of a segment shares: per row, the
+// observers' attention over its positions, alpha [S, m] (softmax over
+// positions), and their outputs y [m, D] (sum over t of alpha[t, w] V[t]).
+// :auto analyses several anchor counts against one of these.
+struct SegmentObservation {
+  struct Row {
+    core::UninitVector<float> alpha;
+    std::vector<float> y;
+  };
+  std::vector<Row> rows;
+  double seconds = 0;  // spent computing it
+};
+SegmentObservation observe(const SegmentInput& in, const AnchorKVConfig& config);
+
+std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config, const SegmentObservation& obs,
+                                 CompressionStats* stats = nullptr);
+// The same, observing first.
 std::vector<RowAnalysis> analyze(const SegmentInput& in, const AnchorKVConfig& config,
                                  CompressionStats* stats = nullptr);
 
