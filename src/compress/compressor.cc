@@ -94,9 +94,10 @@ std::vector<RowAnalysis> analyze_reference(const SegmentInput& in, const AnchorK
 
 namespace {
 
-// The fast analysis in three parallel stages; each stage's work item is one
-// row or one (row, chunk of kChunk tokens), so results never depend on the
-// thread count.
+// The fast analysis of one anchor count against a segment's observation
+// (observe below): anchors per row, then assignment and utilities per (row,
+// chunk of kChunk tokens); work items never depend on the thread count, so
+// neither do the results.
 class FastAnalysis {
  public:
   FastAnalysis(const SegmentInput& in, const AnchorKVConfig& config, const SegmentObservation& obs)
@@ -150,7 +151,7 @@ class FastAnalysis {
   std::vector<RowAnalysis> out_;
 };
 
-// The observation, stage 1: proxy-query logits of tokens [a, a + kChunk)
+// The observation's logits: the observers' scores of tokens [a, a + kChunk)
 // of one row, into its alpha [S, m].
 void proxy_logits(const SegmentInput& in, const AnchorKVConfig& config, int64_t row, int64_t c, int64_t m,
                   float* alpha) {
@@ -168,7 +169,7 @@ void proxy_logits(const SegmentInput& in, const AnchorKVConfig& config, int64_t 
       if (t >= o.visible(w, S)) L[(t - a) * m + w] = kNegInf;
 }
 
-// Stage 2: softmax over positions for each proxy query (column of A [S, m]).
+// Then softmax over positions for each observer (column of A [S, m]).
 void softmax_over_positions(int64_t S, int64_t m, float* A) {
   std::vector<float> mx(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
   std::vector<double> sum(static_cast<size_t>(m), 0.0);
@@ -186,7 +187,7 @@ void softmax_over_positions(int64_t S, int64_t m, float* A) {
     for (int64_t w = 0; w < m; ++w) A[t * m + w] *= inv[w];
 }
 
-// Stage 3: the observers' outputs y [m, D] = sum over t of A[t, w] V[t].
+// And the observers' outputs y [m, D] = sum over t of A[t, w] V[t].
 std::vector<float> observed_outputs(const float* A, const float* V, int64_t S, int64_t m, int64_t D) {
   std::vector<float> y(static_cast<size_t>(m * D), 0.0f);
   for (int64_t t = 0; t < S; ++t)
