@@ -30,7 +30,6 @@
 #define HWY_TARGET_INCLUDE "kernels/quad_entries.cc"
 // clang-format off
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include <cstdlib>
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
