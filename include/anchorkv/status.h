@@ -24,6 +24,7 @@ enum class ErrorCode : int {
   kUnsupported = 7,      // a valid request this build or layout cannot serve
   kCorruptFile = 8,      // a file violates its format (bad magic, sizes, offsets, ...)
   kIo = 9,               // the operating system refused (open, stat, map)
+  kCancelled = 10,       // the caller stopped the work (its deadline passed, its client left)
 };
 
 const char* error_code_name(ErrorCode code);

@@ -23,12 +23,13 @@ TOKENS = [3, 77, 200, 5, 100, 255, 17, 250, 42, 9, 60, 61, 62, 63, 64, 120] * 2
 
 def write_model(path, arch="llama", meta_extra=None, rope_freqs=None, biases=(), fused_qkv=False,
                 extra_tensors=(), seed=11, layers=LAYERS, qk_norm=False, post_norms=False, fused_gate_up=False,
-                rope_factors=None):
+                rope_factors=None, vocab=None):
     """A small model with a byte-level GPT-2 vocabulary; returns (W, cfg) for numpy_llama.
+    vocab: (pieces, token types, merges) instead, the last piece the end-of-text token.
     qk_norm / post_norms: Qwen3's and Gemma 3's extra norms; fused_gate_up: Phi-3's ffn_up holding gate
     then up rows; rope_factors: Phi-3's (long, short) per-pair divisors."""
     rng = np.random.default_rng(seed)
-    pieces = [B2U[b] for b in range(256)] + ["<|end|>"]
+    pieces, types, merges = vocab or ([B2U[b] for b in range(256)] + ["<|end|>"], [1] * 256 + [3], [])
     V = len(pieces)
     a = arch
     meta = {
@@ -39,9 +40,9 @@ def write_model(path, arch="llama", meta_extra=None, rope_freqs=None, biases=(),
         a + ".rope.freq_base": (ggufw.F32V, 10000.0), a + ".attention.layer_norm_rms_epsilon": (ggufw.F32V, 1e-5),
         "tokenizer.ggml.model": (ggufw.STR, "gpt2"), "tokenizer.ggml.pre": (ggufw.STR, "qwen2"),
         "tokenizer.ggml.tokens": (ggufw.ARR, (ggufw.STR, pieces)),
-        "tokenizer.ggml.token_type": (ggufw.ARR, (ggufw.I32, [1] * (V - 1) + [3])),
+        "tokenizer.ggml.token_type": (ggufw.ARR, (ggufw.I32, types)),
         "tokenizer.ggml.eos_token_id": (ggufw.U32, V - 1),
-        "tokenizer.ggml.merges": (ggufw.ARR, (ggufw.STR, [])),  # bytes only; llama.cpp wants the key
+        "tokenizer.ggml.merges": (ggufw.ARR, (ggufw.STR, merges)),  # none: bytes only; llama.cpp wants the key
     }
     meta.update(meta_extra or {})
     tensors, W = [], {"layers": []}

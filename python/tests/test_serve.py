@@ -27,10 +27,10 @@ def _free_port():
 
 
 class Server:
-    def __init__(self, *extra):
+    def __init__(self, *extra, model=TINY):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([CLI, "serve", "-m", str(TINY), "--port", str(self.port), "--threads", "1", *extra],
+        self.proc = subprocess.Popen([CLI, "serve", "-m", str(model), "--port", str(self.port), "--threads", "1", *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in range(200):
             try:

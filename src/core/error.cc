@@ -16,6 +16,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kCorruptFile: return "corrupt_file";
     case ErrorCode::kIo: return "io";
+    case ErrorCode::kCancelled: return "cancelled";
   }
   return "unknown";
 }

@@ -15,6 +15,10 @@ namespace {
 constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581
 constexpr const char* kOp = "anchorkv::Tokenizer";
 
+[[noreturn]] void cancelled() {
+  core::fail(ErrorCode::kCancelled, kOp, "tokenizing was stopped (the request's deadline passed or its client left)");
+}
+
 size_t utf8_len(unsigned char c) {
   if (c < 0x80) return 1;
   if ((c >> 5) == 0x6) return 2;
@@ -182,10 +186,65 @@ Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector
   return t;
 }
 
-std::vector<int32_t> Tokenizer::encode_bpe(const std::string& text) const {
+// Merges the symbols of one chunk, lowest merge rank first (leftmost on
+// ties), with a heap of candidate pairs over a linked list of symbols, as
+// llama.cpp and the Hugging Face tokenizers do: each merge costs O(log n)
+// heap work, so a long word costs O(n log n) rather than a rescan of every
+// pair per merge. A heap entry whose symbols changed since it was pushed is
+// stale and skipped; the merges are those of the rescanning algorithm.
+std::vector<std::string> Tokenizer::merge_bpe(const std::string& mapped, const StopCheck& stop) const {
+  struct Sym {
+    uint32_t start, len;
+    int32_t prev, next;
+  };
+  std::vector<Sym> sym;
+  for (size_t i = 0; i < mapped.size();) {
+    const size_t l = std::min(utf8_len(static_cast<unsigned char>(mapped[i])), mapped.size() - i);
+    const auto n = static_cast<int32_t>(sym.size());
+    sym.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(l), n - 1, n + 1});
+    i += l;
+  }
+  if (!sym.empty()) sym.back().next = -1;
+  struct Pair {
+    int32_t rank, left, right;
+    uint32_t len;
+    bool operator<(const Pair& o) const {  // the heap's top: lowest rank, then leftmost
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::priority_queue<Pair> heap;
+  std::string key;
+  auto try_pair = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    key.assign(mapped, sym[l].start, sym[l].len).append(1, ' ').append(mapped, sym[r].start, sym[r].len);
+    if (auto it = merge_rank_.find(key); it != merge_rank_.end())
+      heap.push({it->second, l, r, sym[l].len + sym[r].len});
+  };
+  for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int32_t>(i) - 1, static_cast<int32_t>(i));
+  for (uint32_t merges = 0; !heap.empty(); ++merges) {
+    if ((merges & 4095) == 4095 && stop && stop()) cancelled();
+    const Pair p = heap.top();
+    heap.pop();
+    Sym& l = sym[p.left];
+    Sym& r = sym[p.right];
+    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;  // stale
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = p.left;
+    try_pair(l.prev, p.left);
+    try_pair(p.left, l.next);
+  }
+  std::vector<std::string> out;
+  for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) out.push_back(mapped.substr(sym[i].start, sym[i].len));
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode_bpe(const std::string& text, const StopCheck& stop) const {
   std::vector<int32_t> ids;
-  std::vector<std::string> sym;
+  uint32_t chunks = 0;
   for (const std::string& chunk : pre_->split(escape_spaces_ ? escape(text) : text)) {
+    if ((++chunks & 255) == 0 && stop && stop()) cancelled();
     std::string mapped;
     if (byte_encode_)
       for (unsigned char c : chunk) mapped += bpe::byte_to_char(c);
@@ -198,27 +257,7 @@ std::vector<int32_t> Tokenizer::encode_bpe(const std::string& text) const {
         ids.push_back(it->second);
         continue;
       }
-    sym.clear();
-    for (size_t i = 0; i < mapped.size();) {
-      const size_t l = std::min(utf8_len(static_cast<unsigned char>(mapped[i])), mapped.size() - i);
-      sym.push_back(mapped.substr(i, l));
-      i += l;
-    }
-    while (sym.size() > 1) {
-      int32_t best = -1;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        auto it = merge_rank_.find(sym[i] + " " + sym[i + 1]);
-        if (it != merge_rank_.end() && (best < 0 || it->second < best)) {
-          best = it->second;
-          at = i;
-        }
-      }
-      if (best < 0) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-    }
-    for (const std::string& s : sym) {
+    for (const std::string& s : merge_bpe(mapped, stop)) {
       auto it = index_.find(s);
       if (it != index_.end()) {
         ids.push_back(it->second);
@@ -286,7 +325,8 @@ std::vector<Tokenizer::Fragment> Tokenizer::partition(const std::string& text, b
   return parts;
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special,
+                                       const StopCheck& stop) const {
   std::vector<int32_t> ids;
   if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
   if (text.empty()) return ids;  // no space prefix either: the reference gives no tokens
@@ -298,7 +338,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bo
       continue;
     }
     const std::vector<int32_t> part =
-        pre_ ? encode_bpe(f.text) : encode_spm(space_prefix_ && after_special ? " " + f.text : f.text);
+        pre_ ? encode_bpe(f.text, stop) : encode_spm(space_prefix_ && after_special ? " " + f.text : f.text, stop);
     ids.insert(ids.end(), part.begin(), part.end());
     after_special = false;
   }
@@ -316,7 +356,7 @@ std::string Tokenizer::escape(const std::string& text) {
   return out;
 }
 
-std::vector<int32_t> Tokenizer::encode_spm(const std::string& text_in) const {
+std::vector<int32_t> Tokenizer::encode_spm(const std::string& text_in, const StopCheck& stop) const {
   const std::string text = escape_spaces_ ? escape(text_in) : text_in;
   // Symbols: UTF-8 characters in a doubly linked list.
   struct Sym {
@@ -346,7 +386,8 @@ std::vector<int32_t> Tokenizer::encode_spm(const std::string& text_in) const {
     if (it != index_.end()) queue.push({l, r, scores_[it->second], s.size()});
   };
   for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int>(i) - 1, static_cast<int>(i));
-  while (!queue.empty()) {
+  for (uint32_t merges = 0; !queue.empty(); ++merges) {
+    if ((merges & 4095) == 4095 && stop && stop()) cancelled();
     const Bigram b = queue.top();
     queue.pop();
     Sym& l = sym[b.left];

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -65,7 +66,13 @@ class Tokenizer {
   // markers of a chat template), longest first, as llama.cpp and the Hugging
   // Face tokenizers do; each becomes its token, the rest is encoded piece by
   // piece (SentencePiece adds its space prefix after each such token).
-  std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special = false) const;
+  // Both algorithms cost O(n log n) in a word's length. `stop`, when given,
+  // is asked every few thousand merges and between pre-tokenized chunks;
+  // once it answers true, encode throws Error(kCancelled) (a server's
+  // request whose deadline passed or whose client left).
+  using StopCheck = std::function<bool()>;
+  std::vector<int32_t> encode(const std::string& text, bool add_bos, bool parse_special = false,
+                              const StopCheck& stop = {}) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   std::string piece(int32_t id) const;  // one token's text (bytes for byte tokens)
   int32_t bos() const { return bos_; }
@@ -81,8 +88,9 @@ class Tokenizer {
   bool is_bpe() const { return pre_ != nullptr; }
 
  private:
-  std::vector<int32_t> encode_bpe(const std::string& text) const;
-  std::vector<int32_t> encode_spm(const std::string& text) const;
+  std::vector<int32_t> encode_bpe(const std::string& text, const StopCheck& stop) const;
+  std::vector<std::string> merge_bpe(const std::string& mapped, const StopCheck& stop) const;  // one chunk's pieces
+  std::vector<int32_t> encode_spm(const std::string& text, const StopCheck& stop) const;
   static std::string escape(const std::string& text);  // ' ' -> U+2581
   struct Fragment {
     int32_t token = -1;  // >= 0: a special token; else text

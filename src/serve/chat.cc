@@ -135,7 +135,7 @@ std::string render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages
 }
 
 std::vector<int32_t> encode_chat(ChatTemplate t, const std::vector<ChatMessage>& messages,
-                                 const model::Tokenizer& tok) {
+                                 const model::Tokenizer& tok, const std::function<bool()>& stop) {
   std::vector<int32_t> ids;
   if (chat_adds_bos(t) && tok.adds_bos()) ids.push_back(tok.bos());
   for (const ChatPart& part : render_chat_parts(t, messages)) {
@@ -145,7 +145,7 @@ std::vector<int32_t> encode_chat(ChatTemplate t, const std::vector<ChatMessage>&
       continue;
     }
     // Text, and a marker the vocabulary lacks (Llama 2's [INST]): plain text.
-    const std::vector<int32_t> piece = tok.encode(part.text, /*add_bos=*/false, /*parse_special=*/false);
+    const std::vector<int32_t> piece = tok.encode(part.text, /*add_bos=*/false, /*parse_special=*/false, stop);
     ids.insert(ids.end(), piece.begin(), piece.end());
   }
   return ids;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,10 @@ std::vector<ChatPart> render_chat_parts(ChatTemplate t, const std::vector<ChatMe
 std::string render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages);  // the parts joined
 // The token ids of the rendering: markers as their special tokens (as text
 // when the vocabulary has no such token), BOS when the template wants it.
+// `stop` is the tokenizer's (model::Tokenizer::encode): true ends the work
+// with Error(kCancelled).
 std::vector<int32_t> encode_chat(ChatTemplate t, const std::vector<ChatMessage>& messages,
-                                 const model::Tokenizer& tok);
+                                 const model::Tokenizer& tok, const std::function<bool()>& stop = {});
 // Whether the tokenizer should add BOS (Llama 3's template writes its own).
 bool chat_adds_bos(ChatTemplate t);
 // Text that ends the assistant's turn (used as stop strings).

@@ -67,11 +67,34 @@ class SlotGuard {
 
 // ---------------------------------------------------------------- TextStream
 
+TextStream::TextStream(std::vector<std::string> stop) {
+  for (std::string& text : stop) {
+    if (text.empty()) continue;
+    Matcher m{std::move(text), {}, 0};
+    m.fallback.assign(m.text.size(), 0);
+    for (size_t i = 1, k = 0; i < m.text.size(); ++i) {
+      while (k > 0 && m.text[i] != m.text[k]) k = m.fallback[k - 1];
+      if (m.text[i] == m.text[k]) ++k;
+      m.fallback[i] = static_cast<uint32_t>(k);
+    }
+    stop_.push_back(std::move(m));
+  }
+}
+
 std::string TextStream::push(const std::string& piece, bool* stopped) {
+  const size_t base = pending_.size();
   pending_ += piece;
-  size_t first = std::string::npos;
-  for (const auto& s : stop_)
-    if (!s.empty()) first = std::min(first, pending_.find(s));
+  size_t first = std::string::npos;  // where the earliest complete stop string starts
+  for (Matcher& m : stop_) {
+    for (size_t i = 0; i < piece.size(); ++i) {
+      while (m.matched > 0 && piece[i] != m.text[m.matched]) m.matched = m.fallback[m.matched - 1];
+      if (piece[i] == m.text[m.matched]) ++m.matched;
+      if (m.matched == m.text.size()) {
+        first = std::min(first, base + i + 1 - m.text.size());
+        break;
+      }
+    }
+  }
   if (first != std::string::npos) {
     *stopped = true;
     std::string out = pending_.substr(0, first);
@@ -79,14 +102,8 @@ std::string TextStream::push(const std::string& piece, bool* stopped) {
     return out;
   }
   // Hold back the longest tail that could still begin a stop string.
-  size_t hold = 0;
-  for (const auto& s : stop_)
-    for (size_t n = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); n > hold; --n)
-      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
-        hold = n;
-        break;
-      }
-  hold = std::max(hold, incomplete_utf8_tail(pending_));
+  size_t hold = incomplete_utf8_tail(pending_);
+  for (const Matcher& m : stop_) hold = std::max(hold, m.matched);
   std::string out = pending_.substr(0, pending_.size() - hold);
   pending_.erase(0, pending_.size() - hold);
   return out;

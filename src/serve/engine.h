@@ -145,17 +145,25 @@ class Engine {
 };
 
 // Keeps text back until it is complete UTF-8 and cannot be the start of a
-// stop string; finish() returns what remains, cut at a stop string.
+// stop string; finish() returns what remains, cut at a stop string. Each
+// stop string is followed by a matching automaton (Knuth-Morris-Pratt), so a
+// piece costs its own length whatever the stop strings' lengths.
 class TextStream {
  public:
-  explicit TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {}
+  explicit TextStream(std::vector<std::string> stop);
   // Appends a piece; returns the text now safe to emit. *stopped when a stop
-  // string appeared (the text before it is returned; nothing follows).
+  // string appeared (the text before the earliest one is returned; nothing
+  // follows).
   std::string push(const std::string& piece, bool* stopped);
   std::string finish();
 
  private:
-  std::vector<std::string> stop_;
+  struct Matcher {
+    std::string text;
+    std::vector<uint32_t> fallback;  // KMP: the longest proper border of text[0, i]
+    size_t matched = 0;              // how much of text the stream's tail is
+  };
+  std::vector<Matcher> stop_;
   std::string pending_;
 };
 

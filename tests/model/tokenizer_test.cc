@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <random>
 
 #include "anchorkv/status.h"
 #include "io/gguf.h"
@@ -200,6 +202,84 @@ TEST(BpeTokenizer, RoundTripsAsciiUtf8AndArbitraryBytes) {
       "na\xC3\xAFve caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xF0\x9F\x98\x80",
       std::string("nul\0byte", 8), "\xFF\xFE\x80 broken \xE2\x82 utf8", ""};
   for (const auto& s : texts) EXPECT_EQ(tok.decode(tok.encode(s, false)), s) << s;
+}
+
+// The rescanning algorithm the heap replaced: merge the lowest-ranked
+// adjacent pair, leftmost on ties, until none is a merge.
+std::vector<std::string> rescanning_merges(const std::string& word, const std::vector<std::string>& merges) {
+  std::map<std::string, size_t> rank;
+  for (size_t r = 0; r < merges.size(); ++r) rank.emplace(merges[r], r);
+  std::vector<std::string> sym;
+  for (char c : word) sym.push_back(bpe::byte_to_char(static_cast<unsigned char>(c)));
+  for (;;) {
+    size_t best = SIZE_MAX, at = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i)
+      if (auto it = rank.find(sym[i] + " " + sym[i + 1]); it != rank.end() && it->second < best) {
+        best = it->second;
+        at = i;
+      }
+    if (best == SIZE_MAX) break;
+    sym[at] += sym[at + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  return sym;
+}
+
+TEST(BpeTokenizer, TheMergeHeapGivesTheRescanningAlgorithmsPieces) {
+  // Random merges over a three-letter alphabet (many ties and overlaps), every result a token.
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<std::string> merges, pieces = {"a", "b", "c"};
+    for (int m = 0; m < 30; ++m) {
+      const std::string l = pieces[rng() % pieces.size()], r = pieces[rng() % pieces.size()];
+      merges.push_back(l + " " + r);
+      pieces.push_back(l + r);
+    }
+    const Tokenizer tok = toy_bpe(std::vector<std::string>(pieces.begin() + 3, pieces.end()), merges);
+    for (int w = 0; w < 20; ++w) {
+      std::string word(1 + rng() % 40, 'a');
+      for (char& ch : word) ch = static_cast<char>('a' + rng() % 3);
+      std::vector<std::string> got;
+      for (int32_t id : tok.encode(word, false)) got.push_back(tok.piece(id));
+      ASSERT_EQ(got, rescanning_merges(word, merges)) << word;
+    }
+  }
+}
+
+// Merges "a a", "aa aa", ... up to 2^levels letters: one long word keeps merging all the way up.
+Tokenizer doubling_bpe(int levels) {
+  std::vector<std::string> pieces, merges;
+  for (std::string p = "a"; static_cast<int>(pieces.size()) < levels; p += p) {
+    merges.push_back(p + " " + p);
+    pieces.push_back(p + p);
+  }
+  return toy_bpe(pieces, merges);
+}
+
+TEST(BpeTokenizer, ALongWordCostsNLogNAndStopsWhenAsked) {
+  const Tokenizer tok = doubling_bpe(16);
+  const std::string word(65536, 'a');
+  const auto ids = tok.encode(word, false);  // the rescanning algorithm took minutes (test timeout)
+  ASSERT_EQ(ids.size(), 1u);                  // 2^16 letters merge into one token
+  EXPECT_EQ(tok.piece(ids[0]), word);
+  int asked = 0;
+  try {
+    tok.encode(word, false, false, [&] { return ++asked >= 3; });
+    ADD_FAILURE() << "a stop that answers true must end the work";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCancelled);
+  }
+  EXPECT_EQ(asked, 3);
+}
+
+TEST(Tokenizer, SentencePieceMergesStopWhenAsked) {
+  const Tokenizer tok = toy();
+  try {
+    tok.encode(std::string(40000, 'l'), false, false, [] { return true; });
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCancelled);
+  }
 }
 
 TEST(BpeTokenizer, MalformedMergesAreCorruptFiles) {

@@ -132,7 +132,7 @@ class Server {
   void routes();
   HttpResponse completion(const HttpRequest& req, bool chat);
   HttpResponse stream(const serve::GenerateRequest& gen, const std::string& id, bool chat);
-  std::vector<int32_t> prompt_tokens(const json& body, bool chat) const;
+  std::vector<int32_t> prompt_tokens(const json& body, bool chat, const model::Tokenizer::StopCheck& stop) const;
   std::vector<int32_t> token_ids(const json& p) const;
   void check_text_bytes(size_t bytes, const char* param) const;
   json usage(const serve::GenerateResult& r) const;
@@ -200,30 +200,38 @@ std::vector<int32_t> Server::token_ids(const json& p) const {
   return ids;
 }
 
-std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat) const {
+// Every message's role and content count against the prompt's byte limit
+// before any is tokenized, and a conversation has at most --max-prompt
+// messages (each costs the template at least one token).
+std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat, const model::Tokenizer::StopCheck& stop) const {
   std::vector<int32_t> ids;
   if (chat) {
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
       throw ApiError{400, "'messages' must be a non-empty array", "messages"};
-    std::vector<serve::ChatMessage> msgs;
+    const json& messages = body["messages"];
+    if (messages.size() > static_cast<size_t>(o_.max_prompt))
+      throw ApiError{400, "there are " + std::to_string(messages.size()) + " messages; the limit is " +
+                              std::to_string(o_.max_prompt), "messages"};
     size_t bytes = 0;
-    for (const auto& m : body["messages"]) {
+    for (const auto& m : messages) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
           !m["content"].is_string())
         throw ApiError{400, "each message needs a string 'role' and 'content'", "messages"};
-      msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-      bytes += msgs.back().content.size();
+      bytes += m["role"].get_ref<const std::string&>().size() + m["content"].get_ref<const std::string&>().size();
     }
     if (chat_ == serve::ChatTemplate::kNone)
       throw ApiError{400, "the model has no known chat template; start the server with --chat-template", "messages"};
     check_text_bytes(bytes, "messages");
-    ids = serve::encode_chat(chat_, msgs, tok_);
+    std::vector<serve::ChatMessage> msgs;
+    msgs.reserve(messages.size());
+    for (const auto& m : messages) msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    ids = serve::encode_chat(chat_, msgs, tok_, stop);
   } else {
     if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt"};
     const json& p = body["prompt"];
     if (p.is_string()) {
       check_text_bytes(p.get_ref<const std::string&>().size(), "prompt");
-      ids = tok_.encode(p.get<std::string>(), true);
+      ids = tok_.encode(p.get_ref<const std::string&>(), true, false, stop);
     } else if (p.is_array() && !p.empty()) {
       ids = token_ids(p);
     } else {
@@ -289,13 +297,39 @@ int64_t unix_now() {
       .count();
 }
 
+// Parses a body into at most `max_values` JSON values nested at most
+// kMaxDepth deep: a megabyte of `[]` or `{}` would otherwise hold tens of
+// bytes of objects for each byte received.
+constexpr int kMaxDepth = 32;
+json parse_bounded(const std::string& body, size_t max_values) {
+  size_t values = 0;
+  return json::parse(body, [&](int depth, json::parse_event_t event, json&) {
+    if (depth > kMaxDepth)
+      throw ApiError{400, "the body nests JSON deeper than " + std::to_string(kMaxDepth) + " levels", ""};
+    if ((event == json::parse_event_t::value || event == json::parse_event_t::object_start ||
+         event == json::parse_event_t::array_start) && ++values > max_values)
+      throw ApiError{400, "the body holds more than " + std::to_string(max_values) + " JSON values", ""};
+    return true;
+  });
+}
+
 HttpResponse Server::completion(const HttpRequest& req, bool chat) {
   Sampling s;
+  // The deadline starts with the request: tokenizing counts against it, and
+  // stops when it passes or the client leaves.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(o_.request_timeout_s));
+  const model::Tokenizer::StopCheck stop = [&req, deadline] {
+    return std::chrono::steady_clock::now() >= deadline || req.client_gone();
+  };
   try {
-    const json body = json::parse(req.body);
+    // A value per prompt token (token ids), five per message, and room for the other fields.
+    const json body = parse_bounded(req.body, 5 * static_cast<size_t>(o_.max_prompt) + 256);
     if (!body.is_object()) throw ApiError{400, "the body must be a JSON object", ""};
     s = parse_sampling(body, o_);
-    s.gen.prompt = prompt_tokens(body, chat);
+    s.gen.deadline = deadline;
+    s.gen.prompt = prompt_tokens(body, chat, stop);
     if (chat) s.gen.stop.insert(s.gen.stop.end(), serve::chat_stops(chat_).begin(), serve::chat_stops(chat_).end());
   } catch (const json::exception& e) {
     ++http_errors_;
@@ -303,10 +337,11 @@ HttpResponse Server::completion(const HttpRequest& req, bool chat) {
   } catch (const ApiError& e) {
     ++http_errors_;
     return json_response(e.status, error_body(e));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCancelled) throw;
+    ++http_errors_;
+    return json_response(408, error_body({408, "the prompt was not tokenized within --request-timeout", ""}));
   }
-  s.gen.deadline = std::chrono::steady_clock::now() +
-                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                       std::chrono::duration<double>(o_.request_timeout_s));
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
   if (s.stream) return stream(s.gen, id, chat);
   s.gen.keep_going = [&req] { return !req.client_gone(); };
