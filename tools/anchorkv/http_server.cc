@@ -1,18 +1,22 @@
 #include "http_server.h"
 
 #include <arpa/inet.h>
-#include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <deque>
-#include <mutex>
-#include <thread>
+#include <optional>
+#include <string_view>
 
 #include "anchorkv/status.h"
 #include "core/error.h"
@@ -21,6 +25,53 @@ namespace anchorkv::cli {
 namespace {
 
 constexpr const char* kOp = "anchorkv serve";
+constexpr size_t kMaxChunkLine = 4096;       // a chunk's size line with its extensions
+constexpr size_t kLingerBytes = 64 << 10;    // read and dropped after a refusal, so the answer is not reset
+constexpr int kLingerMs = 500;
+
+const char* reason(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return status < 300 ? "OK" : status < 500 ? "Bad Request" : "Internal Server Error";
+  }
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
+}
+
+// An OpenAI-style error for refusals made before any handler ran.
+HttpResponse refusal(int status, const std::string& message) {
+  return {status, "application/json",
+          R"({"error":{"message":")" + json_escape(message) + R"(","type":"invalid_request_error","param":null,"code":null}})",
+          {}, {}};
+}
+
+std::string http_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  return buf;
+}
 
 // Whether the peer closed its side or reset the connection (a pipelined next
 // request is not a close).
@@ -30,27 +81,243 @@ bool socket_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-int connection_fd(MHD_Connection* c) {
-  const MHD_ConnectionInfo* ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-  return ci ? ci->connect_fd : -1;
+// Sends all of `data`, waiting at most `timeout_ms` each time the socket is
+// full; false when the client is gone or reads too slowly.
+bool send_all(int fd, std::string_view data, int timeout_ms) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, timeout_ms);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      continue;
+    }
+    return false;
+  }
+  return true;
 }
 
-MHD_Result collect_header(void* cls, MHD_ValueKind, const char* key, const char* value) {
-  std::string k = key;
-  std::transform(k.begin(), k.end(), k.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  (*static_cast<std::map<std::string, std::string>*>(cls))[k] = value ? value : "";
-  return MHD_YES;
+bool is_tchar(unsigned char c) {
+  return std::isalnum(c) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
 }
+
+bool is_token(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return is_tchar(static_cast<unsigned char>(c)); });
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Whether a comma-separated header value holds `token` (case-insensitive).
+bool has_token(std::string_view value, std::string_view token) {
+  while (!value.empty()) {
+    const size_t comma = value.find(',');
+    if (lower(trim_ows(value.substr(0, comma))) == token) return true;
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
+// A request's head, parsed; `status` is nonzero when it must be refused.
+struct Head {
+  int status = 0;
+  std::string why;
+  std::string method, path;
+  bool http11 = true, keep_alive = true, chunked = false, expect_continue = false;
+  std::optional<uint64_t> content_length;
+  std::map<std::string, std::string> headers;
+};
+
+Head refuse(int status, std::string why) {
+  Head h;
+  h.status = status;
+  h.why = std::move(why);
+  return h;
+}
+
+// The request line: method SP origin-form target SP HTTP-version.
+bool parse_request_line(std::string_view line, Head& h) {
+  const size_t a = line.find(' '), b = a == std::string_view::npos ? a : line.find(' ', a + 1);
+  if (b == std::string_view::npos || line.find(' ', b + 1) != std::string_view::npos) return false;
+  const std::string_view method = line.substr(0, a), target = line.substr(a + 1, b - a - 1),
+                         version = line.substr(b + 1);
+  if (!is_token(method) || target.empty() || target[0] != '/') return false;
+  for (char c : target)
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7F) return false;
+  if (version == "HTTP/1.1") {
+    h.http11 = true;
+  } else if (version == "HTTP/1.0") {
+    h.http11 = false;
+  } else {
+    h.status = version.size() == 8 && version.substr(0, 5) == "HTTP/" ? 505 : 400;
+    h.why = "unsupported HTTP version";
+    return true;
+  }
+  h.method = std::string(method);
+  h.path = std::string(target.substr(0, target.find('?')));
+  return true;
+}
+
+// One header line into `h`; false when it is malformed.
+bool parse_header_line(std::string_view line, Head& h, int& hosts, bool& had_te) {
+  if (line[0] == ' ' || line[0] == '\t') return false;  // obs-fold
+  const size_t colon = line.find(':');
+  if (colon == std::string_view::npos || !is_token(line.substr(0, colon))) return false;  // incl. "Name :"
+  const std::string name = lower(line.substr(0, colon));
+  const std::string_view value = trim_ows(line.substr(colon + 1));
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && u != '\t') || u == 0x7F) return false;
+  }
+  if (name == "content-length") {
+    if (h.content_length || value.empty() || value.size() > 18 ||
+        !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return false;  // repeated, negative, signed, listed, not a number, or past any body size
+    h.content_length = std::stoull(std::string(value));
+  } else if (name == "transfer-encoding") {
+    if (had_te) return false;
+    had_te = true;
+    h.chunked = lower(value) == "chunked";
+    if (!h.chunked) {
+      h.status = 501;
+      h.why = "the only transfer coding accepted is chunked";
+    }
+  } else if (name == "host") {
+    ++hosts;
+  } else if (name == "expect") {
+    if (lower(value) != "100-continue") {
+      h.status = 417;
+      h.why = "the only expectation met is 100-continue";
+    }
+    h.expect_continue = true;
+  }
+  if (name == "connection") {
+    if (has_token(value, "close")) h.keep_alive = false;
+    if (!h.http11 && has_token(value, "keep-alive")) h.keep_alive = true;
+  }
+  std::string& slot = h.headers[name];
+  slot = slot.empty() ? std::string(value) : slot + ", " + std::string(value);
+  return true;
+}
+
+// The head (CRLF line endings, without the final empty line).
+Head parse_head(std::string_view text) {
+  Head h;
+  h.keep_alive = true;
+  int hosts = 0;
+  bool had_te = false, first = true;
+  while (!text.empty()) {
+    const size_t end = text.find("\r\n");
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 2);
+    if (line.find_first_of("\r\n") != std::string_view::npos || line.find('\0') != std::string_view::npos)
+      return refuse(400, "a bare CR or LF, or a NUL, in the request head");
+    if (first) {
+      if (!parse_request_line(line, h)) return refuse(400, "malformed request line");
+      if (h.status) return h;
+      h.keep_alive = h.http11;
+      first = false;
+      continue;
+    }
+    if (line.empty() || !parse_header_line(line, h, hosts, had_te)) return refuse(400, "malformed header line");
+  }
+  if (first) return refuse(400, "no request line");
+  if (h.status) return h;
+  if (h.content_length && had_te)
+    return refuse(400, "Content-Length and Transfer-Encoding together: the body's length is ambiguous");
+  if (had_te && !h.http11) return refuse(400, "Transfer-Encoding in an HTTP/1.0 request");
+  if (h.http11 && hosts != 1) return refuse(400, hosts == 0 ? "no Host header" : "more than one Host header");
+  return h;
+}
+
+// A client's bytes, buffered: what was read past one request stays for the
+// next (pipelining).
+class Reader {
+ public:
+  Reader(int fd, int timeout_ms) : fd_(fd), timeout_ms_(timeout_ms) {}
+  // Reads more; false at the end of the stream, on an error, or after
+  // timeout_ms without a byte.
+  bool fill() {
+    pollfd p{fd_, POLLIN, 0};
+    for (;;) {
+      const int r = ::poll(&p, 1, timeout_ms_);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      break;
+    }
+    char tmp[16384];
+    ssize_t n;
+    do {
+      n = ::recv(fd_, tmp, sizeof tmp, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return false;
+    if (pos_ > 0 && pos_ == buf_.size()) {
+      buf_.clear();
+      pos_ = 0;
+    }
+    buf_.append(tmp, static_cast<size_t>(n));
+    return true;
+  }
+  std::string_view available() const { return std::string_view(buf_).substr(pos_); }
+  void consume(size_t n) {
+    pos_ += n;
+    if (pos_ > (64 << 10) && pos_ * 2 > buf_.size()) {
+      buf_.erase(0, pos_);
+      pos_ = 0;
+    }
+  }
+  // A line ending in CRLF of at most `limit` bytes (without it); nothing
+  // when the stream ends first or the line is longer.
+  std::optional<std::string> line(size_t limit) {
+    for (;;) {
+      const std::string_view a = available();
+      if (const size_t end = a.find("\r\n"); end != std::string_view::npos) {
+        if (end > limit) return std::nullopt;
+        std::string out(a.substr(0, end));
+        consume(end + 2);
+        return out;
+      }
+      if (a.size() > limit + 1 || !fill()) return std::nullopt;
+    }
+  }
+  // Exactly n bytes appended to `out`.
+  bool take(size_t n, std::string& out) {
+    while (available().size() < n)
+      if (!fill()) return false;
+    out.append(available().substr(0, n));
+    consume(n);
+    return true;
+  }
+
+ private:
+  int fd_, timeout_ms_;
+  std::string buf_;
+  size_t pos_ = 0;
+};
 
 // A streamed body: the producer thread appends pieces, the connection's
-// thread (in MHD's content reader) takes them out and sends them.
+// thread takes them out and sends them.
 struct Stream {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::string> pending;
   bool done = false, gone = false;
-  int fd = -1;
-  std::thread producer;
 
   bool write(const std::string& piece) {
     std::lock_guard lock(mu);
@@ -63,87 +330,13 @@ struct Stream {
     std::lock_guard lock(mu);
     return gone;
   }
-  // MHD's content reader: the next bytes, waiting for the producer; while
-  // waiting, checks every 100 ms that the client is still there.
-  ssize_t read(char* buf, size_t max) {
-    std::unique_lock lock(mu);
-    while (pending.empty() && !done) {
-      if (cv.wait_for(lock, std::chrono::milliseconds(100)) == std::cv_status::timeout && socket_closed(fd)) {
-        gone = true;
-        return MHD_CONTENT_READER_END_WITH_ERROR;
-      }
-    }
-    if (pending.empty()) return MHD_CONTENT_READER_END_OF_STREAM;
-    std::string& front = pending.front();
-    const size_t n = std::min(max, front.size());
-    std::memcpy(buf, front.data(), n);
-    if (n == front.size())
-      pending.pop_front();
-    else
-      front.erase(0, n);
-    return static_cast<ssize_t>(n);
-  }
-  // MHD is done with the response (sent, or the client went away).
-  void finish() {
-    {
-      std::lock_guard lock(mu);
-      gone = true;
-    }
-    if (producer.joinable()) producer.join();
+  void set_gone() {
+    std::lock_guard lock(mu);
+    gone = true;
   }
 };
 
-ssize_t stream_read(void* cls, uint64_t, char* buf, size_t max) { return static_cast<Stream*>(cls)->read(buf, max); }
-void stream_free(void* cls) {
-  auto* s = static_cast<Stream*>(cls);
-  s->finish();
-  delete s;
-}
-
-MHD_Result queue(MHD_Connection* c, const HttpResponse& r) {
-  MHD_Response* resp = MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()),
-                                                       MHD_RESPMEM_MUST_COPY);
-  if (!resp) return MHD_NO;
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r.content_type.c_str());
-  for (const auto& [k, v] : r.headers) MHD_add_response_header(resp, k.c_str(), v.c_str());
-  const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
-  MHD_destroy_response(resp);
-  return ok;
-}
-
-MHD_Result queue_stream(MHD_Connection* c, HttpResponse r) {
-  auto* s = new Stream;
-  s->fd = connection_fd(c);
-  MHD_Response* resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
-  if (!resp) {
-    delete s;
-    return MHD_NO;
-  }
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r.content_type.c_str());
-  for (const auto& [k, v] : r.headers) MHD_add_response_header(resp, k.c_str(), v.c_str());
-  s->producer = std::thread([s, produce = std::move(r.produce)] {
-    produce([s](const std::string& piece) { return s->write(piece); }, [s] { return s->is_gone(); });
-    std::lock_guard lock(s->mu);
-    s->done = true;
-    s->cv.notify_all();
-  });
-  const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(r.status), resp);
-  MHD_destroy_response(resp);  // MHD holds its own reference until the stream ends
-  return ok;
-}
-
-// An oversized body seen mid-upload: MHD cannot queue a response while it
-// delivers upload data, so the 413 goes out directly and the connection closes.
-void send_raw_413(MHD_Connection* c) {
-  static const char kMsg[] =
-      "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
-      "Content-Length: 95\r\n\r\n"
-      R"({"error":{"message":"request body too large","type":"invalid_request_error","param":null,"code":null}})";
-  const int fd = connection_fd(c);
-  if (fd >= 0) (void)::send(fd, kMsg, sizeof(kMsg) - 1, MSG_NOSIGNAL);
-}
-
-sockaddr_storage resolve(const std::string& host, int port, bool* ipv6) {
+sockaddr_storage resolve(const std::string& host, int port, socklen_t* len) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -153,71 +346,237 @@ sockaddr_storage resolve(const std::string& host, int port, bool* ipv6) {
     core::fail(ErrorCode::kIo, kOp, "cannot resolve --host '" + host + "': " + ::gai_strerror(rc));
   sockaddr_storage addr{};
   std::memcpy(&addr, res->ai_addr, res->ai_addrlen);
-  *ipv6 = res->ai_family == AF_INET6;
+  *len = res->ai_addrlen;
   ::freeaddrinfo(res);
   return addr;
 }
 
+std::string peer_address(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  if (a.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof buf);
+  else if (a.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof buf);
+  return buf;
+}
+
 }  // namespace
 
-struct HttpServer::Call {
-  std::string body;
+struct HttpServer::Connection {
+  int fd = -1;
+  std::string peer;
+  std::thread thread;
+  std::atomic<bool> done{false};
 };
 
-struct Dispatch {
-  static MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char* method, const char*,
-                               const char* upload, size_t* upload_size, void** con_cls) {
-    auto* srv = static_cast<HttpServer*>(cls);
-    if (!*con_cls) {
-      *con_cls = new HttpServer::Call;
-      const char* length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-      if (length && std::strtoull(length, nullptr, 10) > srv->limits_.max_body) {
-        ++srv->refused_;
-        return queue(c, too_large());
-      }
-      return MHD_YES;
+// One connection's life: requests read, answered and streamed in turn until
+// the client closes, a request asks to close, a refusal closes, or the
+// server stops.
+struct ConnectionLoop {
+  HttpServer& srv;
+  HttpServer::Connection& conn;
+  Reader in;
+
+  ConnectionLoop(HttpServer& s, HttpServer::Connection& c)
+      : srv(s), conn(c), in(c.fd, static_cast<int>(s.limits_.idle_timeout_s) * 1000) {}
+
+  int send_timeout_ms() const { return static_cast<int>(srv.limits_.idle_timeout_s) * 1000; }
+
+  void run() {
+    while (!srv.stopping_ && one_request()) {
     }
-    auto* call = static_cast<HttpServer::Call*>(*con_cls);
-    if (*upload_size > 0) {
-      if (call->body.size() + *upload_size > srv->limits_.max_body) {  // chunked, past the limit
-        ++srv->refused_;
-        send_raw_413(c);
-        return MHD_NO;
+  }
+
+  // The head of the next request; nothing when the client closed or went
+  // silent first (nothing is answered then).
+  std::optional<Head> read_head() {
+    for (int blank = 0;; ++blank) {  // RFC 9112 2.2: empty lines before a request line are ignored
+      while (in.available().size() < 2)
+        if (!in.fill()) return std::nullopt;
+      if (in.available().substr(0, 2) != "\r\n" || blank >= 4) break;
+      in.consume(2);
+    }
+    for (;;) {
+      const std::string_view a = in.available();
+      const size_t end = a.find("\r\n\r\n");
+      if (end != std::string_view::npos) {
+        if (end + 4 > srv.limits_.header_memory) return refuse(431, "the request head is too large");
+        Head h = parse_head(a.substr(0, end));
+        in.consume(end + 4);
+        return h;
       }
-      call->body.append(upload, *upload_size);
-      *upload_size = 0;
-      (void)upload;
-      return MHD_YES;
+      if (a.size() > srv.limits_.header_memory) return refuse(431, "the request head is too large");
+      if (!in.fill()) return std::nullopt;
+    }
+  }
+
+  // The body; a nonzero status when it must be refused.
+  int read_body(const Head& h, std::string& body) {
+    if (h.content_length) {
+      if (*h.content_length > srv.limits_.max_body) return 413;
+      if (h.expect_continue && *h.content_length > 0 && !send_all(conn.fd, "HTTP/1.1 100 Continue\r\n\r\n", send_timeout_ms()))
+        return -1;
+      return in.take(*h.content_length, body) ? 0 : -1;
+    }
+    if (!h.chunked) return 0;
+    if (h.expect_continue && !send_all(conn.fd, "HTTP/1.1 100 Continue\r\n\r\n", send_timeout_ms())) return -1;
+    for (;;) {
+      const std::optional<std::string> line = in.line(kMaxChunkLine);
+      if (!line) return 400;
+      // chunk-size [BWS ";" chunk-ext]: the extensions are dropped.
+      std::string_view digits = std::string_view(*line).substr(0, line->find(';'));
+      while (!digits.empty() && (digits.back() == ' ' || digits.back() == '\t')) digits.remove_suffix(1);
+      if (digits.empty() || digits.size() > 15) return 400;
+      uint64_t size = 0;
+      for (char c : digits) {
+        const int v = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                      : (c >= 'a' && c <= 'f')                    ? c - 'a' + 10
+                      : (c >= 'A' && c <= 'F')                    ? c - 'A' + 10
+                                                                  : -1;
+        if (v < 0) return 400;
+        size = size * 16 + static_cast<uint64_t>(v);
+      }
+      if (size == 0) break;
+      if (body.size() + size > srv.limits_.max_body) return 413;
+      if (!in.take(size, body)) return -1;
+      const std::optional<std::string> end = in.line(0);
+      if (!end) return 400;  // the chunk's data is not followed by CRLF
+    }
+    size_t trailers = 0;  // trailer fields are read and dropped, within the head's limit
+    for (;;) {
+      const std::optional<std::string> line = in.line(srv.limits_.header_memory);
+      if (!line) return 400;
+      if (line->empty()) return 0;
+      trailers += line->size() + 2;
+      if (trailers > srv.limits_.header_memory) return 431;
+    }
+  }
+
+  // Answers a refusal, then closes: what the client still sends is read
+  // and dropped for a moment, so the answer is not lost to a reset.
+  void refuse_and_close(int status, const std::string& why, bool head_only = false) {
+    ++srv.refused_;
+    HttpResponse r = refusal(status, why);
+    if (status == 503) r.headers.push_back({"Retry-After", "1"});
+    send_response(r, /*close=*/true, head_only);
+    ::shutdown(conn.fd, SHUT_WR);
+    char buf[4096];
+    size_t dropped = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLingerMs);
+    while (dropped < kLingerBytes && std::chrono::steady_clock::now() < until) {
+      pollfd p{conn.fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = ::recv(conn.fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      dropped += static_cast<size_t>(n);
+    }
+  }
+
+  bool send_response(const HttpResponse& r, bool close, bool head_only) {
+    std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + reason(r.status) + "\r\n";
+    out += "Date: " + http_date() + "\r\nContent-Type: " + r.content_type + "\r\n";
+    for (const auto& [k, v] : r.headers)
+      if (lower(k) != "connection" && lower(k) != "content-length" && lower(k) != "transfer-encoding")
+        out += k + ": " + v + "\r\n";
+    out += r.produce ? std::string("Transfer-Encoding: chunked\r\n")
+                     : "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+    if (close) out += "Connection: close\r\n";
+    out += "\r\n";
+    if (!r.produce && !head_only) out += r.body;
+    return send_all(conn.fd, out, send_timeout_ms());
+  }
+
+  // Sends a streamed body while its producer runs; false when the client
+  // went away (the producer is told and joined either way).
+  bool stream(HttpResponse& r) {
+    Stream s;
+    std::thread producer([&s, produce = std::move(r.produce)] {
+      try {
+        produce([&s](const std::string& piece) { return s.write(piece); }, [&s] { return s.is_gone(); });
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "anchorkv serve: a stream failed: %s\n", e.what());
+      }
+      std::lock_guard lock(s.mu);
+      s.done = true;
+      s.cv.notify_all();
+    });
+    bool ok = true;
+    for (;;) {
+      std::unique_lock lock(s.mu);
+      if (s.pending.empty() && !s.done) {
+        if (s.cv.wait_for(lock, std::chrono::milliseconds(100)) == std::cv_status::timeout &&
+            (socket_closed(conn.fd) || srv.stopping_)) {
+          ok = false;
+          break;
+        }
+        continue;
+      }
+      if (s.pending.empty()) break;  // done
+      std::string piece = std::move(s.pending.front());
+      s.pending.pop_front();
+      lock.unlock();
+      if (piece.empty()) continue;
+      char size[24];
+      std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
+      if (!send_all(conn.fd, size + piece + "\r\n", send_timeout_ms())) {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) s.set_gone();
+    producer.join();
+    return ok && send_all(conn.fd, "0\r\n\r\n", send_timeout_ms());
+  }
+
+  // One request; false when the connection is to be closed.
+  bool one_request() {
+    std::optional<Head> head = read_head();
+    if (!head) return false;
+    if (head->status) {
+      refuse_and_close(head->status, head->why);
+      return false;
     }
     HttpRequest req;
-    req.method = method;
-    req.path = url;
-    req.body = std::move(call->body);
-    MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &req.headers);
-    const int fd = connection_fd(c);
-    req.client_gone = [fd, srv] { return srv->stopping_ || (fd >= 0 && socket_closed(fd)); };
-    HttpResponse resp = srv->handle(req);
-    return resp.produce ? queue_stream(c, std::move(resp)) : queue(c, resp);
-  }
-
-  static void on_completed(void*, MHD_Connection*, void** con_cls, MHD_RequestTerminationCode) {
-    delete static_cast<HttpServer::Call*>(*con_cls);
-    *con_cls = nullptr;
-  }
-
-  static HttpResponse too_large() {
-    return {413, "application/json",
-            R"({"error":{"message":"request body too large","type":"invalid_request_error","param":null,"code":null}})",
-            {}, {}};
+    req.method = head->method;
+    req.path = head->path;
+    req.headers = std::move(head->headers);
+    const bool allowed = !srv.draining_ || srv.while_draining(req.path);
+    if (!allowed) {
+      refuse_and_close(503, "the server is shutting down; retry shortly", req.method == "HEAD");
+      return false;
+    }
+    struct InFlight {
+      HttpServer& s;
+      explicit InFlight(HttpServer& srv) : s(srv) {
+        std::lock_guard lock(s.mu_);
+        ++s.in_flight_;
+      }
+      ~InFlight() {
+        std::lock_guard lock(s.mu_);
+        if (--s.in_flight_ == 0) s.idle_.notify_all();
+      }
+    } in_flight(srv);
+    if (const int status = read_body(*head, req.body); status != 0) {
+      if (status > 0)
+        refuse_and_close(status, status == 413 ? "request body too large" : "malformed chunked body");
+      return false;
+    }
+    const int fd = conn.fd;
+    HttpServer* s = &srv;
+    req.client_gone = [fd, s] { return s->stopping_ || socket_closed(fd); };
+    HttpResponse resp = srv.handle(req);
+    const bool close = !head->keep_alive || srv.draining_ ||
+                       std::any_of(resp.headers.begin(), resp.headers.end(), [](const auto& h) {
+                         return lower(h.first) == "connection" && has_token(h.second, "close");
+                       });
+    if (!send_response(resp, close, req.method == "HEAD")) return false;
+    if (resp.produce && !stream(resp)) return false;
+    return !close;
   }
 };
 
 HttpServer::HttpServer(HttpLimits limits) : limits_(limits) {
-  fallback_ = [](const HttpRequest&) {
-    return HttpResponse{404, "application/json",
-                        R"({"error":{"message":"no such endpoint","type":"not_found_error","param":null,"code":null}})",
-                        {}, {}};
-  };
+  fallback_ = [](const HttpRequest&) { return refusal(404, "no such endpoint"); };
   on_exception_ = [](const std::string&) {
     return HttpResponse{500, "application/json",
                         R"({"error":{"message":"internal error","type":"server_error","param":null,"code":null}})",
@@ -229,6 +588,11 @@ HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::route(const std::string& method, const std::string& path, HttpHandler h) {
   routes_[{method, path}] = std::move(h);
+}
+
+bool HttpServer::while_draining(const std::string& path) const {
+  std::lock_guard lock(mu_);
+  return while_draining_.count(path) > 0;
 }
 
 HttpResponse HttpServer::handle(const HttpRequest& req) const {
@@ -243,30 +607,118 @@ HttpResponse HttpServer::handle(const HttpRequest& req) const {
 }
 
 void HttpServer::start(const std::string& host, int port) {
-  bool ipv6 = false;
-  sockaddr_storage addr = resolve(host, port, &ipv6);
-  const unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                         (ipv6 ? MHD_USE_IPv6 : 0);
-  daemon_ = MHD_start_daemon(
-      flags, static_cast<uint16_t>(port), nullptr, nullptr, &Dispatch::on_request, this,
-      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&addr),                      //
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, limits_.header_memory,                     //
-      MHD_OPTION_CONNECTION_LIMIT, limits_.max_connections,                          //
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, limits_.per_ip_connections,                //
-      MHD_OPTION_CONNECTION_TIMEOUT, limits_.idle_timeout_s,                         //
-      MHD_OPTION_NOTIFY_COMPLETED, &Dispatch::on_completed, nullptr,                 //
-      MHD_OPTION_END);  // SO_REUSEADDR only, never SO_REUSEPORT: a second server on the port fails
-  if (!daemon_)
+  socklen_t len = 0;
+  const sockaddr_storage addr = resolve(host, port, &len);
+  listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  // SO_REUSEADDR only, never SO_REUSEPORT: a second server on the port fails.
+  if (listen_fd_ < 0 || ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), len) != 0 || ::listen(listen_fd_, 512) != 0) {
+    const std::string why = std::strerror(errno);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    listen_fd_ = -1;
     core::fail(ErrorCode::kIo, kOp,
-               "cannot listen on " + host + ":" + std::to_string(port) + " (" + std::strerror(errno) +
+               "cannot listen on " + host + ":" + std::to_string(port) + " (" + why +
                    "; is another server on that port?)");
+  }
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+bool HttpServer::admit(const std::string& peer) {
+  std::lock_guard lock(mu_);
+  const auto open = std::count_if(connections_.begin(), connections_.end(), [](const auto& c) { return !c->done; });
+  if (open >= static_cast<std::ptrdiff_t>(limits_.max_connections)) return false;
+  unsigned& from_peer = per_ip_[peer];
+  if (limits_.per_ip_connections > 0 && from_peer >= limits_.per_ip_connections) return false;
+  ++from_peer;
+  return true;
+}
+
+// Joins the threads of finished connections and closes their sockets (all
+// of them when stopping).
+void HttpServer::reap(bool all) {
+  std::vector<std::unique_ptr<Connection>> finished;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (all || (*it)->done) {
+        finished.push_back(std::move(*it));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : finished) {
+    c->thread.join();
+    ::close(c->fd);
+  }
+}
+
+void HttpServer::accept_loop() {
+  while (!stopping_) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int r = ::poll(fds, 2, 1000);
+    if (stopping_) break;
+    reap(false);
+    if (r <= 0 || !(fds[0].revents & POLLIN)) continue;
+    sockaddr_storage a{};
+    socklen_t alen = sizeof a;
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&a), &alen, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    const std::string peer = peer_address(a);
+    if (!admit(peer)) {
+      ++refused_;
+      ::close(fd);
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto c = std::make_unique<Connection>();
+    c->fd = fd;
+    c->peer = peer;
+    Connection* raw = c.get();
+    std::lock_guard lock(mu_);
+    connections_.push_back(std::move(c));
+    raw->thread = std::thread([this, raw] {
+      ConnectionLoop(*this, *raw).run();
+      ::shutdown(raw->fd, SHUT_RDWR);
+      std::lock_guard l(mu_);
+      if (--per_ip_[raw->peer] == 0) per_ip_.erase(raw->peer);
+      raw->done = true;
+    });
+  }
+}
+
+void HttpServer::drain(std::set<std::string> while_draining) {
+  {
+    std::lock_guard lock(mu_);
+    while_draining_ = std::move(while_draining);
+  }
+  draining_ = true;
+}
+
+bool HttpServer::wait_idle(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mu_);
+  return idle_.wait_until(lock, deadline, [&] { return in_flight_ == 0; });
 }
 
 void HttpServer::stop() {
-  if (!daemon_) return;
-  stopping_ = true;
-  MHD_stop_daemon(daemon_);
-  daemon_ = nullptr;
+  if (listen_fd_ < 0 || stopping_.exchange(true)) return;
+  const uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  acceptor_.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& c : connections_) ::shutdown(c->fd, SHUT_RDWR);  // wakes their reads
+  }
+  reap(/*all=*/true);
 }
 
 }  // namespace anchorkv::cli
