@@ -236,9 +236,13 @@ void BlockStore::put(std::vector<HeldBlock> blocks, bool known_present) {
   wake_.notify_all();
 }
 
-void BlockStore::flush() {
+void BlockStore::flush(Clock::time_point deadline) {
   std::unique_lock lock(mu_);
-  drained_.wait(lock, [&] { return (queue_.empty() && !writing_) || stop_; });
+  const auto done = [&] { return (queue_.empty() && !writing_) || stop_; };
+  if (deadline == Clock::time_point::max()) return drained_.wait(lock, done);
+  if (drained_.wait_until(lock, deadline, done)) return;
+  for (const Pending& p : queue_) counts_.dropped_writes += p.check_first ? 0 : 1;
+  queue_.clear();
 }
 
 void BlockStore::writer_loop() {

@@ -86,8 +86,9 @@ class BlockStore {
   void put(std::vector<runtime::HeldBlock> blocks, bool known_present = false);
   // Deletes a block found bad after extend() returned it.
   void discard(uint64_t key);
-  // Waits until every queued write is done or dropped (tests, shutdown).
-  void flush();
+  // Waits until every queued write is done or dropped (tests, shutdown),
+  // or until `deadline`: then what is still queued is dropped (counted).
+  void flush(std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   StoreMetrics metrics() const;
   bool up() const { return up_.load(); }
   std::string address() const { return address_.redacted(); }

@@ -26,16 +26,15 @@ size_t incomplete_utf8_tail(const std::string& s) {
   return 0;
 }
 
-// A slot for the lifetime of one request. Waits while every slot is busy
-// (checking `keep_going` every 100 ms); throws Busy when `max_queue` already wait.
+// A slot for the lifetime of one request whose place in the queue is
+// already counted in `waiting`. Waits while every slot is busy (checking
+// `keep_going` every 100 ms).
 class SlotGuard {
  public:
-  SlotGuard(std::mutex& m, std::condition_variable& cv, int& busy, int& waiting, int slots, int max_queue,
+  SlotGuard(std::mutex& m, std::condition_variable& cv, int& busy, int& waiting, int slots,
             const std::function<bool()>& keep_going)
       : m_(m), cv_(cv), busy_(busy) {
     std::unique_lock lock(m_);
-    if (busy_ >= slots && waiting >= max_queue) throw Busy{};
-    ++waiting;
     while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return busy_ < slots; }))
       if (keep_going && !keep_going()) {
         --waiting;
@@ -243,19 +242,41 @@ void Engine::decode(const GenerateRequest& req, model::LlamaModel& m, std::vecto
   if (res.finish_reason != "cancelled" && !stop_string && !emit(stream.finish())) res.finish_reason = "cancelled";
 }
 
-GenerateResult Engine::generate(const GenerateRequest& req) {
+QueuePlace& QueuePlace::operator=(QueuePlace&& o) noexcept {
+  if (this != &o) {
+    if (engine_) engine_->leave_queue();
+    engine_ = std::exchange(o.engine_, nullptr);
+  }
+  return *this;
+}
+
+QueuePlace::~QueuePlace() {
+  if (engine_) engine_->leave_queue();
+}
+
+QueuePlace Engine::enter() {
+  std::lock_guard lock(slot_mutex_);
+  if (busy_slots_ >= std::max(1, opt_.slots) && waiting_ >= opt_.max_queue) {
+    std::lock_guard stats(stats_mutex_);
+    ++stats_.busy;
+    throw Busy{};
+  }
+  ++waiting_;
+  return QueuePlace(this);
+}
+
+void Engine::leave_queue() {
+  std::lock_guard lock(slot_mutex_);
+  --waiting_;
+}
+
+GenerateResult Engine::generate(const GenerateRequest& req, QueuePlace place) {
   GenerateResult res;
   res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
-  std::optional<SlotGuard> slot;
-  try {
-    slot.emplace(slot_mutex_, slot_free_, busy_slots_, waiting_, std::max(1, opt_.slots), opt_.max_queue,
-                 req.keep_going);
-  } catch (const Busy&) {
-    std::lock_guard lock(stats_mutex_);
-    ++stats_.busy;
-    throw;
-  }
-  if (slot->cancelled) {
+  if (place.engine_ != this) place = enter();
+  place.engine_ = nullptr;  // the slot guard takes the place over
+  SlotGuard slot(slot_mutex_, slot_free_, busy_slots_, waiting_, std::max(1, opt_.slots), req.keep_going);
+  if (slot.cancelled) {
     res.finish_reason = "cancelled";
     record(res);
     return res;
@@ -303,6 +324,19 @@ void Engine::record(const GenerateResult& res) {
   stats_.timed_out += res.timed_out;
   stats_.prefill_s += res.prefill_s;
   stats_.decode_s += res.decode_s;
+}
+
+Engine::Persisted Engine::persist(std::chrono::steady_clock::time_point deadline) {
+  Persisted p;
+  p.pool = pool_.persist(deadline);
+  if (store_) {
+    const StoreMetrics before = store_->metrics();
+    store_->flush(deadline);
+    const StoreMetrics after = store_->metrics();
+    p.store_blocks = after.blocks_written - before.blocks_written;
+    p.store_dropped = after.dropped_writes - before.dropped_writes;
+  }
+  return p;
 }
 
 EngineMetrics Engine::metrics() const {

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/prefix_chain.h"
@@ -91,8 +92,27 @@ struct GenerateResult {
   double prefill_s = 0, decode_s = 0;
 };
 
-// Thrown by generate() when max_queue requests already wait for a slot.
+// Thrown by enter() (and generate() without a place) when max_queue
+// requests already wait for a slot.
 struct Busy {};
+
+class Engine;
+// A place among the requests waiting for a slot, taken before a response
+// starts (a stream's status line goes out before it waits): a request that
+// holds one is never refused for a full queue. Given up when destroyed
+// unless generate() took it.
+class QueuePlace {
+ public:
+  QueuePlace() = default;
+  QueuePlace(QueuePlace&& o) noexcept : engine_(std::exchange(o.engine_, nullptr)) {}
+  QueuePlace& operator=(QueuePlace&& o) noexcept;
+  ~QueuePlace();
+
+ private:
+  friend class Engine;
+  explicit QueuePlace(Engine* e) : engine_(e) {}
+  Engine* engine_ = nullptr;
+};
 
 struct EngineMetrics {
   int64_t requests = 0, prompt_tokens = 0, prefilled_tokens = 0, completion_tokens = 0;
@@ -105,8 +125,19 @@ struct EngineMetrics {
 class Engine {
  public:
   Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options);
-  // Thread-safe; waits for a free slot (throws Busy when too many wait).
-  GenerateResult generate(const GenerateRequest& request);
+  // A place in the queue; throws Busy when max_queue requests already wait.
+  QueuePlace enter();
+  // Thread-safe; waits for a free slot in the place given (or one taken
+  // here: throws Busy when too many wait).
+  GenerateResult generate(const GenerateRequest& request, QueuePlace place);
+  GenerateResult generate(const GenerateRequest& request) { return generate(request, enter()); }
+  // Before the process exits: writes the pool's blocks to the folder and the
+  // store's queue to the store, most recently used first, until `deadline`.
+  struct Persisted {
+    PoolPersisted pool;
+    int64_t store_blocks = 0, store_dropped = 0;  // written to the store while waiting; not written
+  };
+  Persisted persist(std::chrono::steady_clock::time_point deadline);
   EngineMetrics metrics() const;
   const EngineOptions& options() const { return opt_; }
   // Whether the shared store answers (nothing without one); takes no lock.
@@ -131,6 +162,9 @@ class Engine {
   void record(const GenerateResult& res);
   TokenLogprob token_logprob(const std::vector<float>& logits, int32_t token, int top) const;
   runtime::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }
+
+  friend class QueuePlace;
+  void leave_queue();  // a place given up
 
   const model::LlamaWeights& weights_;
   const model::Tokenizer& tok_;

@@ -331,6 +331,51 @@ void PrefixPool::spill(std::vector<Block> victims) {
   }
 }
 
+PoolPersisted PrefixPool::persist(std::chrono::steady_clock::time_point deadline) {
+  PoolPersisted out;
+  std::vector<Block> chosen;  // most recently used first, within the folder's budget
+  {
+    std::lock_guard lock(mu_);
+    int64_t bytes = 0;
+    for (const Block& b : memory_) {
+      bytes += static_cast<int64_t>(b.file->size());
+      if (opt_.folder.empty() || (opt_.disk_budget > 0 && bytes > opt_.disk_budget))
+        ++out.left;
+      else
+        chosen.push_back(b);
+    }
+  }
+  std::vector<std::pair<Block, std::string>> written;
+  for (Block& b : chosen) {
+    const std::string path = block_file(opt_.folder, b.info.key);
+    try {
+      if (std::chrono::steady_clock::now() >= deadline) throw Error(ErrorCode::kIo, kOp, "past the deadline");
+      core::write_file_atomically(path, *b.file, kOp, kCacheFileMagic);
+    } catch (const Error&) {
+      ++out.left;
+      continue;
+    }
+    out.blocks += 1;
+    out.bytes += static_cast<int64_t>(b.file->size());
+    written.emplace_back(std::move(b), path);
+  }
+  std::vector<std::string> files;
+  {
+    std::lock_guard lock(mu_);
+    // Least recently used first, so the most recently used are the newest spills.
+    for (auto it = written.rbegin(); it != written.rend(); ++it) {
+      const auto w = where_.find(it->first.info.key);
+      if (w == where_.end() || !w->second.in_memory) continue;  // dropped or moved meanwhile
+      unhold(it->first.info.key);
+      hold_on_disk({it->first.info, it->second, static_cast<int64_t>(it->first.file->size())});
+    }
+    while (opt_.disk_budget > 0 && disk_bytes_ > opt_.disk_budget && !disk_.empty())
+      counts_.disk_evictions += drop_from(disk_.front().info.key, files);
+  }
+  remove_files(files);
+  return out;
+}
+
 void PrefixPool::add(Block block) {
   const auto bytes = static_cast<int64_t>(block.file->size());
   if (bytes > opt_.budget) return;

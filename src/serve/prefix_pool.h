@@ -23,6 +23,7 @@
 // Files written by an earlier run are indexed at start when `accept` takes them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -56,6 +57,13 @@ struct PoolMetrics {
 
 using runtime::BlockInfo;
 
+// What persist() wrote to the folder, and what it could not (no folder, its
+// budget, an error, or the deadline).
+struct PoolPersisted {
+  int64_t blocks = 0, bytes = 0;
+  int64_t left = 0;
+};
+
 class PrefixPool {
  public:
   using Block = runtime::HeldBlock;
@@ -80,6 +88,11 @@ class PrefixPool {
   // Drops the block `key` and every block after it (a caller found it bad):
   // counted in bad_entries.
   void discard(uint64_t key);
+  // Before the process exits: writes the blocks held in memory to the
+  // folder, most recently used first, as many as its budget holds, until
+  // `deadline`; they are held there from then on (the newest spills), so a
+  // restart indexes them.
+  PoolPersisted persist(std::chrono::steady_clock::time_point deadline);
   PoolMetrics metrics() const;
 
  private:

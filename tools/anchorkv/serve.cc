@@ -1,5 +1,5 @@
-// `anchorkv serve`: an OpenAI-compatible HTTP server (http_server.h on
-// libmicrohttpd, nlohmann JSON) over serve::Engine — completions and chat
+// `anchorkv serve`: an OpenAI-compatible HTTP server (http_server.h, strict
+// HTTP/1.1 framing; nlohmann JSON) over serve::Engine — completions and chat
 // completions (plain and server-sent events), models, health and Prometheus
 // metrics. Every limit is checked before the work it bounds: bytes before
 // tokenizing, tokens before prefilling, the queue before waiting.
@@ -38,6 +38,7 @@ struct ServeOptions {
   int64_t max_prompt = 0;  // 0: the model's context (at most 8192)
   int64_t max_tokens_limit = 4096;
   double request_timeout_s = 300;
+  double shutdown_timeout_s = 30;
 };
 
 // An OpenAI-style error; thrown by request parsing, answered with `status`.
@@ -49,7 +50,7 @@ struct ApiError {
 json error_body(const ApiError& e) {
   return {{"error",
            {{"message", e.message},
-            {"type", e.status == 404 ? "not_found_error" : "invalid_request_error"},
+            {"type", e.status == 404 ? "not_found_error" : e.status >= 500 ? "server_error" : "invalid_request_error"},
             {"param", e.param.empty() ? json(nullptr) : json(e.param)},
             {"code", nullptr}}}};
 }
@@ -126,12 +127,15 @@ class Server {
     routes();
   }
   void start() { http_.start(o_.host, o_.port); }
-  void stop() { http_.stop(); }
+  // A rolling restart: drains, persists, stops (see serve_main).
+  void shut_down();
 
  private:
   void routes();
   HttpResponse completion(const HttpRequest& req, bool chat);
-  HttpResponse stream(const serve::GenerateRequest& gen, const std::string& id, bool chat);
+  HttpResponse stream(const serve::GenerateRequest& gen, serve::QueuePlace place, const std::string& id, bool chat);
+  HttpResponse busy();
+  HttpResponse drained();
   std::vector<int32_t> prompt_tokens(const json& body, bool chat, const model::Tokenizer::StopCheck& stop) const;
   std::vector<int32_t> token_ids(const json& p) const;
   void check_text_bytes(size_t bytes, const char* param) const;
@@ -146,6 +150,9 @@ class Server {
   HttpServer http_;
   int64_t longest_piece_ = 1;  // bytes of the longest token: a text of more than max_prompt times it is too long
   std::atomic<int64_t> next_id_{1}, http_errors_{0}, server_errors_{0};
+  // Set when --shutdown-timeout has passed while draining: running
+  // generations end at their next step (503, or an error event).
+  std::atomic<bool> drain_expired_{false};
 };
 
 HttpResponse json_response(int status, const json& body) { return {status, "application/json", dump(body), {}, {}}; }
@@ -154,9 +161,10 @@ void Server::routes() {
   // Health answers from this thread alone: it never waits on the engine, a slot or the pool.
   // A store that is down degrades the service (every prompt is prefilled here), never fails it.
   http_.route("GET", "/health", [this](const HttpRequest&) {
-    json body = {{"status", "ok"}};
+    const bool draining = http_.draining();
+    json body = {{"status", draining ? "draining" : "ok"}};
     if (const std::optional<bool> up = engine_.store_up()) body["kv_store"] = *up ? "up" : "down";
-    return json_response(200, body);
+    return json_response(draining ? 503 : 200, body);
   });
   http_.route("GET", "/v1/models", [this](const HttpRequest&) {
     return json_response(200, {{"object", "list"},
@@ -324,8 +332,9 @@ HttpResponse Server::completion(const HttpRequest& req, bool chat) {
     return std::chrono::steady_clock::now() >= deadline || req.client_gone();
   };
   try {
-    // A value per prompt token (token ids), five per message, and room for the other fields.
-    const json body = parse_bounded(req.body, 5 * static_cast<size_t>(o_.max_prompt) + 256);
+    // Room for a prompt of token ids or of messages several times longer
+    // than allowed, so that the checks below name what is too long.
+    const json body = parse_bounded(req.body, 8 * static_cast<size_t>(std::max<int64_t>(o_.max_prompt, 8192)) + 256);
     if (!body.is_object()) throw ApiError{400, "the body must be a JSON object", ""};
     s = parse_sampling(body, o_);
     s.gen.deadline = deadline;
@@ -343,17 +352,16 @@ HttpResponse Server::completion(const HttpRequest& req, bool chat) {
     return json_response(408, error_body({408, "the prompt was not tokenized within --request-timeout", ""}));
   }
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
-  if (s.stream) return stream(s.gen, id, chat);
-  s.gen.keep_going = [&req] { return !req.client_gone(); };
-  serve::GenerateResult r;
+  serve::QueuePlace place;
   try {
-    r = engine_.generate(s.gen);
+    place = engine_.enter();  // before a stream's 200: a full queue is a 503 either way
   } catch (const serve::Busy&) {
-    ++http_errors_;
-    HttpResponse busy = json_response(503, error_body({503, "the server is busy; retry shortly", ""}));
-    busy.headers.push_back({"Retry-After", "1"});
-    return busy;
+    return busy();
   }
+  if (s.stream) return stream(s.gen, std::move(place), id, chat);
+  s.gen.keep_going = [this, &req] { return !req.client_gone() && !drain_expired_; };
+  const serve::GenerateResult r = engine_.generate(s.gen, std::move(place));
+  if (r.finish_reason == "cancelled" && drain_expired_) return drained();
   json c = choice_json(chat, r.text, r.finish_reason, false);
   if (s.gen.top_logprobs >= 0) c["logprobs"] = logprobs_json(r, chat);
   return json_response(200, {{"id", id},
@@ -364,14 +372,32 @@ HttpResponse Server::completion(const HttpRequest& req, bool chat) {
                              {"usage", usage(r)}});
 }
 
+HttpResponse Server::busy() {
+  ++http_errors_;
+  HttpResponse r = json_response(503, error_body({503, "the server is busy; retry shortly", ""}));
+  r.headers.push_back({"Retry-After", "1"});
+  return r;
+}
+
+HttpResponse Server::drained() {
+  ++http_errors_;
+  HttpResponse r =
+      json_response(503, error_body({503, "the server shut down before the answer was complete; retry", ""}));
+  r.headers.push_back({"Retry-After", "1"});
+  r.headers.push_back({"Connection", "close"});
+  return r;
+}
+
 // Server-sent events: one chunk per piece of text, a last one with
-// finish_reason and usage, then [DONE]. A full queue ends the stream with an
-// error event.
-HttpResponse Server::stream(const serve::GenerateRequest& gen, const std::string& id, bool chat) {
+// finish_reason and usage, then [DONE]. A stream the shutdown cut short ends
+// with an error event instead.
+HttpResponse Server::stream(const serve::GenerateRequest& gen, serve::QueuePlace place, const std::string& id,
+                            bool chat) {
   HttpResponse res{200, "text/event-stream", "", {{"Cache-Control", "no-cache"}}, {}};
   const int64_t created = unix_now();
-  res.produce = [this, gen, id, chat, created](const std::function<bool(const std::string&)>& write,
-                                               const std::function<bool()>& gone) {
+  auto held = std::make_shared<serve::QueuePlace>(std::move(place));
+  res.produce = [this, gen, held, id, chat, created](const std::function<bool(const std::string&)>& write,
+                                                     const std::function<bool()>& gone) {
     auto send = [&](const json& j) { return write("data: " + dump(j) + "\n\n"); };
     auto chunk = [&](const std::string& text, const json& finish) {
       return json{{"id", id},
@@ -382,16 +408,21 @@ HttpResponse Server::stream(const serve::GenerateRequest& gen, const std::string
     };
     serve::GenerateRequest g = gen;
     g.on_text = [&](const std::string& text) { return send(chunk(text, nullptr)); };
-    g.keep_going = [&] { return !gone() && !http_.stopping(); };
+    g.keep_going = [&] { return !gone() && !http_.stopping() && !drain_expired_; };
     serve::GenerateResult r;
     try {
-      r = engine_.generate(g);
-    } catch (const serve::Busy&) {
-      ++http_errors_;
-      send(error_body({503, "the server is busy; retry shortly", ""}));
+      r = engine_.generate(g, std::move(*held));
+    } catch (const std::exception& e) {
+      ++server_errors_;
+      std::fprintf(stderr, "anchorkv serve: a stream failed: %s\n", e.what());
+      send({{"error", {{"message", "internal error"}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
       return;
     }
-    if (r.finish_reason == "cancelled") return;
+    if (r.finish_reason == "cancelled") {
+      if (drain_expired_)
+        send(error_body({503, "the server shut down before the answer was complete; retry", ""}));
+      return;
+    }
     json last = chunk("", r.finish_reason);
     last["usage"] = usage(r);
     send(last);
@@ -457,6 +488,31 @@ std::string Server::metrics_text() const {
   count("prefix_disk_errors_total", "Spills or removals in --cache-dir that failed.", pool.disk_errors);
   if (m.store) store_metrics(*m.store, metric, count);
   return out;
+}
+
+// A rolling restart. Requests that arrive from now on get 503 (health says
+// "draining"); running ones finish until --shutdown-timeout, then end with a
+// 503 or an error event; what is left of the deadline writes the pool's
+// blocks to --cache-dir and the queue to --kv-store, most recently used first.
+void Server::shut_down() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.shutdown_timeout_s));
+  http_.drain({"/health", "/metrics"});
+  if (!http_.wait_idle(deadline)) {
+    drain_expired_ = true;
+    std::fprintf(stderr, "anchorkv serve: --shutdown-timeout passed; ending the requests still running\n");
+    http_.wait_idle(Clock::now() + std::chrono::seconds(10));  // each ends at its next step
+  }
+  const serve::Engine::Persisted p = engine_.persist(deadline);
+  if (!o_.engine.cache_dir.empty() || p.pool.left > 0)
+    std::fprintf(stderr, "anchorkv serve: %lld prefix blocks (%lld bytes) written to --cache-dir, %lld not written\n",
+                 static_cast<long long>(p.pool.blocks), static_cast<long long>(p.pool.bytes),
+                 static_cast<long long>(p.pool.left));
+  if (!o_.engine.store.url.empty())
+    std::fprintf(stderr, "anchorkv serve: %lld queued blocks written to --kv-store, %lld dropped\n",
+                 static_cast<long long>(p.store_blocks), static_cast<long long>(p.store_dropped));
+  http_.stop();
 }
 
 // "2GiB", "512MiB", "64M", "1000000" -> bytes, at most 2^50.
@@ -527,8 +583,16 @@ void serve_main(ServeOptions o) {
                                           : (", kv store " + serve::parse_redis_url(o.engine.store.url).redacted()).c_str());
   int sig = 0;
   sigwait(&signals, &sig);
-  std::fprintf(stderr, "anchorkv serve: signal %d, stopping\n", sig);
-  server.stop();
+  std::fprintf(stderr, "anchorkv serve: signal %d, draining (up to %g s; a second signal exits at once)\n", sig,
+               o.shutdown_timeout_s);
+  std::thread([signals] {
+    int again = 0;
+    sigwait(&signals, &again);
+    std::fprintf(stderr, "anchorkv serve: signal %d again, exiting now\n", again);
+    std::_Exit(1);
+  }).detach();
+  server.shut_down();
+  std::fprintf(stderr, "anchorkv serve: stopped\n");
 }
 
 }  // namespace
@@ -570,6 +634,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(0, 100000));
   sub->add_option("--request-timeout", o->request_timeout_s, "seconds a generation may take")
       ->check(CLI::Range(0.01, 86400.0));
+  sub->add_option("--shutdown-timeout", o->shutdown_timeout_s,
+                  "seconds SIGTERM waits for running requests and for writing pooled prefixes out")
+      ->check(CLI::Range(0.0, 86400.0));
   sub->add_option("--max-connections", o->http.max_connections, "open connections at once")
       ->check(CLI::Range(8u, 65536u));
   sub->add_option("--max-connections-per-ip", o->http.per_ip_connections, "open connections per client address (0: any)")
