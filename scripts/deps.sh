@@ -13,7 +13,6 @@ ANCHORKV_PACKAGES=(
   nlohmann-json3-dev  # JSON output
   libfmt-dev          # formatting
   libxxhash-dev       # xxHash64 checksums of cache files (header-only use)
-  libhiredis-dev      # Redis-protocol client: the prefix store `anchorkv serve --kv-store` replicas share
   redis-server        # the tests start one (no persistence, loopback only)
   python3 python3-dev python3-numpy python3-pytest python3-pip
   python3-requests    # the server tests' HTTP client

@@ -1,5 +1,6 @@
 #include "runtime/prefix_chain.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -157,6 +158,13 @@ std::vector<ChainBlock> chain_blocks(const PromptCacheKey& key, const model::Lla
     out.push_back({std::move(info), std::move(file)});
   }
   return out;
+}
+
+size_t max_block_bytes(const model::LlamaConfig& c) {
+  const auto context = static_cast<size_t>(c.context > 0 ? c.context : int64_t{1} << 17);
+  const auto per_token = static_cast<size_t>(std::max<int64_t>(1, c.n_layers) * std::max<int64_t>(1, c.n_kv_heads) *
+                                             std::max<int64_t>(1, c.head_dim)) * 2 * sizeof(float) + sizeof(int32_t);
+  return context * per_token + static_cast<size_t>(std::max<int64_t>(0, c.vocab)) * sizeof(float) + (size_t{1} << 20);
 }
 
 std::optional<BlockInfo> block_info(const uint8_t* data, size_t size, const std::string& name,

@@ -50,6 +50,12 @@ std::vector<ChainBlock> chain_blocks(const PromptCacheKey& key, const model::Lla
                                      const std::vector<int32_t>& tokens, ChainEnd from,
                                      const std::vector<float>& logits);
 
+// The most bytes a block of this model can take, whatever its cache: fp32
+// keys and values of every position of the context, their token ids and the
+// logits, and room for the file's headers. A reader of an untrusted store
+// refuses a value past it before reading it.
+size_t max_block_bytes(const model::LlamaConfig& config);
+
 // What block-file bytes say they are, when they were written for `key` and
 // are consistent (their key recomputed); nothing otherwise.
 std::optional<BlockInfo> block_info(const uint8_t* data, size_t size, const std::string& name,

@@ -45,6 +45,16 @@ std::vector<size_t> lengths_in(const RedisReply& r, int64_t room) {
   return out;
 }
 
+// A lookup's replies: one value per block of a chain (together no larger
+// than one block of the whole context), sets of lengths of a chain's blocks.
+RedisLimits limits_of(const StoreOptions& o) {
+  RedisLimits l;
+  l.max_bulk = o.max_value;
+  l.max_total = 2 * o.max_value;
+  l.max_elements = size_t{1} << 16;
+  return l;
+}
+
 RedisAddress address_of(const StoreOptions& o) {
   RedisAddress a = parse_redis_url(o.url);
   if (!o.password.empty()) a.password = o.password;
@@ -55,11 +65,12 @@ RedisAddress address_of(const StoreOptions& o) {
 
 BlockStore::BlockStore(StoreOptions options, uint64_t root, Verify verify)
     : opt_(std::move(options)),
+      limits_(limits_of(opt_)),
       address_(address_of(opt_)),
       prefix_("anchorkv:1:" + hex(root) + ":"),
       verify_(std::move(verify)) {
   try {
-    idle_.push_back(std::make_unique<RedisConnection>(address_, opt_.timeout));
+    idle_.push_back(std::make_unique<RedisConnection>(address_, opt_.timeout, limits_));
     up_ = true;
   } catch (const RedisUnavailable& e) {
     std::fprintf(stderr, "anchorkv serve: the kv store %s is down (%s); serving without it, retrying\n",
@@ -80,7 +91,8 @@ BlockStore::~BlockStore() {
 std::string BlockStore::block_key(uint64_t key) const { return prefix_ + "block:" + hex(key); }
 std::string BlockStore::next_key(uint64_t parent) const { return prefix_ + "next:" + hex(parent); }
 
-std::optional<std::vector<RedisReply>> BlockStore::run(const std::vector<RedisCommand>& commands) {
+std::optional<std::vector<RedisReply>> BlockStore::run(const std::vector<RedisCommand>& commands,
+                                                       Deadline deadline) {
   if (!up_) return std::nullopt;
   std::unique_ptr<RedisConnection> c;
   {
@@ -91,15 +103,23 @@ std::optional<std::vector<RedisReply>> BlockStore::run(const std::vector<RedisCo
     }
   }
   try {
-    if (!c) c = std::make_unique<RedisConnection>(address_, opt_.timeout);
-    std::vector<RedisReply> replies = c->pipeline(commands);
-    std::lock_guard lock(conn_mu_);
-    idle_.push_back(std::move(c));
+    if (!c) c = std::make_unique<RedisConnection>(address_, deadline, limits_);
+    std::vector<RedisReply> replies = c->pipeline(commands, deadline);
+    if (!c->broken()) {
+      std::lock_guard lock(conn_mu_);
+      idle_.push_back(std::move(c));
+    }
     return replies;
   } catch (const RedisUnavailable& e) {
     mark_down(e.what());
     return std::nullopt;
   }
+}
+
+void BlockStore::drop_bad(const std::string& key, Deadline deadline) {
+  run({{"DEL", key}}, deadline);
+  std::lock_guard lock(mu_);
+  ++counts_.bad_entries;
 }
 
 void BlockStore::mark_down(const std::string& why) {
@@ -119,7 +139,7 @@ void BlockStore::mark_down(const std::string& why) {
 
 void BlockStore::reconnect() {
   try {
-    auto c = std::make_unique<RedisConnection>(address_, opt_.timeout);
+    auto c = std::make_unique<RedisConnection>(address_, opt_.timeout, limits_);
     {
       std::lock_guard lock(conn_mu_);
       idle_.push_back(std::move(c));
@@ -133,12 +153,13 @@ void BlockStore::reconnect() {
 // ---------------------------------------------------------------- lookups
 
 std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size_t max_tokens,
-                                        uint64_t parent, int64_t first) {
+                                        uint64_t parent, int64_t first, Deadline deadline) {
   std::vector<BlockInfo> chain;
   const auto limit = static_cast<int64_t>(std::min(max_tokens, prompt.size()));
-  std::optional<std::vector<RedisReply>> r = run({{"SMEMBERS", next_key(parent)}});
+  std::optional<std::vector<RedisReply>> r = run({{"SMEMBERS", next_key(parent)}}, deadline);
   if (!r) return chain;
   RedisReply after = std::move((*r)[0]);  // the lengths of the blocks after `parent`
+  if (after.type == RedisReply::Type::kTooLarge) drop_bad(next_key(parent), deadline);
   for (int64_t pos = first; chain.size() < kMaxLevels;) {
     const std::vector<size_t> lengths = lengths_in(after, limit - pos);
     if (lengths.empty()) break;
@@ -153,8 +174,12 @@ std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size
       words.push_back(next_key(k));
       cmds.push_back({"SMEMBERS", words.back()});
     }
-    r = run(cmds);
+    r = run(cmds, deadline);
     if (!r) break;
+    if (!r->empty() && r->back().type == RedisReply::Type::kTooLarge) {  // a set past the limits: deleted
+      drop_bad(std::string(cmds[r->size() - 1][1]), deadline);
+      break;
+    }
     size_t pick = keys.size();
     for (size_t i = keys.size(); i-- > 0;)
       if ((*r)[2 * i].type == RedisReply::Type::kInteger && (*r)[2 * i].integer == 1) {
@@ -175,10 +200,11 @@ std::vector<BlockInfo> BlockStore::walk(const std::vector<int32_t>& prompt, size
 std::vector<HeldBlock> BlockStore::extend(const std::vector<int32_t>& prompt, size_t max_tokens,
                                           uint64_t parent, int64_t first) {
   const auto t0 = Clock::now();
+  const Deadline deadline = t0 + opt_.timeout;  // the lookup as a whole
   std::vector<HeldBlock> out;
   int64_t bad = 0, bytes = 0;
   const std::vector<BlockInfo> found =
-      up_ ? walk(prompt, max_tokens, parent, first) : std::vector<BlockInfo>();
+      up_ ? walk(prompt, max_tokens, parent, first, deadline) : std::vector<BlockInfo>();
   if (!found.empty()) {
     std::vector<std::string> words;
     words.reserve(found.size());
@@ -187,9 +213,14 @@ std::vector<HeldBlock> BlockStore::extend(const std::vector<int32_t>& prompt, si
       words.push_back(block_key(b.key));
       cmds.push_back({"GET", words.back()});
     }
-    const std::optional<std::vector<RedisReply>> r = run(cmds);
-    for (size_t i = 0; r && i < found.size(); ++i) {
+    const std::optional<std::vector<RedisReply>> r = run(cmds, deadline);
+    for (size_t i = 0; r && i < r->size(); ++i) {
       const RedisReply& v = (*r)[i];
+      if (v.type == RedisReply::Type::kTooLarge) {  // larger than any block of this model: refused unread
+        ++bad;
+        run({{"DEL", words[i]}}, deadline);
+        break;
+      }
       if (v.type != RedisReply::Type::kString) break;  // evicted since the walk
       auto file = std::make_shared<const std::vector<uint8_t>>(v.str.begin(), v.str.end());
       const std::optional<BlockInfo> info = verify_(file->data(), file->size());
@@ -197,7 +228,7 @@ std::vector<HeldBlock> BlockStore::extend(const std::vector<int32_t>& prompt, si
       if (!info || info->key != want.key || info->parent != want.parent || info->first != want.first ||
           info->tokens != want.tokens) {
         ++bad;
-        run({{"DEL", words[i]}});
+        run({{"DEL", words[i]}}, deadline);
         break;
       }
       bytes += static_cast<int64_t>(file->size());
@@ -214,11 +245,7 @@ std::vector<HeldBlock> BlockStore::extend(const std::vector<int32_t>& prompt, si
   return out;
 }
 
-void BlockStore::discard(uint64_t key) {
-  run({{"DEL", block_key(key)}});
-  std::lock_guard lock(mu_);
-  ++counts_.bad_entries;
-}
+void BlockStore::discard(uint64_t key) { drop_bad(block_key(key), Clock::now() + opt_.timeout); }
 
 // ---------------------------------------------------------------- writes
 
@@ -292,7 +319,7 @@ void BlockStore::write(std::vector<Pending> batch) {
   std::vector<bool> skip(batch.size(), false);
   if (!checks.empty()) {
     const std::optional<std::vector<RedisReply>> r = run(checks);
-    if (!r) return;  // down: these were not new blocks, nothing is lost
+    if (!r || r->size() < checks.size()) return;  // down or broken: these were not new blocks, nothing is lost
     for (size_t j = 0; j < checked.size(); ++j) skip[checked[j]] = (*r)[j].integer == 1;
   }
   const std::string ttl = std::to_string(opt_.ttl_s);
@@ -315,7 +342,7 @@ void BlockStore::write(std::vector<Pending> batch) {
   std::optional<std::vector<RedisReply>> r;
   if (!cmds.empty()) {
     r = run(cmds);
-    if (!r) {
+    if (!r || r->size() < cmds.size()) {
       std::lock_guard lock(mu_);
       for (size_t i = 0; i < batch.size(); ++i) counts_.dropped_writes += set_at[i] != SIZE_MAX;
       return;

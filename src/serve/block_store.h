@@ -18,6 +18,10 @@
 // checksum; then its place and its tokens against the prompt) before it is
 // returned; a bad one is a miss, deleted and counted.
 //
+// Every round trip, and a lookup as a whole, ends by `timeout`; a value
+// larger than `max_value` (or a set of more lengths than any chain has) is
+// refused unread, counted as a bad entry and deleted.
+//
 // Failures are misses: any error (refused, timed out, a broken reply) marks
 // the store down, and while it is down lookups and writes return at once
 // (writes are dropped and counted); a background thread reconnects every
@@ -46,7 +50,8 @@ namespace anchorkv::serve {
 struct StoreOptions {
   std::string url;                         // parse_redis_url
   std::string password;                    // when set, instead of the URL's
-  std::chrono::milliseconds timeout{250};  // connect, and every round trip
+  std::chrono::milliseconds timeout{250};  // connecting, every round trip, and a lookup as a whole
+  size_t max_value = size_t{64} << 20;     // the largest block (runtime::max_block_bytes): larger values are bad
   std::chrono::milliseconds retry{1000};   // between reconnection attempts of a down store
   int64_t ttl_s = 0;                       // 0: entries stay until the store evicts them
   size_t queue = 256;                      // blocks waiting to be written; more are dropped
@@ -100,18 +105,26 @@ class BlockStore {
   };
   std::string block_key(uint64_t key) const;
   std::string next_key(uint64_t parent) const;
-  // One pipeline on an idle or new connection; nothing when the store is
-  // down or fails (then it is marked down).
-  std::optional<std::vector<RedisReply>> run(const std::vector<RedisCommand>& commands);
+  // One pipeline on an idle or new connection, done by `deadline`; nothing
+  // when the store is down or fails (then it is marked down). A reply past
+  // the limits ends the replies as kTooLarge (not a failure).
+  using Deadline = std::chrono::steady_clock::time_point;
+  std::optional<std::vector<RedisReply>> run(const std::vector<RedisCommand>& commands, Deadline deadline);
+  std::optional<std::vector<RedisReply>> run(const std::vector<RedisCommand>& commands) {
+    return run(commands, std::chrono::steady_clock::now() + opt_.timeout);
+  }
+  // Deletes a value found bad (by `deadline`) and counts it.
+  void drop_bad(const std::string& key, Deadline deadline);
   void mark_down(const std::string& why);
   void writer_loop();
   void write(std::vector<Pending> batch);
   void reconnect();
   // The keys of the longest chain of stored blocks continuing `prompt`.
   std::vector<runtime::BlockInfo> walk(const std::vector<int32_t>& prompt, size_t max_tokens, uint64_t parent,
-                                       int64_t first);
+                                       int64_t first, Deadline deadline);
 
   const StoreOptions opt_;
+  const RedisLimits limits_;
   const RedisAddress address_;
   const std::string prefix_;  // "anchorkv:1:<root>:"
   const Verify verify_;

@@ -132,8 +132,10 @@ Engine::Engine(const model::LlamaWeights& weights, const model::Tokenizer& token
             [this](const uint8_t* data, size_t size, const std::string& path) {
               return runtime::block_info(data, size, path, key());
             }) {
-  if (!opt_.store.url.empty())
-    store_ = std::make_unique<BlockStore>(opt_.store, runtime::chain_root(key()),
+  StoreOptions store = opt_.store;
+  store.max_value = runtime::max_block_bytes(weights.config);
+  if (!store.url.empty())
+    store_ = std::make_unique<BlockStore>(store, runtime::chain_root(key()),
                                           [this](const uint8_t* data, size_t size) {
                                             return runtime::block_info(data, size, "kv store value", key());
                                           });

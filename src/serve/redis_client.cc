@@ -1,10 +1,17 @@
 #include "serve/redis_client.h"
 
-#include <hiredis/hiredis.h>
-#include <sys/time.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
 
 #include "anchorkv/status.h"
 #include "core/error.h"
@@ -49,32 +56,6 @@ void parse_credentials(std::string_view info, RedisAddress& a, const std::string
   const size_t colon = info.find(':');
   a.user = percent_decode(info.substr(0, colon), option);
   if (colon != std::string_view::npos) a.password = percent_decode(info.substr(colon + 1), option);
-}
-
-RedisReply convert(const redisReply* r) {
-  RedisReply out;
-  switch (r->type) {
-    case REDIS_REPLY_INTEGER:
-      out.type = RedisReply::Type::kInteger;
-      out.integer = r->integer;
-      break;
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-      out.type = RedisReply::Type::kString;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_ERROR:
-      out.type = RedisReply::Type::kError;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = RedisReply::Type::kArray;
-      for (size_t i = 0; i < r->elements; ++i) out.items.push_back(convert(r->element[i]));
-      break;
-    default:
-      break;  // nil
-  }
-  return out;
 }
 
 }  // namespace
@@ -155,23 +136,207 @@ std::string RedisAddress::redacted() const {
   return out;
 }
 
-RedisConnection::RedisConnection(const RedisAddress& a, std::chrono::milliseconds timeout) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
-  c_ = a.unix_socket ? redisConnectUnixWithTimeout(a.path.c_str(), tv)
-                     : redisConnectWithTimeout(a.host.c_str(), a.port, tv);
-  if (c_ == nullptr) throw RedisUnavailable("out of memory for a connection");
-  if (c_->err) {
-    const std::string why = c_->errstr;
-    redisFree(c_);
-    throw RedisUnavailable("cannot connect: " + why);
+// ---------------------------------------------------------------- the protocol
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxLine = 64 << 10;  // a status, error or length line
+constexpr int kMaxDepth = 4;           // arrays within arrays (the store's replies are at most 1 deep)
+
+int ms_left(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes.
+void wait_for(int fd, short events, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms_left(deadline));
+    if (r > 0) return;
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) throw RedisUnavailable(std::string("no ") + what + " within the timeout");
+    throw RedisUnavailable(std::string("poll: ") + std::strerror(errno));
   }
-  if (redisSetTimeout(c_, tv) != REDIS_OK) {
-    redisFree(c_);
-    throw RedisUnavailable("cannot set the timeout");
+}
+
+void append_command(std::string& out, const RedisCommand& cmd) {
+  out += '*';
+  out += std::to_string(cmd.size());
+  out += "\r\n";
+  for (std::string_view arg : cmd) {
+    out += '$';
+    out += std::to_string(arg.size());
+    out += "\r\n";
+    out.append(arg);
+    out += "\r\n";
   }
+}
+
+}  // namespace
+
+// Replies from the socket: lines and lengths checked before anything is
+// allocated, bulk strings received straight into their reply.
+class RedisConnection::Reader {
+ public:
+  Reader(int fd, std::string& buffered, const RedisLimits& limits, Clock::time_point deadline)
+      : fd_(fd), buf_(buffered), limits_(limits), deadline_(deadline) {}
+
+  RedisReply reply(int depth = 0) {
+    const std::string line = read_line();
+    if (line.empty()) throw RedisUnavailable("not the Redis protocol (an empty line)");
+    const std::string_view rest = std::string_view(line).substr(1);
+    RedisReply r;
+    switch (line[0]) {
+      case '+':
+        r.type = RedisReply::Type::kString;
+        r.str = rest;
+        return r;
+      case '-':
+        r.type = RedisReply::Type::kError;
+        r.str = rest;
+        return r;
+      case ':':
+        r.type = RedisReply::Type::kInteger;
+        r.integer = number(rest);
+        return r;
+      case '$': return bulk(number(rest));
+      case '*': return array(number(rest), depth);
+      default: throw RedisUnavailable("not the Redis protocol (an unknown reply type)");
+    }
+  }
+
+ private:
+  static int64_t number(std::string_view s) {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+      throw RedisUnavailable("not the Redis protocol (a malformed number)");
+    return v;
+  }
+
+  RedisReply bulk(int64_t n) {
+    RedisReply r;
+    if (n < 0) return r;  // nil
+    if (static_cast<uint64_t>(n) > limits_.max_bulk || total_ + static_cast<uint64_t>(n) > limits_.max_total) {
+      r.type = RedisReply::Type::kTooLarge;
+      r.integer = n;
+      return r;
+    }
+    total_ += static_cast<size_t>(n);
+    r.type = RedisReply::Type::kString;
+    r.str.resize(static_cast<size_t>(n));
+    const size_t from_buffer = std::min(buf_.size(), r.str.size());
+    std::memcpy(r.str.data(), buf_.data(), from_buffer);
+    buf_.erase(0, from_buffer);
+    for (size_t got = from_buffer; got < r.str.size();) got += receive(r.str.data() + got, r.str.size() - got);
+    if (read_exactly(2) != "\r\n") throw RedisUnavailable("not the Redis protocol (a bulk string's end)");
+    return r;
+  }
+
+  RedisReply array(int64_t n, int depth) {
+    RedisReply r;
+    if (n < 0) return r;  // nil
+    if (static_cast<uint64_t>(n) > limits_.max_elements || depth >= kMaxDepth) {
+      r.type = RedisReply::Type::kTooLarge;
+      r.integer = n;
+      return r;
+    }
+    r.type = RedisReply::Type::kArray;
+    r.items.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      r.items.push_back(reply(depth + 1));
+      if (r.items.back().type == RedisReply::Type::kTooLarge) {
+        r.type = RedisReply::Type::kTooLarge;
+        r.items.clear();
+        return r;
+      }
+    }
+    return r;
+  }
+
+  std::string read_line() {
+    for (size_t scanned = 0;;) {
+      const size_t end = buf_.find("\r\n", scanned > 0 ? scanned - 1 : 0);
+      if (end != std::string::npos) {
+        std::string line = buf_.substr(0, end);
+        buf_.erase(0, end + 2);
+        return line;
+      }
+      if (buf_.size() > kMaxLine) throw RedisUnavailable("not the Redis protocol (a line too long)");
+      scanned = buf_.size();
+      fill();
+    }
+  }
+
+  std::string read_exactly(size_t n) {
+    while (buf_.size() < n) fill();
+    std::string out = buf_.substr(0, n);
+    buf_.erase(0, n);
+    return out;
+  }
+
+  void fill() {
+    char tmp[16384];
+    const size_t n = receive(tmp, sizeof tmp);
+    buf_.append(tmp, n);
+  }
+
+  // At least one byte into `out`, waiting until the deadline.
+  size_t receive(char* out, size_t max) {
+    for (;;) {
+      const ssize_t n = ::recv(fd_, out, max, MSG_DONTWAIT);
+      if (n > 0) return static_cast<size_t>(n);
+      if (n == 0) throw RedisUnavailable("the server closed the connection");
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) throw RedisUnavailable(std::string("recv: ") + std::strerror(errno));
+      wait_for(fd_, POLLIN, deadline_, "reply");
+    }
+  }
+
+  int fd_;
+  std::string& buf_;
+  const RedisLimits& limits_;
+  const Clock::time_point deadline_;
+  size_t total_ = 0;
+};
+
+RedisConnection::RedisConnection(const RedisAddress& a, Clock::time_point deadline, RedisLimits limits)
+    : limits_(limits) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  if (a.unix_socket) {
+    sockaddr_un u{};
+    u.sun_family = AF_UNIX;
+    if (a.path.size() >= sizeof u.sun_path) throw RedisUnavailable("the socket path is too long");
+    std::memcpy(u.sun_path, a.path.c_str(), a.path.size() + 1);
+    std::memcpy(&addr, &u, sizeof u);
+    len = sizeof u;
+  } else {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    const int rc = ::getaddrinfo(a.host.c_str(), std::to_string(a.port).c_str(), &hints, &res);
+    if (rc != 0 || !res) throw RedisUnavailable(std::string("cannot resolve the host: ") + ::gai_strerror(rc));
+    std::memcpy(&addr, res->ai_addr, res->ai_addrlen);
+    len = res->ai_addrlen;
+    ::freeaddrinfo(res);
+  }
+  fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throw RedisUnavailable(std::string("socket: ") + std::strerror(errno));
   try {
+    if (::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+      if (errno != EINPROGRESS && errno != EAGAIN) throw RedisUnavailable(std::string("cannot connect: ") + std::strerror(errno));
+      wait_for(fd_, POLLOUT, deadline, "connection");
+      int err = 0;
+      socklen_t elen = sizeof err;
+      ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &elen);
+      if (err != 0) throw RedisUnavailable(std::string("cannot connect: ") + std::strerror(err));
+    }
+    if (!a.unix_socket) {
+      const int one = 1;
+      ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
     const std::string db = std::to_string(a.db);  // the commands below are views: it outlives them
     std::vector<RedisCommand> hello;
     if (!a.user.empty() || !a.password.empty()) {
@@ -183,42 +348,61 @@ RedisConnection::RedisConnection(const RedisAddress& a, std::chrono::millisecond
     if (a.db != 0) hello.push_back({"SELECT", db});
     hello.push_back({"PING"});
     // The server's own words (WRONGPASS, NOAUTH, ...) never repeat the password.
-    for (const RedisReply& r : pipeline(hello))
-      if (r.type == RedisReply::Type::kError) throw RedisUnavailable("the server refused: " + r.str);
+    for (const RedisReply& r : pipeline(hello, deadline))
+      if (r.type == RedisReply::Type::kError || r.type == RedisReply::Type::kTooLarge)
+        throw RedisUnavailable("the server refused: " + r.str);
+    if (broken()) throw RedisUnavailable("the connection broke while greeting");
   } catch (...) {
-    redisFree(c_);
+    close_fd();
     throw;
   }
 }
 
-RedisConnection::~RedisConnection() { redisFree(c_); }
+RedisConnection::~RedisConnection() { close_fd(); }
 
-std::vector<RedisReply> RedisConnection::pipeline(const std::vector<RedisCommand>& commands) {
-  std::vector<const char*> argv;
-  std::vector<size_t> argvlen;
-  for (const RedisCommand& cmd : commands) {
-    argv.clear();
-    argvlen.clear();
-    for (std::string_view arg : cmd) {
-      argv.push_back(arg.data());
-      argvlen.push_back(arg.size());
+void RedisConnection::close_fd() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+void RedisConnection::send_all(const std::string& bytes, Clock::time_point deadline) {
+  for (size_t sent = 0; sent < bytes.size();) {
+    const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
     }
-    if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), argvlen.data()) != REDIS_OK)
-      throw RedisUnavailable(std::string("cannot queue a command: ") + c_->errstr);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wait_for(fd_, POLLOUT, deadline, "room to send");
+      continue;
+    }
+    throw RedisUnavailable(std::string("send: ") + std::strerror(errno));
   }
+}
+
+std::vector<RedisReply> RedisConnection::pipeline(const std::vector<RedisCommand>& commands,
+                                                  Clock::time_point deadline) {
+  if (fd_ < 0) throw RedisUnavailable("the connection is closed");
   std::vector<RedisReply> out;
-  out.reserve(commands.size());
-  for (size_t i = 0; i < commands.size(); ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(c_, &raw) != REDIS_OK || raw == nullptr) {
-      const bool timed_out = c_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-      throw RedisUnavailable(timed_out ? std::string("no reply within the timeout")
-                             : c_->err ? std::string(c_->errstr)
-                                       : std::string("no reply"));
+  try {
+    std::string request;
+    for (const RedisCommand& cmd : commands) append_command(request, cmd);
+    send_all(request, deadline);
+    request.clear();
+    request.shrink_to_fit();
+    Reader in(fd_, buffered_, limits_, deadline);
+    out.reserve(commands.size());
+    for (size_t i = 0; i < commands.size(); ++i) {
+      out.push_back(in.reply());
+      if (out.back().type == RedisReply::Type::kTooLarge) {
+        close_fd();  // its bytes are still on the wire
+        break;
+      }
     }
-    auto* r = static_cast<redisReply*>(raw);
-    out.push_back(convert(r));
-    freeReplyObject(r);
+  } catch (...) {
+    close_fd();
+    throw;
   }
   return out;
 }

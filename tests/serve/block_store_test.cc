@@ -4,13 +4,18 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "anchorkv/status.h"
@@ -326,6 +331,171 @@ TEST(BlockStore, AStoreThatNeverAnswersIsDownAfterTheTimeout) {
   store.put(chain_of(p, {100}));
   EXPECT_EQ(store.metrics().dropped_writes, 1);
   ::close(s);
+}
+
+// A store of the test's own on loopback: reads each command and answers what
+// `reply(command)` says, a byte at a time every `byte_gap` when that is set.
+class ScriptedStore {
+ public:
+  using Reply = std::function<std::string(const std::vector<std::string>&)>;
+  ScriptedStore(Reply reply, std::chrono::milliseconds byte_gap = 0ms) : reply_(std::move(reply)), gap_(byte_gap) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listen_, 16);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ScriptedStore() {
+    stop_ = true;
+    ::shutdown(listen_, SHUT_RDWR);
+    ::close(listen_);
+    thread_.join();
+  }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> commands_seen() {
+    std::lock_guard lock(mu_);
+    return seen_;
+  }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      const int c = ::accept(listen_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string in;
+      char buf[4096];
+      while (!stop_) {
+        std::vector<std::string> cmd;
+        size_t used = parse(in, cmd);
+        if (used == 0) {
+          pollfd p{c, POLLIN, 0};
+          if (::poll(&p, 1, 50) <= 0) continue;
+          const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+          if (n <= 0) break;
+          in.append(buf, static_cast<size_t>(n));
+          continue;
+        }
+        in.erase(0, used);
+        {
+          std::lock_guard lock(mu_);
+          seen_.push_back(cmd[0]);
+        }
+        const std::string out = reply_(cmd);
+        if (gap_.count() == 0) {
+          (void)::send(c, out.data(), out.size(), MSG_NOSIGNAL);
+          continue;
+        }
+        for (size_t i = 0; i < out.size() && !stop_; ++i) {
+          if (::send(c, &out[i], 1, MSG_NOSIGNAL) != 1) break;
+          std::this_thread::sleep_for(gap_);
+        }
+      }
+      ::close(c);
+    }
+  }
+  // One command (an array of bulk strings) from the front of `in`; 0 bytes when incomplete.
+  static size_t parse(const std::string& in, std::vector<std::string>& cmd) {
+    size_t pos = 0;
+    auto line = [&](std::string& out) {
+      const size_t end = in.find("\r\n", pos);
+      if (end == std::string::npos) return false;
+      out = in.substr(pos, end - pos);
+      pos = end + 2;
+      return true;
+    };
+    std::string l;
+    if (!line(l) || l.empty() || l[0] != '*') return 0;
+    const int n = std::stoi(l.substr(1));
+    for (int i = 0; i < n; ++i) {
+      if (!line(l)) return 0;
+      const size_t len = std::stoul(l.substr(1));
+      if (in.size() < pos + len + 2) return 0;
+      cmd.push_back(in.substr(pos, len));
+      pos += len + 2;
+    }
+    return pos;
+  }
+  Reply reply_;
+  std::chrono::milliseconds gap_;
+  int listen_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::string> seen_;
+};
+
+std::string pong_or(const std::vector<std::string>& cmd, const std::string& otherwise) {
+  return cmd[0] == "PING" ? "+PONG\r\n" : otherwise;
+}
+
+TEST(BlockStore, AStoreThatTricklesItsRepliesCostsOneTimeoutAndIsMarkedDown) {
+  // Answers one byte per 100 ms.
+  ScriptedStore trickle([&](const std::vector<std::string>& cmd) { return pong_or(cmd, "*1\r\n$3\r\n100\r\n"); },
+                        100ms);
+  StoreOptions o = options(trickle.url());
+  o.timeout = 300ms;  // the PING's 7 bytes take 0.7 s: the greeting alone is past it
+  const auto t0 = std::chrono::steady_clock::now();
+  BlockStore store(o, kRoot, verify_bytes());
+  const std::vector<int32_t> p = prompt_of(100);
+  EXPECT_TRUE(store.extend(p, p.size(), kRoot, 0).empty());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 3.0) << "each round trip ends at the timeout, not per byte";
+  EXPECT_FALSE(store.up());
+}
+
+TEST(BlockStore, RepliesLargerThanAnyBlockAreRefusedUnreadCountedAndDeleted) {
+  const std::vector<int32_t> p = prompt_of(200);
+  for (const std::string& oversized : {std::string("$500000000\r\n"), std::string("*2147483648\r\n")}) {
+    // The lookup walks to the first block, whose value (or whose set of next lengths) is oversized.
+    const bool value = oversized[0] == '$';
+    ScriptedStore store_server([&](const std::vector<std::string>& cmd) -> std::string {
+      if (cmd[0] == "PING") return "+PONG\r\n";
+      if (cmd[0] == "DEL") return ":1\r\n";
+      if (cmd[0] == "SMEMBERS")  // after the root: one block of 100; after it, the oversized set
+        return cmd[1] == "anchorkv:1:0000000000001234:next:0000000000001234" ? "*1\r\n$3\r\n100\r\n"
+               : value                                                      ? "*0\r\n"
+                                                                            : oversized;
+      if (cmd[0] == "EXISTS") return ":1\r\n";
+      if (cmd[0] == "GET") return value ? oversized : "$-1\r\n";
+      return "-ERR unknown\r\n";
+    });
+    StoreOptions o = options(store_server.url());
+    o.max_value = 1 << 20;
+    BlockStore store(o, kRoot, verify_bytes());
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(store.extend(p, p.size(), kRoot, 0).empty()) << oversized;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    const StoreMetrics m = store.metrics();
+    EXPECT_EQ(m.bad_entries, 1) << oversized;
+    EXPECT_EQ(m.errors, 0) << "a bad value is not a down store";
+    EXPECT_TRUE(store.up());
+    const std::vector<std::string> seen = store_server.commands_seen();
+    EXPECT_NE(std::find(seen.begin(), seen.end(), "DEL"), seen.end()) << "the value is deleted";
+  }
+}
+
+TEST(BlockStore, ARealValueLargerThanAnyBlockIsABadEntry) {
+  NEED_REDIS();
+  RedisServer redis(free_port());
+  StoreOptions o = options(redis.url());
+  o.max_value = 64 << 10;
+  BlockStore store(o, kRoot, verify_bytes());
+  const std::vector<int32_t> p = prompt_of(100);
+  const std::vector<HeldBlock> chain = chain_of(p, {100});
+  store.put(chain);
+  store.flush();
+  ASSERT_EQ(keys(store.extend(p, p.size(), kRoot, 0)), keys(chain));
+  RedisConnection direct = redis.connect();
+  direct.pipeline({{"SET", block_key(chain[0].info.key), std::string(1 << 20, 'x')}});
+  EXPECT_TRUE(store.extend(p, p.size(), kRoot, 0).empty());
+  EXPECT_EQ(store.metrics().bad_entries, 1);
+  EXPECT_EQ(direct.pipeline({{"EXISTS", block_key(chain[0].info.key)}})[0].integer, 0) << "deleted";
+  EXPECT_TRUE(store.up());
 }
 
 TEST(BlockStore, PasswordsAndAclUsers) {
