@@ -2,6 +2,7 @@
 with `Connection: close` and `Retry-After`; running requests finish, or past --shutdown-timeout end with
 a 503 or an error event; a second signal exits at once; pooled prefixes are written to --cache-dir and
 queued blocks to --kv-store, so a restart loses none of them."""
+import concurrent.futures
 import json
 import shutil
 import signal
@@ -146,3 +147,27 @@ def test_blocks_queued_for_the_store_are_written_before_exit():
         assert len(redis.blocks()) == made
     finally:
         redis.stop()
+
+
+def test_a_spilling_pool_gives_one_answer_per_prompt(tmp_path):
+    # A pool far smaller than the prompts it holds: blocks move to the folder and back all the time,
+    # while four slots ask for the same prompts. A block is findable at every instant of its moves and
+    # its first bytes win, so a prompt restored whole always gives the same answer.
+    s = Server(*CACHE, "--parallel", "4", "--cache-budget", "300KiB", "--cache-dir", str(tmp_path / "spill"),
+               "--cache-dir-budget", "64MiB")
+    try:
+        prompts = [[(j * (7 + i)) % 240 + 4 for j in range(830)] for i in range(3)]
+        body = {"max_tokens": 6, "temperature": 0, "logprobs": 1}
+        first = [s.post("/v1/completions", dict(body, prompt=p)).json()["choices"][0] for p in prompts]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: (i % 3, s.post("/v1/completions", dict(body, prompt=prompts[i % 3]))),
+                                    range(36)))
+        for i, r in answers:
+            assert r.status_code == 200
+            c = r.json()["choices"][0]
+            assert c["text"] == first[i]["text"] and c["logprobs"]["token_logprobs"] == first[i]["logprobs"]["token_logprobs"]
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        m = s.metrics()
+        assert m["anchorkv_prefix_disk_hits_total"] > 0 and m["anchorkv_prefix_bad_entries_total"] == 0
+    finally:
+        assert s.stop() == 0

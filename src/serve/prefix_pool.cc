@@ -30,9 +30,11 @@ bool leftover_temporary(const std::string& name) {
          name.find(".akvc.tmp.") != std::string::npos;
 }
 
-std::string block_file(const std::string& folder, uint64_t key) {
-  char name[40];
-  std::snprintf(name, sizeof name, "block-%016" PRIx64 ".akvc", key);
+// "block-KEY-SERIAL.akvc": each spill a file of its own, so removing the file
+// of a block read back never removes a later spill of the same block.
+std::string block_file(const std::string& folder, uint64_t key, uint64_t serial) {
+  char name[64];
+  std::snprintf(name, sizeof name, "block-%016" PRIx64 "-%" PRIx64 ".akvc", key, serial);
   return folder + "/" + name;
 }
 
@@ -40,9 +42,13 @@ uint64_t tokens_hash(const int32_t* t, size_t n) { return XXH64(t, n * sizeof(in
 
 }  // namespace
 
-PrefixPool::PrefixPool(PoolOptions options, const Accept& accept) : opt_(std::move(options)) {
+PrefixPool::PrefixPool(PoolOptions options, const Accept& accept)
+    : opt_(std::move(options)),
+      file_serial_(static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count())) {
   if (!opt_.folder.empty()) index_folder(accept);
 }
+
+std::string PrefixPool::new_file(uint64_t key) { return block_file(opt_.folder, key, file_serial_++); }
 
 void PrefixPool::index_folder(const Accept& accept) {
   std::error_code ec;
@@ -71,12 +77,12 @@ void PrefixPool::index_folder(const Accept& accept) {
 const BlockInfo* PrefixPool::find(uint64_t key) const {
   const auto it = where_.find(key);
   if (it == where_.end()) return nullptr;
-  return it->second.in_memory ? &it->second.memory->info : &it->second.disk->info;
+  return it->second.tier == Tier::kDisk ? &it->second.disk->info : &it->second.memory->info;
 }
 
 bool PrefixPool::spilled_at(uint64_t key, const std::string& path) const {
   const auto it = where_.find(key);
-  return it != where_.end() && !it->second.in_memory && it->second.disk->path == path;
+  return it != where_.end() && it->second.tier == Tier::kDisk && it->second.disk->path == path;
 }
 
 void PrefixPool::index_first(const BlockInfo& info) {
@@ -107,7 +113,7 @@ void PrefixPool::hold_in_memory(Block block) {
   memory_bytes_ += static_cast<int64_t>(block.file->size());
   memory_.push_front(std::move(block));
   index_first(memory_.front().info);
-  where_[memory_.front().info.key] = {true, memory_.begin(), {}};
+  where_[memory_.front().info.key] = {Tier::kMemory, memory_.begin(), {}};
 }
 
 void PrefixPool::hold_on_disk(Spilled s) {
@@ -115,13 +121,13 @@ void PrefixPool::hold_on_disk(Spilled s) {
   disk_bytes_ += s.bytes;
   disk_.push_back(std::move(s));
   index_first(disk_.back().info);
-  where_[disk_.back().info.key] = {false, {}, std::prev(disk_.end())};
+  where_[disk_.back().info.key] = {Tier::kDisk, {}, std::prev(disk_.end())};
 }
 
 void PrefixPool::unhold(uint64_t key) {
   const auto w = where_.find(key);
   if (w == where_.end()) return;
-  const BlockInfo& info = w->second.in_memory ? w->second.memory->info : w->second.disk->info;
+  const BlockInfo& info = w->second.tier == Tier::kDisk ? w->second.disk->info : w->second.memory->info;
   unindex_first(info);
   const auto [lo, hi] = after_.equal_range(info.parent);
   for (auto it = lo; it != hi; ++it)
@@ -129,12 +135,16 @@ void PrefixPool::unhold(uint64_t key) {
       after_.erase(it);
       break;
     }
-  if (w->second.in_memory) {
-    memory_bytes_ -= static_cast<int64_t>(w->second.memory->file->size());
-    memory_.erase(w->second.memory);
-  } else {
-    disk_bytes_ -= w->second.disk->bytes;
-    disk_.erase(w->second.disk);
+  switch (w->second.tier) {
+    case Tier::kMemory:
+      memory_bytes_ -= static_cast<int64_t>(w->second.memory->file->size());
+      memory_.erase(w->second.memory);
+      break;
+    case Tier::kLeaving: leaving_.erase(w->second.memory); break;
+    case Tier::kDisk:
+      disk_bytes_ -= w->second.disk->bytes;
+      disk_.erase(w->second.disk);
+      break;
   }
   where_.erase(w);
 }
@@ -203,9 +213,11 @@ std::optional<std::vector<PrefixPool::Block>> PrefixPool::longest_chain(const st
       }
       for (auto key = keys.rbegin(); key != keys.rend(); ++key) {  // the first block ends most recently used
         const Where& w = where_.at(*key);
-        if (w.in_memory) {
+        if (w.tier == Tier::kMemory) {
           memory_.splice(memory_.begin(), memory_, w.memory);  // iterators stay valid
           chain.push_back(memory_.front());
+        } else if (w.tier == Tier::kLeaving) {
+          chain.push_back(*w.memory);  // served from its bytes; it goes on to the folder
         } else {
           spilled_at.push_back(chain.size());
           spilled.push_back(*w.disk);
@@ -246,26 +258,27 @@ std::shared_ptr<const std::vector<uint8_t>> PrefixPool::read_spilled(const Spill
   }
 }
 
-// A block read back from the folder moves into memory, unless another
-// request already took it. Its file goes first, so that a later spill of the
-// same block (to the same path) is never removed by this one.
+// A block read back from the folder moves into memory in one step (it is
+// findable throughout), unless another request already took it or it is
+// larger than the budget (then it stays in the folder); its file is removed
+// after, which can never be a later spill's (each has a file of its own).
 void PrefixPool::keep_read_back(const Block& b, const std::string& path) {
-  {
-    std::lock_guard lock(mu_);
-    if (!spilled_at(b.info.key, path)) return;
-    unhold(b.info.key);
-    ++counts_.disk_hits;
-  }
-  std::error_code ec;
-  fs::remove(path, ec);
   std::vector<Block> victims;
   {
     std::lock_guard lock(mu_);
-    if (ec) ++counts_.disk_errors;
+    if (!spilled_at(b.info.key, path)) return;
+    ++counts_.disk_hits;
     const auto size = static_cast<int64_t>(b.file->size());
-    if (size > opt_.budget || find(b.info.key)) return;  // too big to hold, or added again meanwhile
+    if (size > opt_.budget) return;
+    unhold(b.info.key);
     victims = make_room(size);
     hold_in_memory(b);
+  }
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (ec) {
+    std::lock_guard lock(mu_);
+    ++counts_.disk_errors;
   }
   spill(std::move(victims));
 }
@@ -299,29 +312,48 @@ int64_t PrefixPool::shared_prefix(const std::vector<int32_t>& prompt) const {
 std::vector<PrefixPool::Block> PrefixPool::make_room(int64_t incoming) {
   std::vector<Block> victims;
   while (!memory_.empty() && memory_bytes_ + incoming > opt_.budget) {
-    victims.push_back(memory_.back());
-    unhold(memory_.back().info.key);
     ++counts_.evictions;
+    const uint64_t key = memory_.back().info.key;
+    if (opt_.folder.empty()) {
+      unhold(key);
+      continue;
+    }
+    victims.push_back(memory_.back());
+    memory_bytes_ -= static_cast<int64_t>(memory_.back().file->size());
+    leaving_.splice(leaving_.end(), memory_, std::prev(memory_.end()));
+    where_[key] = {Tier::kLeaving, std::prev(leaving_.end()), {}};
   }
   return victims;
 }
 
+bool PrefixPool::settle_on_disk(const Block& written, const std::string& path, Tier from) {
+  const auto w = where_.find(written.info.key);
+  if (w == where_.end() || w->second.tier != from || w->second.memory->file != written.file) return false;
+  unhold(written.info.key);
+  hold_on_disk({written.info, path, static_cast<int64_t>(written.file->size())});
+  return true;
+}
+
 void PrefixPool::spill(std::vector<Block> victims) {
-  if (opt_.folder.empty()) return;
   for (Block& b : victims) {
-    const std::string path = block_file(opt_.folder, b.info.key);
+    const std::string path = new_file(b.info.key);
+    bool written = true;
     try {
       core::write_file_atomically(path, *b.file, kOp, kCacheFileMagic);
     } catch (const Error&) {  // a full or read-only folder: the block is dropped as without one
-      std::lock_guard lock(mu_);
-      ++counts_.disk_errors;
-      continue;
+      written = false;
     }
     std::vector<std::string> files;
     {
       std::lock_guard lock(mu_);
-      if (find(b.info.key)) continue;  // added again meanwhile: that one is held (and spilled to the same path)
-      hold_on_disk({std::move(b.info), path, static_cast<int64_t>(b.file->size())});
+      if (!written) {
+        ++counts_.disk_errors;
+        const auto w = where_.find(b.info.key);
+        if (w != where_.end() && w->second.tier == Tier::kLeaving && w->second.memory->file == b.file)
+          unhold(b.info.key);
+        continue;
+      }
+      if (!settle_on_disk(b, path, Tier::kLeaving)) files.push_back(path);  // dropped meanwhile
       // Over the folder's budget, the oldest spilled blocks go, with the
       // blocks after them (no chain reaches those any more).
       while (opt_.disk_budget > 0 && disk_bytes_ > opt_.disk_budget && !disk_.empty())
@@ -347,7 +379,7 @@ PoolPersisted PrefixPool::persist(std::chrono::steady_clock::time_point deadline
   }
   std::vector<std::pair<Block, std::string>> written;
   for (Block& b : chosen) {
-    const std::string path = block_file(opt_.folder, b.info.key);
+    const std::string path = new_file(b.info.key);
     try {
       if (std::chrono::steady_clock::now() >= deadline) throw Error(ErrorCode::kIo, kOp, "past the deadline");
       core::write_file_atomically(path, *b.file, kOp, kCacheFileMagic);
@@ -363,12 +395,8 @@ PoolPersisted PrefixPool::persist(std::chrono::steady_clock::time_point deadline
   {
     std::lock_guard lock(mu_);
     // Least recently used first, so the most recently used are the newest spills.
-    for (auto it = written.rbegin(); it != written.rend(); ++it) {
-      const auto w = where_.find(it->first.info.key);
-      if (w == where_.end() || !w->second.in_memory) continue;  // dropped or moved meanwhile
-      unhold(it->first.info.key);
-      hold_on_disk({it->first.info, it->second, static_cast<int64_t>(it->first.file->size())});
-    }
+    for (auto it = written.rbegin(); it != written.rend(); ++it)
+      if (!settle_on_disk(it->first, it->second, Tier::kMemory)) files.push_back(it->second);  // moved meanwhile
     while (opt_.disk_budget > 0 && disk_bytes_ > opt_.disk_budget && !disk_.empty())
       counts_.disk_evictions += drop_from(disk_.front().info.key, files);
   }
@@ -382,8 +410,10 @@ void PrefixPool::add(Block block) {
   std::vector<Block> victims;
   {
     std::lock_guard lock(mu_);
-    // The same block again: refreshed (a spilled file of it is overwritten when it is spilled again).
-    unhold(block.info.key);
+    if (const auto w = where_.find(block.info.key); w != where_.end()) {
+      if (w->second.tier == Tier::kMemory) memory_.splice(memory_.begin(), memory_, w->second.memory);
+      return;  // held already: its first bytes stay
+    }
     victims = make_room(bytes);
     hold_in_memory(std::move(block));
   }
@@ -401,7 +431,7 @@ int64_t PrefixPool::drop_from(uint64_t key, std::vector<std::string>& files) {
   for (uint64_t k : gone) {
     const auto w = where_.find(k);
     if (w == where_.end()) continue;
-    if (!w->second.in_memory) files.push_back(w->second.disk->path);
+    if (w->second.tier == Tier::kDisk) files.push_back(w->second.disk->path);
     unhold(k);
     ++dropped;
   }

@@ -24,6 +24,8 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -80,7 +82,10 @@ class PrefixPool {
   std::optional<std::vector<Block>> longest_chain(const std::vector<int32_t>& prompt, size_t max_tokens);
   // The longest beginning `prompt` shares with any block.
   int64_t shared_prefix(const std::vector<int32_t>& prompt) const;
-  // Adds (or refreshes) a block; blocks over the budget leave memory.
+  // Adds a block; blocks over the budget leave memory. The first bytes held
+  // under a key win: adding a key held already (in memory, leaving or in
+  // the folder) only refreshes it, so a key's bytes never change while any
+  // tier holds it.
   void add(Block block);
   void add(BlockInfo info, std::vector<uint8_t> file) {
     add({std::move(info), std::make_shared<const std::vector<uint8_t>>(std::move(file))});
@@ -103,11 +108,14 @@ class PrefixPool {
   };
   using MemoryAt = std::list<Block>::iterator;
   using DiskAt = std::list<Spilled>::iterator;
-  // Where a held block is: in memory or in the folder (never both).
+  // Where a held block is: in memory, on its way to the folder (its bytes
+  // still here and served, no longer counted against the budget), or in the
+  // folder. A block is findable at every instant of its moves.
+  enum class Tier : uint8_t { kMemory, kLeaving, kDisk };
   struct Where {
-    bool in_memory = true;
-    MemoryAt memory;
-    DiskAt disk;
+    Tier tier = Tier::kMemory;
+    MemoryAt memory;  // kMemory: in memory_; kLeaving: in leaving_
+    DiskAt disk;      // kDisk
   };
   // Under mu_: the keys of the longest held chain (nothing when none).
   std::vector<uint64_t> find_chain(const std::vector<int32_t>& prompt, size_t max_tokens) const;
@@ -125,10 +133,16 @@ class PrefixPool {
   void hold_in_memory(Block block);  // most recently used
   void hold_on_disk(Spilled s);      // newest spill
   void unhold(uint64_t key);         // from memory or the folder, with its bytes
-  // Under mu_: moves blocks out of memory until `incoming` more bytes fit;
-  // returns those to write to the folder (done by spill(), outside mu_).
+  // Under mu_: moves blocks out of memory until `incoming` more bytes fit:
+  // dropped without a folder, else leaving and returned, for spill() to
+  // write outside mu_.
   std::vector<Block> make_room(int64_t incoming);
   void spill(std::vector<Block> victims);
+  // Under mu_: a block `written` to `path` joins the folder's blocks if it
+  // is still held in `from` with the same bytes; false when it is not (then
+  // the file is the caller's to remove).
+  bool settle_on_disk(const Block& written, const std::string& path, Tier from);
+  std::string new_file(uint64_t key);  // a name no earlier spill of this pool used
   std::shared_ptr<const std::vector<uint8_t>> read_spilled(const Spilled& s);
   void keep_read_back(const Block& b, const std::string& path);
   void index_folder(const Accept& accept);
@@ -141,6 +155,8 @@ class PrefixPool {
   mutable std::mutex mu_;
   std::list<Block> memory_;  // most recently used first
   int64_t memory_bytes_ = 0;
+  std::list<Block> leaving_;  // being written to the folder
+  std::atomic<uint64_t> file_serial_;
   std::list<Spilled> disk_;  // oldest spill first
   int64_t disk_bytes_ = 0;
   std::unordered_map<uint64_t, Where> where_;           // every held block by key

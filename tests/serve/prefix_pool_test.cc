@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -69,6 +70,15 @@ std::vector<uint64_t> keys_of(const std::optional<std::vector<PrefixPool::Block>
   if (chain)
     for (const auto& b : *chain) k.push_back(b.info.key);
   return k;
+}
+
+// Whether the folder holds a spill of block `key` (block-KEY-SERIAL.akvc).
+bool has_file_of(const fs::path& dir, uint64_t key) {
+  char prefix[40];
+  std::snprintf(prefix, sizeof prefix, "block-%016llx-", static_cast<unsigned long long>(key));
+  for (const auto& f : fs::directory_iterator(dir))
+    if (f.path().filename().string().rfind(prefix, 0) == 0) return true;
+  return false;
 }
 
 TEST(PrefixPool, LongestChainFollowsItsLinksWithinTheLimit) {
@@ -234,8 +244,9 @@ TEST(PrefixPool, TheFolderKeepsItsBudgetOldestChainsFirst) {
   EXPECT_EQ(m.disk_evictions, 2);  // the first chain, both blocks
   EXPECT_EQ(m.disk_entries, 2);
   EXPECT_LE(m.disk_bytes, 250);
-  EXPECT_FALSE(fs::exists(dir / "block-0000000000000001.akvc"));
-  EXPECT_FALSE(fs::exists(dir / "block-0000000000000002.akvc"));
+  EXPECT_FALSE(has_file_of(dir, 1));
+  EXPECT_FALSE(has_file_of(dir, 2));
+  EXPECT_TRUE(has_file_of(dir, 101));
   EXPECT_FALSE(pool.longest_chain(seq(0, 20), 20));
   EXPECT_EQ(keys_of(pool.longest_chain(seq(100, 20), 20)), (std::vector<uint64_t>{101, 102}));
   EXPECT_EQ(keys_of(pool.longest_chain(seq(200, 20), 20)), (std::vector<uint64_t>{201, 202}));
@@ -281,6 +292,63 @@ TEST(PrefixPool, ConcurrentUseKeepsEveryChainLinkedAndAPrefix) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(wrong, 0);
   EXPECT_LE(pool.metrics().bytes, 2000);
+  fs::remove_all(dir);
+}
+
+// The first bytes held under a key win: adding the key again, spilling it
+// and reading it back never change them.
+TEST(PrefixPool, AKeysBytesNeverChange) {
+  const fs::path dir = scratch("first_wins");
+  PrefixPool pool({250, dir.string()}, accept_named());
+  const BlockInfo b = block(1, 0, 0, 10);
+  std::vector<uint8_t> first = bytes_of(b, 100), second = first;
+  second[99] = 7;
+  pool.add(b, first);
+  pool.add(b, second);
+  EXPECT_EQ(*pool.longest_chain(seq(0, 10), 10)->front().file, first);
+  for (int i = 2; i <= 4; ++i) add(pool, block(static_cast<uint64_t>(i), 0, 0, 10, 100 * i));  // spills 1
+  EXPECT_TRUE(has_file_of(dir, 1));
+  pool.add(b, second);  // held in the folder: still the first bytes
+  EXPECT_EQ(*pool.longest_chain(seq(0, 10), 10)->front().file, first);  // read back
+  EXPECT_EQ(*pool.longest_chain(seq(0, 10), 10)->front().file, first);  // from memory
+  fs::remove_all(dir);
+}
+
+// While other threads push a block out to the folder and read it back over
+// and over, it is found every time, with its first bytes (before, a block
+// was in no tier between leaving memory and its file being written).
+TEST(PrefixPool, ABlockIsFoundAtEveryInstantOfItsMovesBetweenTiers) {
+  const fs::path dir = scratch("moves");
+  PrefixPool pool({300, dir.string()}, accept_named());
+  const BlockInfo b = block(1, 0, 0, 10);
+  const std::vector<uint8_t> first = bytes_of(b, 100);
+  pool.add(b, first);
+  std::atomic<bool> done{false};
+  std::atomic<int> missing{0}, changed{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t)
+    ts.emplace_back([&, t] {  // fillers: every add pushes the least recently used block out
+      for (int i = 0; i < 300; ++i) {
+        add(pool, block(static_cast<uint64_t>(100 + 1000 * t + i), 0, 0, 10, 1000 + 1000 * t + i));
+        std::vector<uint8_t> other = first;
+        other[99] = static_cast<uint8_t>(i + 1);
+        pool.add(b, other);  // a recomputation of block 1: must not replace it
+      }
+    });
+  ts.emplace_back([&] {
+    while (!done) {
+      const auto chain = pool.longest_chain(seq(0, 10), 10);
+      if (!chain)
+        ++missing;
+      else if (*chain->front().file != first)
+        ++changed;
+    }
+  });
+  for (size_t i = 0; i + 1 < ts.size(); ++i) ts[i].join();
+  done = true;
+  ts.back().join();
+  EXPECT_EQ(missing, 0);
+  EXPECT_EQ(changed, 0);
   fs::remove_all(dir);
 }
 
