@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <unordered_map>
 
 #include "anchorkv/cachefile.h"
 #include "anchorkv/status.h"
@@ -112,8 +113,8 @@ std::string TextStream::finish() { return std::exchange(pending_, std::string())
 
 // ---------------------------------------------------------------- Engine
 
-TokenLogprob Engine::token_logprob(const std::vector<float>& logits, int32_t token, int top) const {
-  const std::vector<double> lp = model::log_softmax(logits.data(), weights_.config.vocab);
+TokenLogprob Engine::token_logprob(const float* logits, int32_t token, int top) const {
+  const std::vector<double> lp = model::log_softmax(logits, weights_.config.vocab);
   TokenLogprob t{tok_.piece(token), lp[static_cast<size_t>(token)], {}};
   std::vector<int32_t> ids(lp.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
@@ -204,6 +205,23 @@ void Engine::prefill(const std::vector<int32_t>& prompt, model::LlamaModel& m, s
   prefill_to(n);
 }
 
+namespace {
+
+// The logits with a request's bias and penalties applied (`scratch` holds
+// them when there are any).
+const float* adjusted_logits(const GenerateRequest& req, const std::vector<float>& logits,
+                             const std::unordered_map<int32_t, int>& counts, std::vector<float>& scratch) {
+  if (req.logit_bias.empty() && ((req.presence_penalty == 0 && req.frequency_penalty == 0) || counts.empty()))
+    return logits.data();
+  scratch = logits;
+  for (const auto& [id, bias] : req.logit_bias) scratch[static_cast<size_t>(id)] += bias;
+  for (const auto& [id, n] : counts)
+    scratch[static_cast<size_t>(id)] -= req.presence_penalty + req.frequency_penalty * static_cast<float>(n);
+  return scratch.data();
+}
+
+}  // namespace
+
 void Engine::decode(const GenerateRequest& req, model::LlamaModel& m, std::vector<float> logits,
                     GenerateResult& res) {
   model::Sampler sampler(req.sampler);
@@ -214,6 +232,8 @@ void Engine::decode(const GenerateRequest& req, model::LlamaModel& m, std::vecto
     return text.empty() || !req.on_text || req.on_text(text);
   };
   bool stop_string = false;
+  std::unordered_map<int32_t, int> counts;  // tokens generated so far (the penalties)
+  std::vector<float> scratch;
   for (int64_t i = 0; i < req.max_tokens; ++i) {
     if (req.keep_going && !req.keep_going()) {
       res.finish_reason = "cancelled";
@@ -223,13 +243,15 @@ void Engine::decode(const GenerateRequest& req, model::LlamaModel& m, std::vecto
       res.timed_out = true;
       break;
     }
-    const int32_t next = sampler.sample(logits.data(), weights_.config.vocab);
+    const float* scores = adjusted_logits(req, logits, counts, scratch);
+    const int32_t next = sampler.sample(scores, weights_.config.vocab);
     if (tok_.ends_generation(next)) {
       res.finish_reason = "stop";
       break;
     }
     ++res.completion_tokens;
-    if (req.top_logprobs >= 0) res.logprobs.push_back(token_logprob(logits, next, req.top_logprobs));
+    ++counts[next];
+    if (req.top_logprobs >= 0) res.logprobs.push_back(token_logprob(scores, next, req.top_logprobs));
     if (!emit(stream.push(tok_.piece(next), &stop_string))) {
       res.finish_reason = "cancelled";
       break;
@@ -254,6 +276,12 @@ QueuePlace& QueuePlace::operator=(QueuePlace&& o) noexcept {
 
 QueuePlace::~QueuePlace() {
   if (engine_) engine_->leave_queue();
+}
+
+QueuePlace Engine::enter_again() {
+  std::lock_guard lock(slot_mutex_);
+  ++waiting_;
+  return QueuePlace(this);
 }
 
 QueuePlace Engine::enter() {

@@ -66,6 +66,11 @@ struct GenerateRequest {
   model::SamplerOptions sampler;
   std::vector<std::string> stop;  // the text ends before the first of these
   int top_logprobs = -1;          // >= 0: record each token's log-probability and this many alternatives
+  // OpenAI's logit changes, before sampling (and in the log-probabilities):
+  // a bias per token id, and for each token generated so far, presence *
+  // (count > 0) + frequency * count subtracted.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  float presence_penalty = 0, frequency_penalty = 0;
   // Called with each new piece of text (complete UTF-8, stop strings held
   // back); returning false cancels the request (the client went away).
   std::function<bool(const std::string&)> on_text;
@@ -127,6 +132,8 @@ class Engine {
   Engine(const model::LlamaWeights& weights, const model::Tokenizer& tokenizer, EngineOptions options);
   // A place in the queue; throws Busy when max_queue requests already wait.
   QueuePlace enter();
+  // A place for a request already admitted (its next choice): never refused.
+  QueuePlace enter_again();
   // Thread-safe; waits for a free slot in the place given (or one taken
   // here: throws Busy when too many wait).
   GenerateResult generate(const GenerateRequest& request, QueuePlace place);
@@ -160,7 +167,7 @@ class Engine {
   // One attempt: restore (when use_pool), prefill, decode.
   void run(const GenerateRequest& req, bool use_pool, GenerateResult& res, Chain& chain);
   void record(const GenerateResult& res);
-  TokenLogprob token_logprob(const std::vector<float>& logits, int32_t token, int top) const;
+  TokenLogprob token_logprob(const float* logits, int32_t token, int top) const;
   runtime::PromptCacheKey key() const { return {opt_.model_identity, opt_.cache, opt_.theta}; }
 
   friend class QueuePlace;

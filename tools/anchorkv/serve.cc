@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "runtime/model_file.h"
 #include "http_server.h"
+#include "openai_request.h"
 #include "io/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -28,6 +29,7 @@ namespace anchorkv::cli {
 namespace {
 
 using json = nlohmann::json;
+constexpr int kMaxChoices = 16;  // n
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", chat_template, cache_budget = "1GiB", cache_dir_budget = "0";
@@ -41,81 +43,11 @@ struct ServeOptions {
   double shutdown_timeout_s = 30;
 };
 
-// An OpenAI-style error; thrown by request parsing, answered with `status`.
-struct ApiError {
-  int status;
-  std::string message, param;
-};
-
-json error_body(const ApiError& e) {
-  return {{"error",
-           {{"message", e.message},
-            {"type", e.status == 404 ? "not_found_error" : e.status >= 500 ? "server_error" : "invalid_request_error"},
-            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-            {"code", nullptr}}}};
-}
-
 [[noreturn]] void core_fail_arg(const std::string& msg) {
   throw Error(ErrorCode::kInvalidArgument, "anchorkv serve", msg);
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-template <class T>
-T field(const json& body, const char* name, T fallback, bool (json::*is)() const) {
-  if (!body.contains(name) || body[name].is_null()) return fallback;
-  if (!(body[name].*is)()) throw ApiError{400, std::string("'") + name + "' has the wrong type", name};
-  return body[name].get<T>();
-}
-
-// What every generation request shares: sampling, limits, stop strings, stream.
-struct Sampling {
-  serve::GenerateRequest gen;
-  bool stream = false;
-};
-
-Sampling parse_sampling(const json& body, const ServeOptions& o) {
-  Sampling s;
-  s.gen.max_tokens = field<int64_t>(body, "max_tokens", 16, &json::is_number_integer);
-  if (s.gen.max_tokens < 0 || s.gen.max_tokens > o.max_tokens_limit)
-    throw ApiError{400, "'max_tokens' must be in [0, " + std::to_string(o.max_tokens_limit) + "]", "max_tokens"};
-  s.gen.sampler.temperature = field<float>(body, "temperature", 1.0f, &json::is_number);
-  s.gen.sampler.top_p = field<float>(body, "top_p", 1.0f, &json::is_number);
-  s.gen.sampler.seed = field<uint64_t>(body, "seed", 1, &json::is_number_unsigned);
-  if (!(s.gen.sampler.temperature >= 0 && s.gen.sampler.temperature <= 10))
-    throw ApiError{400, "'temperature' must be in [0, 10]", "temperature"};
-  if (!(s.gen.sampler.top_p > 0 && s.gen.sampler.top_p <= 1)) throw ApiError{400, "'top_p' must be in (0, 1]", "top_p"};
-  s.stream = field<bool>(body, "stream", false, &json::is_boolean);
-  // Completions: "logprobs": k (0..5). Chat: "logprobs": true, "top_logprobs": k (0..20).
-  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-    const json& lp = body["logprobs"];
-    if (lp.is_boolean()) {
-      const int64_t k = field<int64_t>(body, "top_logprobs", 0, &json::is_number_integer);
-      if (k < 0 || k > 20) throw ApiError{400, "'top_logprobs' must be in [0, 20]", "top_logprobs"};
-      s.gen.top_logprobs = lp.get<bool>() ? static_cast<int>(k) : -1;
-    } else if (lp.is_number_integer() && lp.get<int64_t>() >= 0 && lp.get<int64_t>() <= 5) {
-      s.gen.top_logprobs = static_cast<int>(lp.get<int64_t>());
-    } else {
-      throw ApiError{400, "'logprobs' must be an integer in [0, 5] (completions) or a boolean (chat)", "logprobs"};
-    }
-    if (s.stream && s.gen.top_logprobs >= 0)
-      throw ApiError{400, "logprobs are returned without streaming only", "logprobs"};
-  }
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const json& st = body["stop"];
-    if (st.is_string()) {
-      s.gen.stop.push_back(st.get<std::string>());
-    } else if (st.is_array() && st.size() <= 4) {
-      for (const auto& x : st) {
-        if (!x.is_string()) throw ApiError{400, "'stop' must be a string or up to 4 strings", "stop"};
-        s.gen.stop.push_back(x.get<std::string>());
-      }
-    } else {
-      throw ApiError{400, "'stop' must be a string or up to 4 strings", "stop"};
-    }
-  }
-  return s;
-}
 
 class Server {
  public:
@@ -133,13 +65,13 @@ class Server {
  private:
   void routes();
   HttpResponse completion(const HttpRequest& req, bool chat);
-  HttpResponse stream(const serve::GenerateRequest& gen, serve::QueuePlace place, const std::string& id, bool chat);
+  HttpResponse stream(RequestFields f, serve::QueuePlace place, const std::string& id, bool chat);
   HttpResponse busy();
   HttpResponse drained();
   std::vector<int32_t> prompt_tokens(const json& body, bool chat, const model::Tokenizer::StopCheck& stop) const;
   std::vector<int32_t> token_ids(const json& p) const;
   void check_text_bytes(size_t bytes, const char* param) const;
-  json usage(const serve::GenerateResult& r) const;
+  static json usage(const std::vector<serve::GenerateResult>& choices);
   std::string metrics_text() const;
 
   const ServeOptions& o_;
@@ -254,25 +186,53 @@ std::vector<int32_t> Server::prompt_tokens(const json& body, bool chat, const mo
   return ids;
 }
 
+// A token's text as OpenAI shows it: itself when it is valid UTF-8, else
+// "bytes:\xNN..." (a byte token alone is half a character; two such tokens
+// must not both become U+FFFD, one key of top_logprobs).
+std::string shown_piece(const std::string& piece) {
+  size_t i = 0;
+  while (i < piece.size()) {
+    const auto c = static_cast<unsigned char>(piece[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > piece.size()) break;
+    size_t k = 1;
+    while (k < n && (static_cast<unsigned char>(piece[i + k]) & 0xC0) == 0x80) ++k;
+    if (k < n) break;
+    i += n;
+  }
+  if (i == piece.size()) return piece;
+  std::string out = "bytes:";
+  for (unsigned char c : piece) out += fmt::format("\\x{:02x}", c);
+  return out;
+}
+
+json piece_bytes(const std::string& piece) {
+  json b = json::array();
+  for (unsigned char c : piece) b.push_back(c);
+  return b;
+}
+
 // OpenAI's two shapes: completions (tokens, token_logprobs, top_logprobs,
-// text_offset) and chat (content: [{token, logprob, top_logprobs}]).
+// text_offset) and chat (content: [{token, logprob, bytes, top_logprobs}]).
 json logprobs_json(const serve::GenerateResult& r, bool chat) {
   if (chat) {
     json content = json::array();
     for (const auto& t : r.logprobs) {
       json top = json::array();
-      for (const auto& [piece, lp] : t.top) top.push_back({{"token", piece}, {"logprob", lp}});
-      content.push_back({{"token", t.piece}, {"logprob", t.logprob}, {"top_logprobs", top}});
+      for (const auto& [piece, lp] : t.top)
+        top.push_back({{"token", shown_piece(piece)}, {"logprob", lp}, {"bytes", piece_bytes(piece)}});
+      content.push_back({{"token", shown_piece(t.piece)}, {"logprob", t.logprob}, {"bytes", piece_bytes(t.piece)},
+                         {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   size_t offset = 0;
   for (const auto& t : r.logprobs) {
-    tokens.push_back(t.piece);
+    tokens.push_back(shown_piece(t.piece));
     lps.push_back(t.logprob);
     json top = json::object();
-    for (const auto& [piece, lp] : t.top) top[piece] = lp;
+    for (const auto& [piece, lp] : t.top) top[shown_piece(piece)] = lp;
     tops.push_back(top);
     offsets.push_back(offset);
     offset += t.piece.size();
@@ -280,22 +240,32 @@ json logprobs_json(const serve::GenerateResult& r, bool chat) {
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-json Server::usage(const serve::GenerateResult& r) const {
-  return {{"prompt_tokens", r.prompt_tokens},
-          {"completion_tokens", r.completion_tokens},
-          {"total_tokens", r.prompt_tokens + r.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", r.reused_tokens}}}};
+// The prompt once (the choices after the first restore it whole), the
+// completions of every choice.
+json Server::usage(const std::vector<serve::GenerateResult>& choices) {
+  int64_t completion = 0;
+  for (const auto& r : choices) completion += r.completion_tokens;
+  const serve::GenerateResult& first = choices.front();
+  return {{"prompt_tokens", first.prompt_tokens},
+          {"completion_tokens", completion},
+          {"total_tokens", first.prompt_tokens + completion},
+          {"prompt_tokens_details", {{"cached_tokens", first.reused_tokens}}}};
 }
 
-json choice_json(bool chat, const std::string& text, const json& finish, bool delta) {
-  json c = {{"index", 0}, {"finish_reason", finish}};
+// A choice: whole, or a stream's delta (a chat stream's first one names the role).
+json choice_json(bool chat, int index, const std::string& text, const json& finish, bool delta,
+                 bool opens = false) {
+  json c = {{"index", index}, {"finish_reason", finish}};
   if (!chat) {
     c["text"] = text;
     c["logprobs"] = nullptr;
   } else if (delta) {
-    c["delta"] = text.empty() ? json::object() : json{{"content", text}};
+    c["delta"] = opens ? json{{"role", "assistant"}, {"content", text}}
+                 : text.empty() ? json::object()
+                                : json{{"content", text}};
   } else {
     c["message"] = {{"role", "assistant"}, {"content", text}};
+    c["logprobs"] = nullptr;
   }
   return c;
 }
@@ -322,7 +292,7 @@ json parse_bounded(const std::string& body, size_t max_values) {
 }
 
 HttpResponse Server::completion(const HttpRequest& req, bool chat) {
-  Sampling s;
+  RequestFields f;
   // The deadline starts with the request: tokenizing counts against it, and
   // stops when it passes or the client leaves.
   const auto deadline = std::chrono::steady_clock::now() +
@@ -336,10 +306,10 @@ HttpResponse Server::completion(const HttpRequest& req, bool chat) {
     // than allowed, so that the checks below name what is too long.
     const json body = parse_bounded(req.body, 8 * static_cast<size_t>(std::max<int64_t>(o_.max_prompt, 8192)) + 256);
     if (!body.is_object()) throw ApiError{400, "the body must be a JSON object", ""};
-    s = parse_sampling(body, o_);
-    s.gen.deadline = deadline;
-    s.gen.prompt = prompt_tokens(body, chat, stop);
-    if (chat) s.gen.stop.insert(s.gen.stop.end(), serve::chat_stops(chat_).begin(), serve::chat_stops(chat_).end());
+    f = parse_request_fields(body, chat, {o_.max_tokens_limit, kMaxChoices, tok_.size()});
+    f.gen.deadline = deadline;
+    f.gen.prompt = prompt_tokens(body, chat, stop);
+    if (chat) f.gen.stop.insert(f.gen.stop.end(), serve::chat_stops(chat_).begin(), serve::chat_stops(chat_).end());
   } catch (const json::exception& e) {
     ++http_errors_;
     return json_response(400, error_body({400, std::string("malformed JSON: ") + e.what(), ""}));
@@ -358,18 +328,27 @@ HttpResponse Server::completion(const HttpRequest& req, bool chat) {
   } catch (const serve::Busy&) {
     return busy();
   }
-  if (s.stream) return stream(s.gen, std::move(place), id, chat);
-  s.gen.keep_going = [this, &req] { return !req.client_gone() && !drain_expired_; };
-  const serve::GenerateResult r = engine_.generate(s.gen, std::move(place));
-  if (r.finish_reason == "cancelled" && drain_expired_) return drained();
-  json c = choice_json(chat, r.text, r.finish_reason, false);
-  if (s.gen.top_logprobs >= 0) c["logprobs"] = logprobs_json(r, chat);
+  if (f.stream) return stream(std::move(f), std::move(place), id, chat);
+  f.gen.keep_going = [this, &req] { return !req.client_gone() && !drain_expired_; };
+  std::vector<serve::GenerateResult> results;
+  json choices = json::array();
+  for (int i = 0; i < f.n; ++i) {  // choice i samples with seed + i; the later ones restore the prompt whole
+    serve::GenerateRequest g = f.gen;
+    g.sampler.seed += static_cast<uint64_t>(i);
+    results.push_back(engine_.generate(g, i == 0 ? std::move(place) : engine_.enter_again()));
+    const serve::GenerateResult& r = results.back();
+    if (r.finish_reason == "cancelled" && drain_expired_) return drained();
+    json c = choice_json(chat, i, r.text, r.finish_reason, false);
+    if (f.gen.top_logprobs >= 0) c["logprobs"] = logprobs_json(r, chat);
+    choices.push_back(std::move(c));
+    if (r.finish_reason == "cancelled") break;  // the client left
+  }
   return json_response(200, {{"id", id},
                              {"object", chat ? "chat.completion" : "text_completion"},
                              {"created", unix_now()},
                              {"model", name_},
-                             {"choices", json::array({c})},
-                             {"usage", usage(r)}});
+                             {"choices", choices},
+                             {"usage", usage(results)}});
 }
 
 HttpResponse Server::busy() {
@@ -388,44 +367,56 @@ HttpResponse Server::drained() {
   return r;
 }
 
-// Server-sent events: one chunk per piece of text, a last one with
-// finish_reason and usage, then [DONE]. A stream the shutdown cut short ends
-// with an error event instead.
-HttpResponse Server::stream(const serve::GenerateRequest& gen, serve::QueuePlace place, const std::string& id,
-                            bool chat) {
+// Server-sent events: for each choice in turn, a chunk per piece of text and
+// a last one with its finish_reason; with stream_options.include_usage a
+// chunk of the usage (no choices); then [DONE]. A stream the shutdown cut
+// short ends with an error event instead.
+HttpResponse Server::stream(RequestFields f, serve::QueuePlace place, const std::string& id, bool chat) {
   HttpResponse res{200, "text/event-stream", "", {{"Cache-Control", "no-cache"}}, {}};
   const int64_t created = unix_now();
   auto held = std::make_shared<serve::QueuePlace>(std::move(place));
-  res.produce = [this, gen, held, id, chat, created](const std::function<bool(const std::string&)>& write,
-                                                     const std::function<bool()>& gone) {
+  res.produce = [this, f = std::move(f), held, id, chat, created](const std::function<bool(const std::string&)>& write,
+                                                                  const std::function<bool()>& gone) {
     auto send = [&](const json& j) { return write("data: " + dump(j) + "\n\n"); };
-    auto chunk = [&](const std::string& text, const json& finish) {
-      return json{{"id", id},
-                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                  {"created", created},
-                  {"model", name_},
-                  {"choices", json::array({choice_json(chat, text, finish, true)})}};
+    auto chunk = [&](json choices) {
+      json c = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", name_},
+                {"choices", std::move(choices)}};
+      if (f.include_usage) c["usage"] = nullptr;
+      return c;
     };
-    serve::GenerateRequest g = gen;
-    g.on_text = [&](const std::string& text) { return send(chunk(text, nullptr)); };
-    g.keep_going = [&] { return !gone() && !http_.stopping() && !drain_expired_; };
-    serve::GenerateResult r;
-    try {
-      r = engine_.generate(g, std::move(*held));
-    } catch (const std::exception& e) {
-      ++server_errors_;
-      std::fprintf(stderr, "anchorkv serve: a stream failed: %s\n", e.what());
-      send({{"error", {{"message", "internal error"}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
-      return;
+    std::vector<serve::GenerateResult> results;
+    for (int i = 0; i < f.n; ++i) {
+      serve::GenerateRequest g = f.gen;
+      g.sampler.seed += static_cast<uint64_t>(i);
+      bool opened = false;
+      g.on_text = [&](const std::string& text) {
+        const bool opens = chat && !std::exchange(opened, true);
+        return send(chunk(json::array({choice_json(chat, i, text, nullptr, true, opens)})));
+      };
+      g.keep_going = [&] { return !gone() && !http_.stopping() && !drain_expired_; };
+      try {
+        results.push_back(engine_.generate(g, i == 0 ? std::move(*held) : engine_.enter_again()));
+      } catch (const std::exception& e) {
+        ++server_errors_;
+        std::fprintf(stderr, "anchorkv serve: a stream failed: %s\n", e.what());
+        send(error_body({500, "internal error", ""}));
+        return;
+      }
+      const serve::GenerateResult& r = results.back();
+      if (r.finish_reason == "cancelled") {
+        if (drain_expired_) send(error_body({503, "the server shut down before the answer was complete; retry", ""}));
+        return;
+      }
+      send(chunk(json::array({choice_json(chat, i, "", r.finish_reason, true, chat && !opened)})));
     }
-    if (r.finish_reason == "cancelled") {
-      if (drain_expired_)
-        send(error_body({503, "the server shut down before the answer was complete; retry", ""}));
-      return;
+    if (f.include_usage) {
+      json last = chunk(json::array());
+      last["usage"] = usage(results);
+      send(last);
     }
-    json last = chunk("", r.finish_reason);
-    last["usage"] = usage(r);
-    send(last);
     write("data: [DONE]\n\n");
   };
   return res;
