@@ -284,6 +284,24 @@ def test_logprobs(server):
     assert r.status_code == 400
 
 
+def test_byte_tokens_that_are_half_a_character_keep_distinct_logprob_keys(server):
+    # The tiny vocabulary's tokens 3 + b are bytes; 0xC3, 0xC4 and 0xE2 alone are no UTF-8.
+    bias = {str(3 + b): 100 for b in (0xC3, 0xC4, 0xE2)}
+    r = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 5,
+                                        "logit_bias": bias})
+    pairs = json.loads(r.text, object_pairs_hook=lambda kv: kv)  # keeps duplicate keys, if any
+    lp = dict(dict(pairs)["choices"][0])["logprobs"]
+    top = dict(lp)["top_logprobs"][0]
+    keys = [k for k, _ in top]
+    assert len(keys) == len(set(keys)) == 5, keys
+    assert {"bytes:\\xc3", "bytes:\\xc4", "bytes:\\xe2"} <= set(keys), keys
+    c = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                              "temperature": 0, "logprobs": True, "top_logprobs": 3,
+                                              "logit_bias": bias}).json()
+    first = c["choices"][0]["logprobs"]["content"][0]
+    assert first["bytes"] in ([0xC3], [0xC4], [0xE2]) and first["token"].startswith("bytes:")
+
+
 def test_random_mutations_of_a_request_never_break_the_server(server):
     import random
 

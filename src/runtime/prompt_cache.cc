@@ -1,5 +1,6 @@
 #include "runtime/prompt_cache.h"
 
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <sstream>
@@ -66,10 +67,13 @@ std::string identity_string(const model::LlamaWeights& w, uint64_t h) {
 
 }  // namespace
 
+// The shortest text that reads back as the same double: 0.05 stays "0.05",
+// and two θ that differ in any bit differ here (an ostream's 6 significant
+// digits made 0.05 and 0.0500001 one cache and one store namespace).
 std::string theta_string(double theta) {
-  std::ostringstream os;
-  os << theta;
-  return os.str();
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, theta);
+  return ec == std::errc() ? std::string(buf, end) : std::string("nan");
 }
 
 std::string model_identity(const io::GgufFile& f, const model::LlamaWeights& w) {
@@ -202,7 +206,7 @@ CachedPrefill prefill_through(const std::string& path, const std::string& identi
 
 std::string prompt_cache_path(const std::string& stem, const std::string& spec, double theta) {
   std::ostringstream os;
-  os << stem << "-" << spec << "-" << theta << ".akvc";
+  os << stem << "-" << spec << "-" << theta_string(theta) << ".akvc";
   std::string p = os.str();
   for (size_t i = stem.size(); i < p.size(); ++i)
     if (p[i] == ':') p[i] = '_';

@@ -27,7 +27,7 @@ struct PromptCacheKey {
 };
 // The metadata entries a file written for `key` by `m` holds.
 std::map<std::string, std::string> key_entries(const PromptCacheKey& key, const model::LlamaModel& m);
-// theta as files record it.
+// theta as files record it: the shortest text that reads back as the same double.
 std::string theta_string(double theta);
 // "" when a file's metadata entries were written for `key`, else why not.
 std::string key_mismatch(const std::map<std::string, std::string>& entries, const PromptCacheKey& key);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -176,6 +177,15 @@ TEST(ChainKeys, EqualChainKeyAtEveryLength) {
   ASSERT_EQ(keys.size(), lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i)
     EXPECT_EQ(keys[i], runtime::chain_key(kRoot, p.data(), lengths[i]));
+}
+
+TEST(ChainKeys, ThetasThatDifferAnywhereHaveRootsOfTheirOwn) {
+  EXPECT_EQ(runtime::theta_string(0.05), "0.05");
+  EXPECT_EQ(runtime::theta_string(0.1), "0.1");
+  EXPECT_NE(runtime::theta_string(0.0500001), runtime::theta_string(0.05));
+  EXPECT_NE(runtime::chain_root({"model", "anchorkv", 0.0500001}), runtime::chain_root({"model", "anchorkv", 0.05}));
+  EXPECT_NE(runtime::chain_root({"model", "anchorkv", std::nextafter(0.05, 1.0)}),
+            runtime::chain_root({"model", "anchorkv", 0.05}));
 }
 
 TEST(RedisUrl, ParsesEveryFormAndRefusesOthers) {

@@ -349,6 +349,9 @@ TEST(PrefixPool, ABlockIsFoundAtEveryInstantOfItsMovesBetweenTiers) {
   ts.back().join();
   EXPECT_EQ(missing, 0);
   EXPECT_EQ(changed, 0);
+  int files = 0;  // every file in the folder is a block the pool holds there (none untracked)
+  for (const auto& f : fs::directory_iterator(dir)) files += f.is_regular_file();
+  EXPECT_EQ(files, pool.metrics().disk_entries);
   fs::remove_all(dir);
 }
 
