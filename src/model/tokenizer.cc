@@ -298,10 +298,16 @@ Tokenizer Tokenizer::bytes(int64_t vocab) {
   return Tokenizer(std::move(pieces), std::move(scores), std::move(types), 1, 2, 0, false);
 }
 
-std::vector<Tokenizer::Fragment> Tokenizer::partition(const std::string& text, bool parse_special) const {
+// Each special token in turn (longest first, as llama.cpp) splits the text
+// fragments left: a pass over the text per token, so a vocabulary of
+// thousands of them asks `stop` as it goes.
+std::vector<Tokenizer::Fragment> Tokenizer::partition(const std::string& text, bool parse_special,
+                                                      const StopCheck& stop) const {
   std::vector<Fragment> parts = {{-1, text}};
+  uint32_t searched = 0;
   for (int32_t id : specials_) {
     if (!parse_special && types_[id] != kUserDefined) continue;
+    if ((++searched & 63) == 0 && stop && stop()) cancelled();
     const std::string& needle = pieces_[id];
     const bool rstrip = rstrip_specials_ && types_[id] != kUnknown && id != bos_;
     std::vector<Fragment> next;
@@ -331,7 +337,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_bos, bo
   if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
   if (text.empty()) return ids;  // no space prefix either: the reference gives no tokens
   bool after_special = true;     // SentencePiece's space prefix: at the start and after each special token
-  for (const Fragment& f : partition(text, parse_special)) {
+  for (const Fragment& f : partition(text, parse_special, stop)) {
     if (f.token >= 0) {
       ids.push_back(f.token);
       after_special = true;

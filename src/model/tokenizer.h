@@ -96,7 +96,7 @@ class Tokenizer {
     int32_t token = -1;  // >= 0: a special token; else text
     std::string text;
   };
-  std::vector<Fragment> partition(const std::string& text, bool parse_special) const;
+  std::vector<Fragment> partition(const std::string& text, bool parse_special, const StopCheck& stop) const;
   std::vector<int32_t> specials_;  // control, user-defined and unknown tokens, longest text first
   std::vector<int32_t> end_of_generation_;
   bool rstrip_specials_ = false;   // Phi-3: white space after a special token is dropped

@@ -272,6 +272,23 @@ TEST(BpeTokenizer, ALongWordCostsNLogNAndStopsWhenAsked) {
   EXPECT_EQ(asked, 3);
 }
 
+TEST(Tokenizer, SplittingAtManySpecialTokensStopsWhenAsked) {
+  std::vector<std::string> p = {"<unk>", "<s>", "</s>", "x"};
+  std::vector<int32_t> t = {Tokenizer::kUnknown, Tokenizer::kControl, Tokenizer::kControl, Tokenizer::kNormal};
+  for (int i = 0; i < 200; ++i) {
+    p.push_back("<tag" + std::to_string(i) + ">");
+    t.push_back(Tokenizer::kUserDefined);
+  }
+  const Tokenizer tok(p, std::vector<float>(p.size(), 0.0f), t, 1, 2, 0, false);
+  EXPECT_EQ(tok.encode("x<tag7>x", false), (std::vector<int32_t>{3, 4 + 7, 3}));
+  try {
+    tok.encode("x<tag7>x", false, false, [] { return true; });
+    ADD_FAILURE() << "a stop that answers true must end the search of 200 special tokens";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCancelled);
+  }
+}
+
 TEST(Tokenizer, SentencePieceMergesStopWhenAsked) {
   const Tokenizer tok = toy();
   try {
