@@ -50,7 +50,12 @@ class Server:
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=20)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # never left behind, burning a core under the tests that follow
+            self.proc.wait()
+            raise
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@
 #include <deque>
 #include <optional>
 #include <string_view>
+#include <system_error>
 
 #include "anchorkv/status.h"
 #include "core/error.h"
@@ -683,14 +684,21 @@ void HttpServer::accept_loop() {
     c->peer = peer;
     Connection* raw = c.get();
     std::lock_guard lock(mu_);
+    try {
+      raw->thread = std::thread([this, raw] {
+        ConnectionLoop(*this, *raw).run();
+        ::shutdown(raw->fd, SHUT_RDWR);
+        std::lock_guard l(mu_);
+        if (--per_ip_[raw->peer] == 0) per_ip_.erase(raw->peer);
+        raw->done = true;
+      });
+    } catch (const std::system_error&) {  // no thread to be had (a process or memory limit): refused
+      ++refused_;
+      if (--per_ip_[peer] == 0) per_ip_.erase(peer);
+      ::close(fd);
+      continue;
+    }
     connections_.push_back(std::move(c));
-    raw->thread = std::thread([this, raw] {
-      ConnectionLoop(*this, *raw).run();
-      ::shutdown(raw->fd, SHUT_RDWR);
-      std::lock_guard l(mu_);
-      if (--per_ip_[raw->peer] == 0) per_ip_.erase(raw->peer);
-      raw->done = true;
-    });
   }
 }
 
