@@ -70,6 +70,14 @@ class AnchorKVStore final : public internal::CacheStore {
   }
 
   void compress_now(const internal::CacheShape& shape);
+  // A streaming cache holds a prompt the same whatever calls brought it, and
+  // closes its exact tail into a segment at the prompt's end (scored by the
+  // prompt's own last queries), so a pooled or saved prompt stores no exact
+  // tail; the seed's cache compressed its first prefill already.
+  bool takes_prompt_in_calls() const override { return st_.streaming(); }
+  void end_prompt(const internal::CacheShape& shape) override {
+    if (st_.streaming() && (st_.tail.tokens > 0 || st_.closing)) internal::close_tail(st_, shape, "anchorkv::end_prompt");
+  }
 
   KVPair fetch(const internal::CacheShape&) const override;
 

@@ -16,6 +16,8 @@ class FullStore final : public internal::CacheStore {
   KVPair fetch(const internal::CacheShape& s) const override { return rows_.to_pair(s.B, s.H, s.D); }
   int64_t nbytes(const internal::CacheShape& s) const override { return s.full_bytes(); }
   bool is_trimmable() const override { return true; }
+  bool takes_prompt_in_calls() const override { return true; }
+  bool holds_exact_run() const override { return true; }
   cache::AttentionSource attention_source(const internal::CacheShape& s) const override {
     cache::AttentionSource src{s.B, s.H, s.D, rows_.tokens};
     if (rows_.tokens > 0) src.dense_after.push_back(cache::dense_region(rows_, 0));

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "anchorkv/cache.h"
+#include "cache/cache_traits.h"
 #include "cache/core.h"
 #include "cache/input.h"
 
@@ -96,3 +97,20 @@ double KVCache::compression_ratio() const {
 }
 
 }  // namespace anchorkv
+
+namespace anchorkv::internal {
+
+bool takes_prompt_in_calls(const KVCache& cache) {
+  return CacheAccess::read(cache).store.takes_prompt_in_calls();
+}
+
+bool holds_exact_run(const KVCache& cache) { return CacheAccess::read(cache).store.holds_exact_run(); }
+
+int64_t sliding_window(const KVCache& cache) { return CacheAccess::read(cache).store.sliding_window(); }
+
+void end_prompt(KVCache& cache) {
+  auto w = CacheAccess::write(cache);
+  w.store.end_prompt(w.shape);
+}
+
+}  // namespace anchorkv::internal

@@ -13,18 +13,14 @@ namespace anchorkv::cache {
 namespace {
 
 CacheKind anchorkv_kind(std::string name, std::string description, MetadataLayout layout) {
-  auto maker = [layout](AnchorCount count) {
-    return [layout, count](double theta, int threads) -> std::unique_ptr<KVCache> {
-      AnchorKVConfig cfg;
-      cfg.theta = theta;
-      cfg.threads = threads;
-      cfg.metadata = layout;
-      cfg.anchor_count = count;
-      return std::make_unique<AnchorKVCache>(cfg);
-    };
+  auto make = [layout](double theta, int threads) -> std::unique_ptr<KVCache> {
+    AnchorKVConfig cfg;
+    cfg.theta = theta;
+    cfg.threads = threads;
+    cfg.metadata = layout;
+    return std::make_unique<AnchorKVCache>(cfg);
   };
-  return {std::move(name),        std::move(description), false, true, maker(AnchorCount::kFixed),
-          AnchorKVConfig{}.window, maker(AnchorCount::kAuto)};
+  return {std::move(name), std::move(description), false, true, make, AnchorKVConfig{}.window, layout};
 }
 
 template <class Cache, class... Args>
@@ -131,15 +127,20 @@ std::unique_ptr<KVCache> make_cache(const std::string& name, double theta, int t
   return find_cache_kind(name).make(theta, threads);
 }
 
-std::unique_ptr<KVCache> CacheSpec::make(double theta, int threads) const {
+std::unique_ptr<KVCache> CacheSpec::make(double theta, int threads, const RopeOptions& rope) const {
   if (!param.empty()) return kind->make_param(param);
-  auto cache = auto_anchors ? kind->make_auto(theta, threads) : kind->make(theta, threads);
-  const auto* a = dynamic_cast<const AnchorKVCache*>(cache.get());
-  if (!a || segment_tokens <= 0) return cache;
-  AnchorKVConfig cfg = a->config();
-  cfg.segment_tokens = segment_tokens;
-  cfg.recent_tokens = std::max<int64_t>(recent_tokens, 0);
-  cfg.extend_tokens = std::max<int64_t>(extend_tokens, 0);
+  if (!anchorkv()) return kind->make(theta, threads);
+  AnchorKVConfig cfg;
+  cfg.theta = theta;
+  cfg.threads = threads;
+  cfg.metadata = *kind->anchorkv_layout;
+  cfg.anchor_count = auto_anchors ? AnchorCount::kAuto : AnchorCount::kFixed;
+  if (segment_tokens > 0) {
+    cfg.segment_tokens = segment_tokens;
+    cfg.recent_tokens = std::max<int64_t>(recent_tokens, 0);
+    cfg.extend_tokens = std::max<int64_t>(extend_tokens, 0);
+  }
+  if (key_rope) cfg.key_rope = rope;  // cache position 0 is token position 0
   return std::make_unique<AnchorKVCache>(cfg);
 }
 
@@ -259,13 +260,13 @@ CacheSpec parse_cache_spec(const std::string& spec) {
   if (c.observe && c.kind->observation_window == 0)
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': " + name + " ranks no token by attention, so it takes no observation queries");
-  if (c.auto_anchors && !c.kind->make_auto)
+  if (c.auto_anchors && !c.anchorkv())
     core::fail(ErrorCode::kInvalidArgument, op, "cache '" + spec + "': " + name + " has no anchor count to tune");
-  if (c.key_rope && (!c.pre_rope || !c.kind->make_auto))
+  if (c.key_rope && (!c.pre_rope || !c.anchorkv()))
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :keyrope codes AnchorKV key residuals at their positions, so it needs an "
                "AnchorKV cache with :pre");
-  if (c.fp32_arithmetic && !c.kind->make_auto)
+  if (c.fp32_arithmetic && !c.anchorkv())
     core::fail(ErrorCode::kInvalidArgument, op,
                "cache '" + spec + "': :fp32 chooses how attention computes AnchorKV residuals, and " + name +
                    " has none");
@@ -293,7 +294,7 @@ std::string cache_modifier_help() {
     if (k.observation_window != 0) obs += (obs.empty() ? "" : ", ") + k.name;
   std::string tuned;
   for (const auto& k : cache_kinds())
-    if (k.make_auto) tuned += (tuned.empty() ? "" : ", ") + k.name;
+    if (k.anchorkv_layout) tuned += (tuned.empty() ? "" : ", ") + k.name;
   std::string params;
   for (const auto& k : cache_kinds())
     if (k.make_param) {

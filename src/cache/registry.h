@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@ struct CacheKind {
   // Observation queries a runtime hands it under ":obs" (KVCache::update with
   // queries): 0 it uses none, n the last n positions of each call, -1 every position.
   int64_t observation_window = 0;
-  // The cache under ":auto" (AnchorCount::kAuto); empty where it has no anchors to tune.
-  std::function<std::unique_ptr<KVCache>(double theta, int threads)> make_auto;
+  // An AnchorKV kind's metadata layout: CacheSpec::make builds its config
+  // whole (anchor count, segments, key RoPE) and constructs the cache once.
+  // Empty for every other kind.
+  std::optional<MetadataLayout> anchorkv_layout;
   // The cache under a parameter modifier (turboquant:k4v3), which it parses,
   // throwing Error(kInvalidArgument) for a bad one; empty where it takes none.
   std::function<std::unique_ptr<KVCache>(const std::string& param)> make_param = {};
@@ -69,9 +72,11 @@ struct CacheSpec {
   std::vector<double> layer_weights;  // :layersW0/W1/..., or empty (theta in every layer)
   std::string param;  // the kind's parameter modifier, or empty
   std::string spec;   // as written
-  // The cache, streaming when segment_tokens > 0 (AnchorKV kinds only).
-  std::unique_ptr<KVCache> make(double theta, int threads) const;
-  bool anchorkv() const { return static_cast<bool>(kind->make_auto); }
+  // The cache, built once from the whole spec: streaming when
+  // segment_tokens > 0 and with key residuals coded after `key_rope` under
+  // :keyrope (AnchorKV kinds only; a runtime passes its model's RoPE).
+  std::unique_ptr<KVCache> make(double theta, int threads, const RopeOptions& key_rope = {}) const;
+  bool anchorkv() const { return kind->anchorkv_layout.has_value(); }
   // Layer `layer`'s theta in a model of `layers` layers; throws
   // Error(kInvalidArgument) when :layers names another count.
   double layer_theta(double theta, int64_t layer, int64_t layers) const;

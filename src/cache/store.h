@@ -42,6 +42,15 @@ class CacheStore {
   // Positions per row inside the softmax.
   virtual int64_t kept_per_row(const CacheShape& shape) const { return shape.seen; }
   virtual bool is_trimmable() const { return false; }
+  // What a runtime asks of a cache instead of its type (cache/cache_traits.h):
+  // whether a prompt given in several calls is held as it is in one call,
+  // whether every position is held exactly in one dense run, the positions a
+  // sliding window keeps (0: every position), and what the end of a prompt
+  // does (a streaming store compresses what it still holds exactly).
+  virtual bool takes_prompt_in_calls() const { return false; }
+  virtual bool holds_exact_run() const { return false; }
+  virtual int64_t sliding_window() const { return 0; }
+  virtual void end_prompt(const CacheShape&) {}
   // What attention reads; the default is the dense fetch (no kernel of its own).
   virtual cache::AttentionSource attention_source(const CacheShape& shape) const {
     return cache::dense_source(fetch(shape));

@@ -21,6 +21,8 @@ class WindowStore final : public internal::CacheStore {
   explicit WindowStore(int64_t window) : window_(window) {}
   std::string name() const override { return "window"; }
   const char* api_name() const override { return "anchorkv::SlidingWindowKVCache"; }
+  bool takes_prompt_in_calls() const override { return true; }
+  int64_t sliding_window() const override { return window_; }
 
   void store(const cache::StagedInput& in, const internal::CacheShape& s) override {
     const int64_t R = s.rows(), D = s.D, S = in.S(), first = std::max<int64_t>(0, S - window_);

@@ -105,14 +105,6 @@ void matmul_ref(const float* x, int64_t T, const Weight& W, float* y, Activation
   }
 }
 
-std::unique_ptr<KVCache> with_key_rope(std::unique_ptr<KVCache> cache, const LlamaConfig& c) {
-  const auto* a = dynamic_cast<const AnchorKVCache*>(cache.get());
-  if (!a || a->config().key_rope.enabled || a->tokens_total() > 0) return cache;
-  AnchorKVConfig cfg = a->config();
-  cfg.key_rope = c.rope;  // cache position 0 is token position 0
-  return std::make_unique<AnchorKVCache>(cfg);
-}
-
 void matmul_shared(const float* x, int64_t T, const std::vector<const Weight*>& Ws, const std::vector<float*>& ys,
                    int threads, Activations activations, bool reference) {
   bool batch = !reference;

@@ -133,13 +133,6 @@ enum class KeyRope : uint8_t { kPostRope, kPreRope };
 // always take the f32 path: there one dequantized tile serves every token.
 enum class Activations : uint8_t { kInt8, kF32 };
 
-// Pre-RoPE keys: an empty AnchorKV cache re-made to code its key residuals
-// after this model's RoPE at their positions (AnchorKVConfig::key_rope), so
-// attention need not rotate them each step; faster decode, but on the d128
-// model up to 3x the KL of residuals coded as given (docs/results.md). Other
-// caches, and caches already holding tokens or a key_rope, come back as they are.
-std::unique_ptr<KVCache> with_key_rope(std::unique_ptr<KVCache> cache, const LlamaConfig& config);
-
 class LlamaModel {
  public:
   LlamaModel(const LlamaWeights& weights, CacheFactory make_cache, int threads = 0,

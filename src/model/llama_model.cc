@@ -14,6 +14,7 @@
 #include <cmath>
 #include <functional>
 
+#include "cache/cache_traits.h"
 #include "core/error.h"
 #include "core/linalg.h"
 #include "core/parallel.h"
@@ -91,7 +92,7 @@ Tensor prefill_attention(const KVCache& cache, const float* k_rot, const TensorV
     // A later chunk of a long prompt over an exact post-RoPE cache: the
     // blocked causal kernel over both (per-query attend over the cache took
     // 1.5x the prefill time at 32K in chunks of 2048).
-    if (dynamic_cast<const FullKVCache*>(&cache) && !ao.rope.enabled && ao.scale == 0.0f && !ao.reference)
+    if (internal::holds_exact_run(cache) && !ao.rope.enabled && ao.scale == 0.0f && !ao.reference)
       return attention_after_exact(cache, kv_k, kv_v, q_view, 0, false, ao.threads);
     chunk.update(kv_k, kv_v);
     return attend(q_view, {&cache, &chunk}, ao);
@@ -158,8 +159,8 @@ void LlamaModel::restore(std::vector<std::unique_ptr<KVCache>> caches, int64_t p
                  "a cache of batch " + std::to_string(s.batch) + ", " + std::to_string(s.heads) + " heads of dim " +
                      std::to_string(s.head_dim) + " does not fit this model (" + std::to_string(cfg.n_kv_heads) +
                      " KV heads of dim " + std::to_string(cfg.head_dim) + ")");
-    const auto* ring = dynamic_cast<const SlidingWindowKVCache*>(c);
-    if (cfg.is_local(l) != (ring != nullptr) || (ring && ring->window() != cfg.sliding_window))
+    const int64_t window = internal::sliding_window(*c);
+    if (cfg.is_local(l) != (window > 0) || (window > 0 && window != cfg.sliding_window))
       core::fail(ErrorCode::kInvalidArgument, op,
                  "layer " + std::to_string(l) + "'s cache does not match its attention (local layers take a " +
                      std::to_string(cfg.sliding_window) + "-position window cache, global ones any other)");

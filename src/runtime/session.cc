@@ -3,13 +3,14 @@
 #include <algorithm>
 
 #include "anchorkv/anchorkv.h"
+#include "cache/cache_traits.h"
 #include "cache/segment_chain.h"
 
 namespace anchorkv::runtime {
 
 std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const model::LlamaConfig& config,
                                           double theta, int threads) {
-  return spec.key_rope ? model::with_key_rope(spec.make(theta, threads), config) : spec.make(theta, threads);
+  return spec.make(theta, threads, config.rope);
 }
 
 cache::CacheSpec session_spec(const std::string& spec) {
@@ -36,15 +37,7 @@ model::LlamaModel make_model(const model::LlamaWeights& w, const std::string& sp
 }
 
 void close_prompt(const model::LlamaModel& m) {
-  for (const auto& c : m.caches()) {
-    auto* a = dynamic_cast<AnchorKVCache*>(c.get());
-    if (!a || !a->config().streaming()) continue;
-    try {
-      a->compress_now();
-    } catch (const anchorkv::Error& e) {
-      if (e.code() != ErrorCode::kInvalidState) throw;  // nothing exact left to close
-    }
-  }
+  for (const auto& c : m.caches()) internal::end_prompt(*c);
 }
 
 void mark_restore_point(const model::LlamaModel& m) {
@@ -55,13 +48,8 @@ namespace {
 
 // Whether `m`'s caches give a prompt's meaning whatever calls bring it.
 bool takes_chunks(const model::LlamaModel& m) {
-  for (const auto& c : m.caches()) {
-    const auto* a = dynamic_cast<const AnchorKVCache*>(c.get());
-    const bool ok = (a && a->config().streaming()) || dynamic_cast<const FullKVCache*>(c.get()) ||
-                    dynamic_cast<const SlidingWindowKVCache*>(c.get());
-    if (!ok) return false;
-  }
-  return true;
+  return std::all_of(m.caches().begin(), m.caches().end(),
+                     [](const auto& c) { return internal::takes_prompt_in_calls(*c); });
 }
 
 }  // namespace

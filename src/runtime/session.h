@@ -22,8 +22,11 @@ namespace anchorkv::runtime {
 inline constexpr int64_t kSegmentTokens = 128, kRecentTokens = 32, kExtendTokens = 1024;
 cache::CacheSpec session_spec(const std::string& spec);
 
-// One layer's cache of `spec` for a model of `config` (:keyrope: the model's
-// RoPE passed to AnchorKV, model::with_key_rope). `spec` as session_spec gives it.
+// One layer's cache of `spec` for a model of `config` (:keyrope: AnchorKV
+// codes key residuals after the model's RoPE at their positions, so attention
+// need not rotate them each step; faster decode, but on the d128 model up to
+// 3x the KL of residuals coded as given, docs/results.md). `spec` as
+// session_spec gives it.
 std::unique_ptr<KVCache> make_layer_cache(const cache::CacheSpec& spec, const model::LlamaConfig& config,
                                           double theta, int threads);
 

@@ -12,6 +12,7 @@
 #include "anchorkv/anchorkv.h"
 #include "cache/anchorkv_state.h"
 #include "cache/anchorkv_streaming.h"
+#include "cache/cache_traits.h"
 #include "cache/registry.h"
 #include "cache/segment_chain.h"
 #include "compress/compressor.h"
@@ -510,6 +511,58 @@ TEST(Streaming, CacheSpecsChooseIt) {
                 .config()
                 .extend_tokens,
             0);
+}
+
+// A spec is built once, whole: :keyrope codes key residuals after the RoPE
+// the runtime passes; without it (or for another kind) that RoPE changes nothing.
+TEST(CacheSpecs, AreBuiltOnceWithTheKeyRopeTheRuntimePasses) {
+  RopeOptions rope;
+  rope.enabled = true;
+  rope.base = 500000.0;
+  rope.style = RopeStyle::kNeox;
+  const auto coded = cache::parse_cache_spec("anchorkv_tight:pre:keyrope:auto:seg64").make(0.05, 1, rope);
+  const AnchorKVConfig& cfg = dynamic_cast<const AnchorKVCache&>(*coded).config();
+  EXPECT_TRUE(cfg.key_rope.enabled);
+  EXPECT_EQ(cfg.key_rope.base, 500000.0);
+  EXPECT_EQ(cfg.key_rope.style, RopeStyle::kNeox);
+  EXPECT_EQ(cfg.anchor_count, AnchorCount::kAuto);
+  EXPECT_EQ(cfg.segment_tokens, 64);
+  EXPECT_EQ(cfg.metadata, MetadataLayout::kTight);
+  EXPECT_FALSE(dynamic_cast<const AnchorKVCache&>(*cache::parse_cache_spec("anchorkv_tight:pre").make(0.05, 1, rope))
+                   .config()
+                   .key_rope.enabled);
+  EXPECT_EQ(cache::parse_cache_spec("snapkv").make(0.05, 1, rope)->name(), "snapkv");
+  EXPECT_TRUE(cache::parse_cache_spec("anchorkv").anchorkv());
+  EXPECT_FALSE(cache::parse_cache_spec("kivi2").anchorkv());
+}
+
+// What a runtime asks of a cache, answered by the cache itself.
+TEST(CacheTraits, EachCacheSaysWhatItDoes) {
+  FullKVCache full;
+  SlidingWindowKVCache ring(64);
+  AnchorKVConfig streaming;
+  streaming.segment_tokens = 32;
+  streaming.recent_tokens = 8;
+  AnchorKVCache stream(streaming), seed{AnchorKVConfig{}};
+  SnapKVCache snap(0.1);
+  EXPECT_TRUE(internal::takes_prompt_in_calls(full) && internal::holds_exact_run(full));
+  EXPECT_TRUE(internal::takes_prompt_in_calls(ring) && !internal::holds_exact_run(ring));
+  EXPECT_EQ(internal::sliding_window(ring), 64);
+  EXPECT_EQ(internal::sliding_window(full), 0);
+  EXPECT_TRUE(internal::takes_prompt_in_calls(stream) && !internal::holds_exact_run(stream));
+  EXPECT_FALSE(internal::takes_prompt_in_calls(seed) || internal::takes_prompt_in_calls(snap));
+  // The end of a prompt closes a streaming cache's exact tail and leaves the others alone.
+  const std::vector<float> kv = random_kv(1, 2, 50, 16, 3);
+  const auto view = TensorView::f32(kv.data(), {1, 2, 50, 16});
+  for (KVCache* c : std::initializer_list<KVCache*>{&full, &stream, &seed}) c->update(view, view);
+  const int64_t stream_before = stream.nbytes(), full_before = full.nbytes(), seed_before = seed.nbytes();
+  for (KVCache* c : std::initializer_list<KVCache*>{&full, &stream, &seed}) internal::end_prompt(*c);
+  EXPECT_LT(stream.nbytes(), stream_before);
+  EXPECT_EQ(full.nbytes(), full_before);
+  EXPECT_EQ(seed.nbytes(), seed_before);
+  const int64_t closed = stream.nbytes();
+  internal::end_prompt(stream);  // nothing exact left: nothing happens
+  EXPECT_EQ(stream.nbytes(), closed);
 }
 
 TEST(CacheSpecs, LayersShareTheBudgetOutKeepingItsMean) {
