@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <optional>
 #include <queue>
+#include <string_view>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -25,6 +27,66 @@ size_t utf8_len(unsigned char c) {
   if ((c >> 4) == 0xE) return 3;
   if ((c >> 3) == 0x1E) return 4;
   return 1;  // invalid lead byte: a symbol of its own (falls back to a byte token)
+}
+
+struct Span {
+  uint32_t start, len;
+};
+
+// Merges `text`'s UTF-8 characters greedily, the adjacent pair of highest
+// `priority(left, right)` first (leftmost on ties; nullopt: no merge), with
+// a heap of candidate pairs over a linked list of symbols, as llama.cpp and
+// the Hugging Face tokenizers do: each merge costs O(log n) heap work, so a
+// long word costs O(n log n) rather than a rescan of every pair per merge. A
+// heap entry whose symbols changed since it was pushed is stale and skipped,
+// so the merges are those of the rescanning algorithm. `stop` is asked every
+// 4096 merges. Returns the final symbols in order.
+template <class Priority>
+std::vector<Span> merge_symbols(const std::string& text, Priority&& priority, const std::function<bool()>& stop) {
+  struct Sym {
+    uint32_t start, len;
+    int32_t prev, next;
+  };
+  std::vector<Sym> sym;
+  for (size_t i = 0; i < text.size();) {
+    const size_t l = std::min(utf8_len(static_cast<unsigned char>(text[i])), text.size() - i);
+    const auto n = static_cast<int32_t>(sym.size());
+    sym.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(l), n - 1, n + 1});
+    i += l;
+  }
+  if (!sym.empty()) sym.back().next = -1;
+  struct Pair {
+    double priority;
+    int32_t left, right;
+    uint32_t len;
+    bool operator<(const Pair& o) const {  // the heap's top: highest priority, then leftmost
+      return priority != o.priority ? priority < o.priority : left > o.left;
+    }
+  };
+  std::priority_queue<Pair> heap;
+  auto try_pair = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const std::string_view left(text.data() + sym[l].start, sym[l].len), right(text.data() + sym[r].start, sym[r].len);
+    if (const std::optional<double> p = priority(left, right)) heap.push({*p, l, r, sym[l].len + sym[r].len});
+  };
+  for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int32_t>(i) - 1, static_cast<int32_t>(i));
+  for (uint32_t merges = 0; !heap.empty(); ++merges) {
+    if ((merges & 4095) == 4095 && stop && stop()) cancelled();
+    const Pair p = heap.top();
+    heap.pop();
+    Sym& l = sym[p.left];
+    Sym& r = sym[p.right];
+    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;  // stale
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = p.left;
+    try_pair(l.prev, p.left);
+    try_pair(p.left, l.next);
+  }
+  std::vector<Span> out;
+  for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) out.push_back({sym[i].start, sym[i].len});
+  return out;
 }
 }  // namespace
 
@@ -186,57 +248,17 @@ Tokenizer Tokenizer::byte_level_bpe(std::vector<std::string> pieces, std::vector
   return t;
 }
 
-// Merges the symbols of one chunk, lowest merge rank first (leftmost on
-// ties), with a heap of candidate pairs over a linked list of symbols, as
-// llama.cpp and the Hugging Face tokenizers do: each merge costs O(log n)
-// heap work, so a long word costs O(n log n) rather than a rescan of every
-// pair per merge. A heap entry whose symbols changed since it was pushed is
-// stale and skipped; the merges are those of the rescanning algorithm.
+// The pieces of one chunk: its merges by rank, the lowest first.
 std::vector<std::string> Tokenizer::merge_bpe(const std::string& mapped, const StopCheck& stop) const {
-  struct Sym {
-    uint32_t start, len;
-    int32_t prev, next;
-  };
-  std::vector<Sym> sym;
-  for (size_t i = 0; i < mapped.size();) {
-    const size_t l = std::min(utf8_len(static_cast<unsigned char>(mapped[i])), mapped.size() - i);
-    const auto n = static_cast<int32_t>(sym.size());
-    sym.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(l), n - 1, n + 1});
-    i += l;
-  }
-  if (!sym.empty()) sym.back().next = -1;
-  struct Pair {
-    int32_t rank, left, right;
-    uint32_t len;
-    bool operator<(const Pair& o) const {  // the heap's top: lowest rank, then leftmost
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::priority_queue<Pair> heap;
   std::string key;
-  auto try_pair = [&](int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return;
-    key.assign(mapped, sym[l].start, sym[l].len).append(1, ' ').append(mapped, sym[r].start, sym[r].len);
-    if (auto it = merge_rank_.find(key); it != merge_rank_.end())
-      heap.push({it->second, l, r, sym[l].len + sym[r].len});
+  auto rank = [&](std::string_view l, std::string_view r) -> std::optional<double> {
+    key.assign(l).append(1, ' ').append(r);
+    const auto it = merge_rank_.find(key);
+    if (it == merge_rank_.end()) return std::nullopt;
+    return -static_cast<double>(it->second);  // the lowest rank first
   };
-  for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int32_t>(i) - 1, static_cast<int32_t>(i));
-  for (uint32_t merges = 0; !heap.empty(); ++merges) {
-    if ((merges & 4095) == 4095 && stop && stop()) cancelled();
-    const Pair p = heap.top();
-    heap.pop();
-    Sym& l = sym[p.left];
-    Sym& r = sym[p.right];
-    if (l.len == 0 || r.len == 0 || l.next != p.right || l.len + r.len != p.len) continue;  // stale
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[r.next].prev = p.left;
-    try_pair(l.prev, p.left);
-    try_pair(p.left, l.next);
-  }
   std::vector<std::string> out;
-  for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) out.push_back(mapped.substr(sym[i].start, sym[i].len));
+  for (const Span& p : merge_symbols(mapped, rank, stop)) out.push_back(mapped.substr(p.start, p.len));
   return out;
 }
 
@@ -364,51 +386,17 @@ std::string Tokenizer::escape(const std::string& text) {
 
 std::vector<int32_t> Tokenizer::encode_spm(const std::string& text_in, const StopCheck& stop) const {
   const std::string text = escape_spaces_ ? escape(text_in) : text_in;
-  // Symbols: UTF-8 characters in a doubly linked list.
-  struct Sym {
-    size_t start, len;
-    int prev, next;
+  std::string joined;
+  auto score = [&](std::string_view l, std::string_view r) -> std::optional<double> {
+    joined.assign(l).append(r);
+    const auto it = index_.find(joined);
+    if (it == index_.end()) return std::nullopt;
+    return scores_[it->second];  // the highest-scoring piece first
   };
-  std::vector<Sym> sym;
-  for (size_t i = 0; i < text.size();) {
-    const size_t l = std::min(utf8_len(static_cast<unsigned char>(text[i])), text.size() - i);
-    sym.push_back({i, l, static_cast<int>(sym.size()) - 1, static_cast<int>(sym.size()) + 1});
-    i += l;
-  }
-  if (!sym.empty()) sym.back().next = -1;
-  struct Bigram {
-    int left, right;
-    float score;
-    size_t len;
-    bool operator<(const Bigram& o) const {  // max-heap: higher score, then leftmost
-      return score < o.score || (score == o.score && left > o.left);
-    }
-  };
-  std::priority_queue<Bigram> queue;
-  auto try_pair = [&](int l, int r) {
-    if (l < 0 || r < 0) return;
-    const std::string s = text.substr(sym[l].start, sym[l].len + sym[r].len);
-    auto it = index_.find(s);
-    if (it != index_.end()) queue.push({l, r, scores_[it->second], s.size()});
-  };
-  for (size_t i = 1; i < sym.size(); ++i) try_pair(static_cast<int>(i) - 1, static_cast<int>(i));
-  for (uint32_t merges = 0; !queue.empty(); ++merges) {
-    if ((merges & 4095) == 4095 && stop && stop()) cancelled();
-    const Bigram b = queue.top();
-    queue.pop();
-    Sym& l = sym[b.left];
-    Sym& r = sym[b.right];
-    if (l.len == 0 || r.len == 0 || l.len + r.len != b.len || l.next != b.right) continue;  // stale
-    l.len += r.len;
-    r.len = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[r.next].prev = b.left;
-    try_pair(l.prev, b.left);
-    try_pair(b.left, l.next);
-  }
+  const std::vector<Span> pieces = merge_symbols(text, score, stop);
   std::vector<int32_t> ids;
-  for (int i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) {
-    const std::string s = text.substr(sym[i].start, sym[i].len);
+  for (const Span& p : pieces) {
+    const std::string s = text.substr(p.start, p.len);
     auto it = index_.find(s);
     if (it != index_.end()) {
       ids.push_back(it->second);
