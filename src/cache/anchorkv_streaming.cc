@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
 #include <utility>
 
@@ -62,7 +61,7 @@ std::shared_ptr<ClosingSegment> start_closing(std::shared_ptr<ClosingInputs> inp
 }
 
 // The closing segment's result; a job that failed (memory) or that a
-// forked child's missing worker never runs is redone here, and one that
+// forked child inherited from its parent is redone here, and one that
 // extends a segment the state no longer ends with, or that was sealed
 // since, is redone on its own.
 NewSegment finish_closing(const ClosingSegment& c, const AnchorKVState& st) {
@@ -71,8 +70,10 @@ NewSegment finish_closing(const ClosingSegment& c, const AnchorKVState& st) {
     alone.extend.reset();
     return alone.compress();
   }
-  if (!c.in_its_process() && c.result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-    return c.inputs->compress();
+  // A forked child never reads the parent's future: the worker may have
+  // held its state's lock at the fork, and nothing in the child unlocks it.
+  // Compressing again gives the same bits.
+  if (!c.in_its_process()) return c.inputs->compress();
   try {
     return c.result.get();
   } catch (const std::exception&) {

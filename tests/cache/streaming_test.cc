@@ -435,6 +435,12 @@ TEST(Streaming, SegmentsExtendTheOneBeforeThemUntilSealed) {
 // worker running that job: its cache must still commit the segment (with
 // the parent's bits), not wait forever.
 TEST(Streaming, AForkedChildCommitsTheSegmentItsParentWasCompressing) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer holds no allocator lock across fork(): a child
+  // forked while the worker allocates hangs in its first malloc (12 of 200
+  // runs). The Release pass runs this test.
+  GTEST_SKIP() << "fork() with running threads is not safe under this AddressSanitizer";
+#endif
   const Tokens x;
   AnchorKVCache c(streaming(64, 16));
   x.feed(c, {100});
