@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "anchorkv/config.h"
+#include "core/error.h"
 #include "core/half.h"
 
 namespace anchorkv::compress {
@@ -190,17 +192,22 @@ struct TightLayout {
   }
 };
 
-// f(SeedLayout{}), f(CompactLayout{}) or f(TightLayout{}) for `layout`.
+// f(SeedLayout{}), f(CompactLayout{}) or f(TightLayout{}) for `layout`. The
+// switch names every layout (no default: -Wswitch names a missing case);
+// a value outside the enum never gets here (configs are validated, and a
+// cache file's layout byte is checked against its config's before any row).
 template <class F>
 decltype(auto) with_layout(MetadataLayout layout, F&& f) {
   switch (layout) {
-    case MetadataLayout::kTight:
-      return f(TightLayout{});
+    case MetadataLayout::kSeed:
+      return f(SeedLayout{});
     case MetadataLayout::kCompact:
       return f(CompactLayout{});
-    default:
-      return f(SeedLayout{});
+    case MetadataLayout::kTight:
+      return f(TightLayout{});
   }
+  core::fail(ErrorCode::kInvalidConfig, "anchorkv::compress::with_layout",
+             "metadata layout " + std::to_string(static_cast<int>(layout)) + " is not one of the layouts");
 }
 
 // The most anchors a segment row may hold in a layout (a row whose every
