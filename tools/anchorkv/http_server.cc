@@ -21,6 +21,7 @@
 
 #include "anchorkv/status.h"
 #include "core/error.h"
+#include "serve/http_head.h"
 
 namespace anchorkv::cli {
 namespace {
@@ -102,149 +103,6 @@ bool send_all(int fd, std::string_view data, int timeout_ms) {
     return false;
   }
   return true;
-}
-
-bool is_tchar(unsigned char c) {
-  return std::isalnum(c) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
-}
-
-bool is_token(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return is_tchar(static_cast<unsigned char>(c)); });
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view trim_ows(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// Whether a comma-separated header value holds `token` (case-insensitive).
-bool has_token(std::string_view value, std::string_view token) {
-  while (!value.empty()) {
-    const size_t comma = value.find(',');
-    if (lower(trim_ows(value.substr(0, comma))) == token) return true;
-    if (comma == std::string_view::npos) break;
-    value.remove_prefix(comma + 1);
-  }
-  return false;
-}
-
-// A request's head, parsed; `status` is nonzero when it must be refused.
-struct Head {
-  int status = 0;
-  std::string why;
-  std::string method, path;
-  bool http11 = true, keep_alive = true, chunked = false, expect_continue = false;
-  std::optional<uint64_t> content_length;
-  std::map<std::string, std::string> headers;
-};
-
-Head refuse(int status, std::string why) {
-  Head h;
-  h.status = status;
-  h.why = std::move(why);
-  return h;
-}
-
-// The request line: method SP origin-form target SP HTTP-version.
-bool parse_request_line(std::string_view line, Head& h) {
-  const size_t a = line.find(' '), b = a == std::string_view::npos ? a : line.find(' ', a + 1);
-  if (b == std::string_view::npos || line.find(' ', b + 1) != std::string_view::npos) return false;
-  const std::string_view method = line.substr(0, a), target = line.substr(a + 1, b - a - 1),
-                         version = line.substr(b + 1);
-  if (!is_token(method) || target.empty() || target[0] != '/') return false;
-  for (char c : target)
-    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7F) return false;
-  if (version == "HTTP/1.1") {
-    h.http11 = true;
-  } else if (version == "HTTP/1.0") {
-    h.http11 = false;
-  } else {
-    h.status = version.size() == 8 && version.substr(0, 5) == "HTTP/" ? 505 : 400;
-    h.why = "unsupported HTTP version";
-    return true;
-  }
-  h.method = std::string(method);
-  h.path = std::string(target.substr(0, target.find('?')));
-  return true;
-}
-
-// One header line into `h`; false when it is malformed.
-bool parse_header_line(std::string_view line, Head& h, int& hosts, bool& had_te) {
-  if (line[0] == ' ' || line[0] == '\t') return false;  // obs-fold
-  const size_t colon = line.find(':');
-  if (colon == std::string_view::npos || !is_token(line.substr(0, colon))) return false;  // incl. "Name :"
-  const std::string name = lower(line.substr(0, colon));
-  const std::string_view value = trim_ows(line.substr(colon + 1));
-  for (char c : value) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && u != '\t') || u == 0x7F) return false;
-  }
-  if (name == "content-length") {
-    if (h.content_length || value.empty() || value.size() > 18 ||
-        !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return false;  // repeated, negative, signed, listed, not a number, or past any body size
-    h.content_length = std::stoull(std::string(value));
-  } else if (name == "transfer-encoding") {
-    if (had_te) return false;
-    had_te = true;
-    h.chunked = lower(value) == "chunked";
-    if (!h.chunked) {
-      h.status = 501;
-      h.why = "the only transfer coding accepted is chunked";
-    }
-  } else if (name == "host") {
-    ++hosts;
-  } else if (name == "expect") {
-    if (lower(value) != "100-continue") {
-      h.status = 417;
-      h.why = "the only expectation met is 100-continue";
-    }
-    h.expect_continue = true;
-  }
-  if (name == "connection") {
-    if (has_token(value, "close")) h.keep_alive = false;
-    if (!h.http11 && has_token(value, "keep-alive")) h.keep_alive = true;
-  }
-  std::string& slot = h.headers[name];
-  slot = slot.empty() ? std::string(value) : slot + ", " + std::string(value);
-  return true;
-}
-
-// The head (CRLF line endings, without the final empty line).
-Head parse_head(std::string_view text) {
-  Head h;
-  h.keep_alive = true;
-  int hosts = 0;
-  bool had_te = false, first = true;
-  while (!text.empty()) {
-    const size_t end = text.find("\r\n");
-    const std::string_view line = text.substr(0, end);
-    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 2);
-    if (line.find_first_of("\r\n") != std::string_view::npos || line.find('\0') != std::string_view::npos)
-      return refuse(400, "a bare CR or LF, or a NUL, in the request head");
-    if (first) {
-      if (!parse_request_line(line, h)) return refuse(400, "malformed request line");
-      if (h.status) return h;
-      h.keep_alive = h.http11;
-      first = false;
-      continue;
-    }
-    if (line.empty() || !parse_header_line(line, h, hosts, had_te)) return refuse(400, "malformed header line");
-  }
-  if (first) return refuse(400, "no request line");
-  if (h.status) return h;
-  if (h.content_length && had_te)
-    return refuse(400, "Content-Length and Transfer-Encoding together: the body's length is ambiguous");
-  if (had_te && !h.http11) return refuse(400, "Transfer-Encoding in an HTTP/1.0 request");
-  if (h.http11 && hosts != 1) return refuse(400, hosts == 0 ? "no Host header" : "more than one Host header");
-  return h;
 }
 
 // A client's bytes, buffered: what was read past one request stays for the
@@ -390,7 +248,7 @@ struct ConnectionLoop {
 
   // The head of the next request; nothing when the client closed or went
   // silent first (nothing is answered then).
-  std::optional<Head> read_head() {
+  std::optional<serve::HttpHead> read_head() {
     for (int blank = 0;; ++blank) {  // RFC 9112 2.2: empty lines before a request line are ignored
       while (in.available().size() < 2)
         if (!in.fill()) return std::nullopt;
@@ -401,18 +259,18 @@ struct ConnectionLoop {
       const std::string_view a = in.available();
       const size_t end = a.find("\r\n\r\n");
       if (end != std::string_view::npos) {
-        if (end + 4 > srv.limits_.header_memory) return refuse(431, "the request head is too large");
-        Head h = parse_head(a.substr(0, end));
+        if (end + 4 > srv.limits_.header_memory) return serve::refused_head(431, "the request head is too large");
+        serve::HttpHead h = serve::parse_http_head(a.substr(0, end));
         in.consume(end + 4);
         return h;
       }
-      if (a.size() > srv.limits_.header_memory) return refuse(431, "the request head is too large");
+      if (a.size() > srv.limits_.header_memory) return serve::refused_head(431, "the request head is too large");
       if (!in.fill()) return std::nullopt;
     }
   }
 
   // The body; a nonzero status when it must be refused.
-  int read_body(const Head& h, std::string& body) {
+  int read_body(const serve::HttpHead& h, std::string& body) {
     if (h.content_length) {
       if (*h.content_length > srv.limits_.max_body) return 413;
       if (h.expect_continue && *h.content_length > 0 && !send_all(conn.fd, "HTTP/1.1 100 Continue\r\n\r\n", send_timeout_ms()))
@@ -424,19 +282,9 @@ struct ConnectionLoop {
     for (;;) {
       const std::optional<std::string> line = in.line(kMaxChunkLine);
       if (!line) return 400;
-      // chunk-size [BWS ";" chunk-ext]: the extensions are dropped.
-      std::string_view digits = std::string_view(*line).substr(0, line->find(';'));
-      while (!digits.empty() && (digits.back() == ' ' || digits.back() == '\t')) digits.remove_suffix(1);
-      if (digits.empty() || digits.size() > 15) return 400;
-      uint64_t size = 0;
-      for (char c : digits) {
-        const int v = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
-                      : (c >= 'a' && c <= 'f')                    ? c - 'a' + 10
-                      : (c >= 'A' && c <= 'F')                    ? c - 'A' + 10
-                                                                  : -1;
-        if (v < 0) return 400;
-        size = size * 16 + static_cast<uint64_t>(v);
-      }
+      const std::optional<uint64_t> chunk = serve::parse_chunk_size(*line);
+      if (!chunk) return 400;
+      const uint64_t size = *chunk;
       if (size == 0) break;
       if (body.size() + size > srv.limits_.max_body) return 413;
       if (!in.take(size, body)) return -1;
@@ -477,7 +325,7 @@ struct ConnectionLoop {
     std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " + reason(r.status) + "\r\n";
     out += "Date: " + http_date() + "\r\nContent-Type: " + r.content_type + "\r\n";
     for (const auto& [k, v] : r.headers)
-      if (lower(k) != "connection" && lower(k) != "content-length" && lower(k) != "transfer-encoding")
+      if (serve::lower(k) != "connection" && serve::lower(k) != "content-length" && serve::lower(k) != "transfer-encoding")
         out += k + ": " + v + "\r\n";
     out += r.produce ? std::string("Transfer-Encoding: chunked\r\n")
                      : "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
@@ -531,7 +379,7 @@ struct ConnectionLoop {
 
   // One request; false when the connection is to be closed.
   bool one_request() {
-    std::optional<Head> head = read_head();
+    std::optional<serve::HttpHead> head = read_head();
     if (!head) return false;
     if (head->status) {
       refuse_and_close(head->status, head->why);
@@ -568,7 +416,7 @@ struct ConnectionLoop {
     HttpResponse resp = srv.handle(req);
     const bool close = !head->keep_alive || srv.draining_ ||
                        std::any_of(resp.headers.begin(), resp.headers.end(), [](const auto& h) {
-                         return lower(h.first) == "connection" && has_token(h.second, "close");
+                         return serve::lower(h.first) == "connection" && serve::has_token(h.second, "close");
                        });
     if (!send_response(resp, close, req.method == "HEAD")) return false;
     if (resp.produce && !stream(resp)) return false;
