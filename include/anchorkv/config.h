@@ -1,6 +1,6 @@
 // AnchorKVConfig: the seed's six fields with the seed's defaults, plus the
-// options this project adds (each documented with its default, which keeps
-// the seed's behaviour unless a measurement said otherwise).
+// options this project adds, each with its default (why each default was
+// chosen, with the measurements: docs/results.md and docs/codec.md).
 #pragma once
 
 #include <cstdint>
@@ -78,9 +78,7 @@ struct AnchorKVConfig {
 
   // --- options added by this project ---
   ResidualAllocation allocation = ResidualAllocation::kPooledAcrossHeads;
-  // RMS wins the measured residual MSE for every bits/D/distribution tried
-  // (docs/codec.md); kAbsMax is the seed's behaviour.
-  ResidualScale scale = ResidualScale::kRms;
+  ResidualScale scale = ResidualScale::kRms;  // kAbsMax is the seed's behaviour
   CompressTrigger trigger = CompressTrigger::kFirstPrefill;
   MetadataLayout metadata = MetadataLayout::kSeed;  // the budget and accounting use its real size
   AnchorCount anchor_count = AnchorCount::kFixed;
@@ -88,13 +86,11 @@ struct AnchorKVConfig {
                     // Output is bit-identical for every value.
   // Keys fed BEFORE RoPE and attended with exactly these options (base, style,
   // position_offset = position of the cache's first token): each key residual
-  // is coded after RoPE at its own position (codes of R RoPE_t(r); RoPE is
-  // orthogonal, so the codec's error is the same), so attention scores it like
-  // a post-RoPE residual instead of rotating it to its position every call.
+  // is coded after RoPE at its own position, so attention scores it like a
+  // post-RoPE residual instead of rotating it to its position every call.
   // attend() refuses other RoPE options on such a cache; fetch() still returns
-  // the keys before RoPE. Off (the default): residuals are coded as given,
-  // which the codec measured better at on real keys (the d128 model: up to 3x
-  // lower KL; docs/results.md), at the cost of that rotation in every decode step.
+  // the keys before RoPE. Off (the default): residuals are coded as given and
+  // attention rotates them (docs/results.md compares the two).
   RopeOptions key_rope;
 
   // Streaming (segments). 0 (the default) is the seed's behaviour: compress
@@ -109,8 +105,7 @@ struct AnchorKVConfig {
   int64_t recent_tokens = 0;  // exact tokens kept behind the newest segment (streaming only)
   // Streaming: a segment that closes extends the one before it while the two
   // hold at most extend_tokens tokens: its tokens may take that segment's
-  // anchors as well as their own (which halves the KL of short segments on
-  // real models, docs/results.md), and the two become one segment. 0 (the
+  // anchors as well as their own, and the two become one segment. 0 (the
   // default): every segment is compressed on its own, with its own anchors.
   int64_t extend_tokens = 0;
 
