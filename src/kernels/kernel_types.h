@@ -83,3 +83,11 @@ struct ResidualArithmetic {
 // The targets with 16-lane vectors and the AVX-512 intrinsics SumsOf16 uses
 // (expanded where used, so per target).
 #define ANCHORKV_AVX512_TARGET (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+// A function that uses AVX-512 BF16 instructions inside such a target:
+// GCC adds the attribute to the target's features, clang replaces them with
+// it, so for clang it names the target's features as well.
+#if defined(__clang__)
+#define ANCHORKV_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+#else
+#define ANCHORKV_BF16_ATTR __attribute__((target("avx512bf16")))
+#endif

@@ -309,9 +309,6 @@ void QuadValueResiduals2Bit(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64
 }
 
 #if ANCHORKV_AVX512_TARGET
-#ifndef ANCHORKV_BF16_ATTR
-#define ANCHORKV_BF16_ATTR __attribute__((target("avx512bf16")))
-#endif
 
 // 32 2-bit codes (8 bytes) as 16 bf16 pairs of levels (ResidualArithmetic::
 // pairs): lane 2m holds dims 2m, 2m + 1 and lane 2m + 1 dims 2m + 16, 2m + 17.

@@ -193,9 +193,6 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
 #endif
 
 #if ANCHORKV_AVX512_TARGET
-#ifndef ANCHORKV_BF16_ATTR
-#define ANCHORKV_BF16_ATTR __attribute__((target("avx512bf16")))
-#endif
 // QuadRopeBlockScores with bf16 products (AttentionOptions::bf16_scores):
 // each entry's rotated key and the block's queries rounded to bf16, two
 // products per lane and instruction (VDPBF16PS), sums in fp32. The rotation
@@ -220,7 +217,7 @@ ANCHORKV_BF16_ATTR void QuadRopeBlockScoresBf16(const uint16_t* HWY_RESTRICT A, 
     const FourEntries f = FourEntriesAt<kD>(A, ak, pos, offset, cos_t, sin_t, fk, i, n);
     hn::Vec<DF> acc[16];
     for (auto& x : acc) x = hn::Zero(df);
-    const auto group = [&](auto with_residuals) {
+    const auto group = [&](auto with_residuals) ANCHORKV_BF16_ATTR {  // clang: a lambda takes the pragma's target, not its function's
       for (int64_t c = 0; c < NC; ++c) {
 #pragma GCC unroll 4
         for (int e = 0; e < 4; ++e) {
