@@ -147,14 +147,15 @@ def test_deadline_and_full_queue():
         assert s.metrics()["anchorkv_requests_timed_out_total"] == 1
     finally:
         assert s.stop() == 0
-    # One slot busy with a stream, no queue: the next request is told to retry. (The stream runs to
-    # the context in well under a second; a request that comes after it ended gets its slot, so
-    # the pair is tried again.)
-    s = Server(*CACHE, "--max-queue", "0")
+    # One slot busy with a stream, no queue: the next request is told to retry. (On the tiny model
+    # a stream ran to its 1024-token context in a fifth of a second, and on a loaded machine the
+    # client lost that race 20 times in a row; the 4096-token model's stream takes seconds. A
+    # request that comes after it ended gets its slot, so the pair is tried again.)
+    s = Server(*CACHE, "--max-queue", "0", model=TINY.parent / "anchorkv-d128-4k.gguf")
     try:
         statuses = []
-        for _ in range(20):  # a loaded machine may let a stream end first more than once
-            with s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3000, "stream": True}, stream=True) as st:
+        for _ in range(20):
+            with s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4000, "stream": True}, stream=True) as st:
                 next(st.iter_lines())
                 busy = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1})
                 # A stream refused for a full queue gets its 503 as a status, not a 200 and an error event.
