@@ -29,12 +29,26 @@ std::vector<float> anchor_table(const float* X, int64_t D, std::span<const int32
 SideAssignment assign_reference(const float* X, int64_t S, int64_t D, std::span<const int32_t> anchors,
                                 const float* prior = nullptr, int64_t n_prior = 0);
 
-// Pick the anchor from precomputed dot products (shared by both paths):
-// dots[j] = <x, a_j>, anchor_norms[j] = ||a_j||, anchor_sq[j] = ||a_j||^2.
-// The reference scans with core::abs_cosine_argmax_ref; `simd` selects the
-// SIMD scan, which returns the same index.
-void choose_anchor(const float* dots, int64_t n_anchor, float token_norm, const float* anchor_norms,
-                   const float* anchor_sq, int32_t* anchor_out, float* coef_out, bool simd = false);
+// The anchors a token may take: their table [n_anchor, D] (anchor_table),
+// norms ||a_j|| and squares ||a_j||^2, in the reference's arithmetic
+// (core::dot_ref) in both paths.
+struct AnchorCandidates {
+  const float* table;
+  int64_t D, n_anchor;
+  const float* norms;
+  const float* sq;
+};
+
+// Picks token x's anchor from precomputed dot products dots[j] = <x, a_j>
+// (shared by both paths). The reference scans with
+// core::abs_cosine_near_max_ref; `simd` selects the SIMD scan. Where another
+// anchor's cosine comes within the two paths' rounding of the best, both
+// settle it by recomputing those cosines in the reference's arithmetic, so
+// the fast path's dots (another summation order) pick the same anchor.
+// gamma = <x, a> / (||a||^2 + eps) takes <x, a> from core::dot_fixed_order
+// in both paths.
+void choose_anchor(const AnchorCandidates& c, const float* x, const float* dots, float token_norm,
+                   int32_t* anchor_out, float* coef_out, bool simd = false);
 
 // r = x - gamma * a
 inline void residual(const float* x, const float* a, float gamma, int64_t D, float* r) {

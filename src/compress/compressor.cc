@@ -228,8 +228,8 @@ void FastAnalysis::anchor_rows(int64_t row) {
   rw.av = anchor_table(in_.value_row(row), D, anchors, prior_anchors(in_, row, true).data(), np);
   for (auto* v : {&rw.k_norm, &rw.k_sq, &rw.v_norm, &rw.v_sq}) v->resize(static_cast<size_t>(k));
   for (int64_t j = 0; j < k; ++j) {
-    rw.k_sq[j] = core::dot(&rw.ak[j * D], &rw.ak[j * D], D);
-    rw.v_sq[j] = core::dot(&rw.av[j * D], &rw.av[j * D], D);
+    rw.k_sq[j] = core::dot_ref(&rw.ak[j * D], &rw.ak[j * D], D);  // as the reference (choose_anchor)
+    rw.v_sq[j] = core::dot_ref(&rw.av[j * D], &rw.av[j * D], D);
     rw.k_norm[j] = std::sqrt(rw.k_sq[j]);
     rw.v_norm[j] = std::sqrt(rw.v_sq[j]);
   }
@@ -265,7 +265,8 @@ void FastAnalysis::assign_side(const float* X, const float* anchor_rows, const f
       continue;
     }
     const float x_norm = std::sqrt(core::dot(X + t * D, X + t * D, D));
-    choose_anchor(&sc.dots[i * k], k, x_norm, norm, sq, &side.anchor[t], &side.coef[t], true);
+    choose_anchor({anchor_rows, D, k, norm, sq}, X + t * D, &sc.dots[i * k], x_norm, &side.anchor[t], &side.coef[t],
+                  true);
     residual(X + t * D, &anchor_rows[side.anchor[t] * D], side.coef[t], D, ri);
   }
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include <cmath>
 
@@ -16,6 +17,7 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "core/simd-inl.h"
+#include "core/vec_array-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::core {
@@ -99,19 +101,19 @@ template <int R, int NV>
 HWY_INLINE void PanelNN(DF d, const float* HWY_RESTRICT A, int64_t lda, const float* HWY_RESTRICT B, int64_t ldb,
                         int64_t K, float* HWY_RESTRICT C, int64_t ldc) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  hn::Vec<DF> acc[R][NV];
+  VecArray<DF, R * NV> acc;  // acc[r * NV + v]
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
+    for (int v = 0; v < NV; ++v) acc.set(r * NV + v, hn::Zero(d));
   for (int64_t k = 0; k < K; ++k) {
-    hn::Vec<DF> b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = hn::LoadU(d, B + k * ldb + v * N);
+    VecArray<DF, NV> b;
+    for (int v = 0; v < NV; ++v) b.set(v, hn::LoadU(d, B + k * ldb + v * N));
     for (int r = 0; r < R; ++r) {
       const auto a = hn::Set(d, A[r * lda + k]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(a, b[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) acc.set(r * NV + v, hn::MulAdd(a, b.get(v), acc.get(r * NV + v)));
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, C + r * ldc + v * N);
+    for (int v = 0; v < NV; ++v) hn::StoreU(acc.get(r * NV + v), d, C + r * ldc + v * N);
 }
 
 template <int NV>
@@ -190,26 +192,38 @@ void SqDistMatrix(const float* X, int64_t n, int64_t ldx, const float* Y, int64_
     for (int64_t j = 0; j < k; ++j) out[i * ldo + j] = Dist1(d, X + i * ldx, Y + j * ldy, D);
 }
 
-int64_t AbsCosineArgmax(const float* HWY_RESTRICT dots, int64_t k, float token_norm,
-                        const float* HWY_RESTRICT norms, float eps) {
+int64_t AbsCosineNearMax(const float* HWY_RESTRICT dots, int64_t k, float token_norm,
+                         const float* HWY_RESTRICT norms, float eps, float tol, int64_t* first) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto vt = hn::Set(d, token_norm);
   const auto ve = hn::Set(d, eps);
+  auto cosine = [&](int64_t j) {
+    return hn::Div(hn::Abs(hn::LoadU(d, dots + j)), hn::Add(hn::Mul(vt, hn::LoadU(d, norms + j)), ve));
+  };
+  auto cosine_at = [&](int64_t t) { return std::fabs(dots[t]) / (token_norm * norms[t] + eps); };
   auto best = hn::Set(d, -1.0f);
   int64_t j = 0;
-  for (; j + N <= k; j += N) {
-    const auto sim = hn::Div(hn::Abs(hn::LoadU(d, dots + j)), hn::Add(hn::Mul(vt, hn::LoadU(d, norms + j)), ve));
-    best = hn::Max(best, sim);
-  }
+  for (; j + N <= k; j += N) best = hn::Max(best, cosine(j));
   float mx = hn::GetLane(hn::MaxOfLanes(d, best));
-  for (int64_t t = j; t < k; ++t) {
-    const float sim = std::fabs(dots[t]) / (token_norm * norms[t] + eps);
-    mx = sim > mx ? sim : mx;
+  for (int64_t t = j; t < k; ++t) mx = std::max(mx, cosine_at(t));
+  const float floor = mx - tol;
+  const auto vf = hn::Set(d, floor);
+  int64_t count = 0;
+  *first = -1;
+  for (j = 0; j + N <= k; j += N) {
+    const auto near = hn::Ge(cosine(j), vf);
+    const size_t n = hn::CountTrue(d, near);
+    if (n != 0 && *first < 0) *first = j + hn::FindFirstTrue(d, near);
+    count += static_cast<int64_t>(n);
   }
-  for (int64_t t = 0; t < k; ++t)  // first index reaching the maximum
-    if (std::fabs(dots[t]) / (token_norm * norms[t] + eps) == mx) return t;
-  return 0;
+  for (int64_t t = j; t < k; ++t)
+    if (cosine_at(t) >= floor) {
+      if (*first < 0) *first = t;
+      ++count;
+    }
+  if (*first < 0) *first = 0;  // NaN cosines: nothing compares; the seed takes anchor 0
+  return count;
 }
 
 void Axpy(float a, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t D) {
@@ -298,6 +312,23 @@ void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_R
   }
 }
 
+// `iters` rounds of one vector multiply-add on each of the chains `acc`; the
+// chains are parameters rather than an array so that SVE's sizeless vectors
+// stay in registers too.
+template <class D, class... V>
+HWY_INLINE hn::Vec<D> MulAddChains(D d, int64_t iters, V... acc) {
+  const auto m = hn::Set(d, 0.999f), a = hn::Set(d, 1e-4f);
+  for (int64_t i = 0; i < iters; ++i) ((acc = hn::MulAdd(acc, m, a)), ...);
+  auto total = hn::Zero(d);
+  ((total = hn::Add(total, acc)), ...);
+  return total;
+}
+
+template <class D, size_t... C>
+HWY_INLINE hn::Vec<D> StartMulAddChains(D d, int64_t iters, std::index_sequence<C...>) {
+  return MulAddChains(d, iters, hn::Set(d, 1e-3f * static_cast<float>(C))...);
+}
+
 // Runs `iters` rounds of 24 independent vector multiply-adds (more chains
 // than the FMA latency times the pipes on any CPU we target, so throughput
 // is what limits it); returns the lanes multiply-added per round and sets
@@ -305,15 +336,7 @@ void AccumulateRows(const float* HWY_RESTRICT W, int64_t ldw, const float* HWY_R
 int64_t MulAddProbe(int64_t iters, float* sink, int64_t* lanes) {
   const hn::ScalableTag<float> d;
   constexpr int kChains = 24;
-  hn::Vec<decltype(d)> acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = hn::Set(d, 1e-3f * static_cast<float>(c));
-  const auto m = hn::Set(d, 0.999f), a = hn::Set(d, 1e-4f);
-  for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 24
-    for (int c = 0; c < kChains; ++c) acc[c] = hn::MulAdd(acc[c], m, a);
-  }
-  auto total = acc[0];
-  for (int c = 1; c < kChains; ++c) total = hn::Add(total, acc[c]);
+  const auto total = StartMulAddChains(d, iters, std::make_index_sequence<kChains>());
   *sink = hn::GetLane(hn::SumOfLanes(d, total));
   *lanes = static_cast<int64_t>(hn::Lanes(d));
   return *lanes * kChains;
@@ -331,7 +354,7 @@ namespace anchorkv::core {
 HWY_EXPORT(DotMatrix);
 HWY_EXPORT(Axpy);
 HWY_EXPORT(ScaleAdd);
-HWY_EXPORT(AbsCosineArgmax);
+HWY_EXPORT(AbsCosineNearMax);
 HWY_EXPORT(SqDistMatrix);
 HWY_EXPORT(DotVec);
 HWY_EXPORT(AccumulateRows);
@@ -408,21 +431,24 @@ void fwht_simd(float* x, int64_t n) {
   fwht_ref(x, n);
 }
 
-int64_t abs_cosine_argmax(const float* dots, int64_t k, float token_norm, const float* norms, float eps) {
-  return HWY_DYNAMIC_DISPATCH(AbsCosineArgmax)(dots, k, token_norm, norms, eps);
+int64_t abs_cosine_near_max(const float* dots, int64_t k, float token_norm, const float* norms, float eps, float tol,
+                            int64_t* first) {
+  return HWY_DYNAMIC_DISPATCH(AbsCosineNearMax)(dots, k, token_norm, norms, eps, tol, first);
 }
 
-int64_t abs_cosine_argmax_ref(const float* dots, int64_t k, float token_norm, const float* norms, float eps) {
-  int64_t best = 0;
-  float best_sim = -1.0f;
-  for (int64_t j = 0; j < k; ++j) {
-    const float sim = std::fabs(dots[j]) / (token_norm * norms[j] + eps);
-    if (sim > best_sim) {
-      best_sim = sim;
-      best = j;
+int64_t abs_cosine_near_max_ref(const float* dots, int64_t k, float token_norm, const float* norms, float eps,
+                                float tol, int64_t* first) {
+  float mx = -1.0f;
+  for (int64_t j = 0; j < k; ++j) mx = std::max(mx, std::fabs(dots[j]) / (token_norm * norms[j] + eps));
+  int64_t count = 0;
+  *first = -1;
+  for (int64_t j = 0; j < k; ++j)
+    if (std::fabs(dots[j]) / (token_norm * norms[j] + eps) >= mx - tol) {
+      if (*first < 0) *first = j;
+      ++count;
     }
-  }
-  return best;
+  if (*first < 0) *first = 0;
+  return count;
 }
 
 void axpy(float a, const float* x, float* y, int64_t D) { HWY_DYNAMIC_DISPATCH(Axpy)(a, x, y, D); }
@@ -436,6 +462,15 @@ void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n,
                          int64_t ldo) {
   for (int64_t g = 0; g < nq; ++g)
     for (int64_t r = 0; r < n; ++r) axpy_ref(W[g * ldw + r], Z + r * D, out + g * ldo, D);
+}
+
+float dot_fixed_order(const float* x, const float* y, int64_t D) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8)
+    for (int j = 0; j < 8; ++j) s[j] += x[i + j] * y[i + j];
+  for (int j = 0; i < D; ++i, ++j) s[j] += x[i] * y[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 void scale_add(float a, float* y, float b, const float* x, int64_t n) {

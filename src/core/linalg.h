@@ -22,11 +22,15 @@ void sq_dist_matrix(const float* X, int64_t n, int64_t ldx, const float* Y, int6
 void sq_dist_matrix_ref(const float* X, int64_t n, int64_t ldx, const float* Y, int64_t k, int64_t ldy,
                         int64_t D, float* out, int64_t ldo);
 
-// argmax_j |dots[j]| / (token_norm * norms[j] + eps), the first maximum on
-// ties (assignment, docs/spec.md §4.2). Same IEEE operations in both versions, so the
-// results are identical.
-int64_t abs_cosine_argmax(const float* dots, int64_t k, float token_norm, const float* norms, float eps);
-int64_t abs_cosine_argmax_ref(const float* dots, int64_t k, float token_norm, const float* norms, float eps);
+// With c_j = |dots[j]| / (token_norm * norms[j] + eps) and m = max_j c_j:
+// how many j have c_j >= m - tol, and (*first) the first of them. tol = 0
+// gives the argmax, the first maximum on ties (assignment, docs/spec.md
+// §4.2); a count above 1 flags a near-tie. Same IEEE operations in both
+// versions, so the results are identical.
+int64_t abs_cosine_near_max(const float* dots, int64_t k, float token_norm, const float* norms, float eps, float tol,
+                            int64_t* first);
+int64_t abs_cosine_near_max_ref(const float* dots, int64_t k, float token_norm, const float* norms, float eps,
+                                float tol, int64_t* first);
 
 // y[d] += a * x[d]
 void axpy(float a, const float* x, float* y, int64_t D);
@@ -69,6 +73,11 @@ void accumulate_rows(const float* W, int64_t ldw, const float* Z, int64_t n, int
 void accumulate_rows_ref(const float* W, int64_t ldw, const float* Z, int64_t n, int64_t nq, int64_t D,
                          float* out, int64_t ldo);
 float dot_ref(const float* x, const float* y, int64_t D);
+// sum_d x[d] * y[d] in one order on every CPU and build: eight partial sums
+// (d mod 8) added pairwise. Plain C++ the compiler may vectorize without
+// changing a bit; for values two paths must agree on exactly (compress:
+// the projection coefficient).
+float dot_fixed_order(const float* x, const float* y, int64_t D);
 
 // C[i * ldc + j] = sum_k A[i * lda + k] * B[k * ldb + j]   (i < n, j < m, k < K):
 // B row-major, so the SIMD version broadcasts A and streams B's rows (outer

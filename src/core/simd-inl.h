@@ -50,23 +50,43 @@ template <class D>
 struct HadamardWithin {
   static constexpr int kMaxStages = 5;  // up to 32 lanes
   explicit HadamardWithin(D d) {
-    const hn::RebindToSigned<D> di;
-    const auto lane = hn::Iota(di, 0);
     for (int64_t h = 1; h < static_cast<int64_t>(hn::Lanes(d)) && stages < kMaxStages; h <<= 1, ++stages) {
-      const auto bit = hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(h));
-      idx[stages] = hn::IndicesFromVec(d, hn::Xor(lane, bit));
-      // +1 where the bit is clear (a + b), -1 where it is set (a - b = -x + partner)
-      sign[stages] = hn::IfThenElse(hn::RebindMask(d, hn::Eq(hn::And(lane, bit), hn::Zero(di))),
-                                    hn::Set(d, 1.0f), hn::Set(d, -1.0f));
+#if !HWY_HAVE_SCALABLE
+      idx[stages] = Partners(d, h);
+      sign[stages] = Signs(d, h);
+#endif
     }
   }
   HWY_INLINE hn::Vec<D> apply(hn::Vec<D> v) const {
-    for (int s = 0; s < stages; ++s) v = hn::MulAdd(v, sign[s], hn::TableLookupLanes(v, idx[s]));
+    for (int s = 0; s < stages; ++s) {
+#if HWY_HAVE_SCALABLE  // sizeless SVE vectors cannot be members: formed per call
+      const int64_t h = int64_t{1} << s;
+      v = hn::MulAdd(v, Signs(D(), h), hn::TableLookupLanes(v, Partners(D(), h)));
+#else
+      v = hn::MulAdd(v, sign[s], hn::TableLookupLanes(v, idx[s]));
+#endif
+    }
     return v;
   }
   int stages = 0;
+
+ private:
+  // Lane i's partner, i ^ h.
+  static HWY_INLINE auto Partners(D d, int64_t h) {
+    const hn::RebindToSigned<D> di;
+    return hn::IndicesFromVec(d, hn::Xor(hn::Iota(di, 0), hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(h))));
+  }
+  // +1 where bit h of the lane is clear (a + b), -1 where it is set (a - b = -x + partner).
+  static HWY_INLINE hn::Vec<D> Signs(D d, int64_t h) {
+    const hn::RebindToSigned<D> di;
+    const auto bit = hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(h));
+    return hn::IfThenElse(hn::RebindMask(d, hn::Eq(hn::And(hn::Iota(di, 0), bit), hn::Zero(di))), hn::Set(d, 1.0f),
+                          hn::Set(d, -1.0f));
+  }
+#if !HWY_HAVE_SCALABLE
   decltype(hn::IndicesFromVec(D(), hn::Zero(hn::RebindToSigned<D>()))) idx[kMaxStages];
   hn::Vec<D> sign[kMaxStages];
+#endif
 };
 
 // Pairs (x, y) rotated by angles with cosines c and sines s:

@@ -186,10 +186,13 @@ void SumQuadWeights(const float* HWY_RESTRICT W0, const float* HWY_RESTRICT W1, 
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t j = 0;
   for (; j + N <= k; j += N) {
-    hn::Vec<DF> a[4], b[4];
-    hn::LoadInterleaved4(d, W0 + j * 4, a[0], a[1], a[2], a[3]);
-    hn::LoadInterleaved4(d, W1 + j * 4, b[0], b[1], b[2], b[3]);
-    for (int64_t g = 0; g < gn; ++g) hn::StoreU(hn::Add(a[g], b[g]), d, w + g * k + j);
+    hn::Vec<DF> a0, a1, a2, a3, b0, b1, b2, b3;
+    hn::LoadInterleaved4(d, W0 + j * 4, a0, a1, a2, a3);
+    hn::LoadInterleaved4(d, W1 + j * 4, b0, b1, b2, b3);
+    if (gn > 0) hn::StoreU(hn::Add(a0, b0), d, w + j);
+    if (gn > 1) hn::StoreU(hn::Add(a1, b1), d, w + k + j);
+    if (gn > 2) hn::StoreU(hn::Add(a2, b2), d, w + 2 * k + j);
+    if (gn > 3) hn::StoreU(hn::Add(a3, b3), d, w + 3 * k + j);
   }
   for (; j < k; ++j)
     for (int64_t g = 0; g < gn; ++g) w[g * k + j] = W0[j * 4 + g] + W1[j * 4 + g];

@@ -96,6 +96,16 @@ inline void ScatterAdd4(const float* HWY_RESTRICT P, const int32_t* HWY_RESTRICT
 // A vector folded to one 128-bit block of partial sums.
 template <class D>
 HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldToBlock(D d, hn::Vec<D> v) {
+#if HWY_HAVE_SCALABLE
+  // SVE: the lanes are known at run time only (MaxLanes is an upper bound,
+  // not the count), so the fold goes through memory: lane i of the block
+  // sums the lanes i mod 4.
+  HWY_ALIGN float lanes[hn::MaxLanes(D())];
+  HWY_ALIGN float block[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  hn::Store(v, d, lanes);
+  for (size_t i = 0; i < hn::Lanes(d); ++i) block[i % 4] += lanes[i];
+  return hn::Load(hn::CappedTag<float, 4>(), block);
+#else
   if constexpr (hn::MaxLanes(D()) > 4) {
     const hn::Half<D> dh;
     return FoldToBlock(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
@@ -103,6 +113,7 @@ HWY_INLINE hn::Vec<hn::CappedTag<float, 4>> FoldToBlock(D d, hn::Vec<D> v) {
     (void)d;
     return v;
   }
+#endif
 }
 
 // [sum(a0), sum(a1), sum(a2), sum(a3)] in one 4-lane vector (needs N >= 4).

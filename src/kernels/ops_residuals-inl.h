@@ -9,6 +9,7 @@
 #define ANCHORKV_KERNELS_OPS_RESIDUALS_INL_H_
 #endif
 
+#include "core/vec_array-inl.h"
 #include "hwy/highway.h"
 #include "kernels/ops_quad-inl.h"
 
@@ -32,24 +33,27 @@ struct Levels2Bit {
     // bits, so on AVX-512 the codes above a lane's own need no mask.
     HWY_ALIGN float table[hn::MaxLanes(DF()) < 4 ? 4 : hn::MaxLanes(DF())] = {};
     for (size_t i = 0; i < hn::Lanes(df); ++i) table[i] = levels[i % 4];
-    lv = hn::Load(df, table);
-    shifts = hn::ShiftLeft<1>(hn::Iota(du, 0));
+    lv_.set(0, hn::Load(df, table));
+    shifts_.set(0, hn::ShiftLeft<1>(hn::Iota(du, 0)));
   }
+  HWY_INLINE hn::Vec<DF> levels() const { return lv_.get(0); }
+  // The four levels times s (a row's scale: the transforms after are linear).
+  HWY_INLINE void scale_levels(float s) { lv_.set(0, hn::Mul(lv_.get(0), hn::Set(df, s))); }
   HWY_INLINE hn::Vec<DF> at(const uint8_t* HWY_RESTRICT codes, int64_t d) const {
     uint32_t w = 0;
     std::memcpy(&w, codes + d / 4, hn::Lanes(df) / 4);
 #if ANCHORKV_AVX512_TARGET
-    return hn::Vec<DF>{_mm512_permutexvar_ps(hn::Shr(hn::Set(du, w), shifts).raw, lv.raw)};
+    return hn::Vec<DF>{_mm512_permutexvar_ps(hn::Shr(hn::Set(du, w), shifts_.get(0)).raw, levels().raw)};
 #else
-    const auto idx = hn::BitCast(di, hn::And(hn::Shr(hn::Set(du, w), shifts), hn::Set(du, 3u)));
-    return hn::TableLookupLanes(lv, hn::IndicesFromVec(df, idx));
+    const auto idx = hn::BitCast(di, hn::And(hn::Shr(hn::Set(du, w), shifts_.get(0)), hn::Set(du, 3u)));
+    return hn::TableLookupLanes(levels(), hn::IndicesFromVec(df, idx));
 #endif
   }
   DF df;
   hn::RebindToUnsigned<DF> du;
   hn::RebindToSigned<DF> di;
-  hn::Vec<DF> lv;
-  hn::Vec<hn::RebindToUnsigned<DF>> shifts;
+  core::HWY_NAMESPACE::VecArray<DF, 1> lv_;
+  core::HWY_NAMESPACE::VecArray<hn::RebindToUnsigned<DF>, 1> shifts_;
 };
 
 #if ANCHORKV_AVX512_TARGET
@@ -92,7 +96,7 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
   for (int64_t j = 0; j < nr; ++j) {
     const uint8_t* c = codes + (slot0 + j) * cb;
     Levels2Bit dec = unscaled;  // a row's scale on its four levels (the transform is linear)
-    if (row_scale) dec.lv = hn::Mul(dec.lv, hn::Set(df, row_scale[j]));
+    if (row_scale) dec.scale_levels(row_scale[j]);
     hn::Vec<DF> v[kV];
     if (neox) {  // split is the identity: natural order, core::fwht's stages
       for (int u = 0; u < kV; ++u) v[u] = dec.at(c, 16 * u);
@@ -105,8 +109,8 @@ void SplitKeys2BitD(const uint8_t* HWY_RESTRICT codes, int64_t cb, int64_t slot0
         uint64_t w;
         std::memcpy(&w, c + 8 * u, 8);
         const __m512i words = _mm512_permutexvar_epi32(halves, _mm512_set1_epi64(static_cast<long long>(w)));
-        v[u] = hn::Vec<DF>{_mm512_permutexvar_ps(_mm512_srlv_epi32(words, shift_x), dec.lv.raw)};
-        v[u + kV / 2] = hn::Vec<DF>{_mm512_permutexvar_ps(_mm512_srlv_epi32(words, shift_y), dec.lv.raw)};
+        v[u] = hn::Vec<DF>{_mm512_permutexvar_ps(_mm512_srlv_epi32(words, shift_x), dec.levels().raw)};
+        v[u + kV / 2] = hn::Vec<DF>{_mm512_permutexvar_ps(_mm512_srlv_epi32(words, shift_y), dec.levels().raw)};
       }
       // core::fwht's stage h = 1 pairs elements 2i, 2i + 1: split rows kV/2 vectors apart
       HadamardAcross<kV / 2, kV>(v);
@@ -252,22 +256,22 @@ HWY_INLINE void QuadValueResidualsPass(const uint8_t* HWY_RESTRICT codes, int64_
     for (int64_t g0 = 0; g0 < gn; g0 += QP) {
       const int64_t qn = std::min<int64_t>(QP, gn - g0);
       for (int64_t b0 = 0; b0 < NB; b0 += PB) {
-        hn::Vec<DF> a[QP][PB];
+        core::HWY_NAMESPACE::VecArray<DF, QP * PB> a;  // a[q * PB + b]
         for (int q = 0; q < QP; ++q)
           for (int b = 0; b < PB; ++b)
-            a[q][b] = q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df);
+            a.set(q * PB + b, q < qn ? hn::LoadU(df, rot + (g0 + q) * D + (b0 + b) * N) : hn::Zero(df));
         for (int64_t j = 0; j < jn; ++j) {
           const uint8_t* c = codes + (slot0 + j0 + j) * cb;
           if ((j & 1) == 0) ahead->request_one();  // one line per two residuals and block
-          hn::Vec<DF> x[QP];
-          for (int q = 0; q < QP; ++q) x[q] = hn::Set(df, xs[j * 4 + (g0 + q) % 4]);  // zero past gn
+          core::HWY_NAMESPACE::VecArray<DF, QP> x;
+          for (int q = 0; q < QP; ++q) x.set(q, hn::Set(df, xs[j * 4 + (g0 + q) % 4]));  // zero past gn
           for (int b = 0; b < PB; ++b) {
             const auto z = dec.at(c, (b0 + b) * N);
-            for (int q = 0; q < QP; ++q) a[q][b] = hn::MulAdd(x[q], z, a[q][b]);
+            for (int q = 0; q < QP; ++q) a.set(q * PB + b, hn::MulAdd(x.get(q), z, a.get(q * PB + b)));
           }
         }
         for (int q = 0; q < qn; ++q)
-          for (int b = 0; b < PB; ++b) hn::StoreU(a[q][b], df, rot + (g0 + q) * D + (b0 + b) * N);
+          for (int b = 0; b < PB; ++b) hn::StoreU(a.get(q * PB + b), df, rot + (g0 + q) * D + (b0 + b) * N);
       }
     }
   }

@@ -146,11 +146,12 @@ HWY_INLINE void QuadRopeBlockScores(const uint16_t* HWY_RESTRICT A, const float*
                                     const float* HWY_RESTRICT cos_t, const float* HWY_RESTRICT sin_t,
                                     const FusedKeys& fk, int64_t n, float* HWY_RESTRICT s4) {
   if constexpr (kD != 0) D = kD;
-  const DF df;
   const hn::CappedTag<float, 4> d4;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), half = D / 2;
+  const int64_t half = D / 2;
   int64_t i = 0;
 #if ANCHORKV_AVX512_TARGET
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   // Four entries at once: the queries loaded once for the four, their 16
   // sums in one pass (one at a time, the horizontal sums took about a
   // quarter of the kernel's samples).
@@ -265,6 +266,8 @@ void QuadRopeScores(const uint16_t* HWY_RESTRICT A, const float* HWY_RESTRICT Qb
         if (bf16)
           return QuadRopeBlockScoresBf16<decltype(kD)::value>(A, Q, ak + i, gk + i, pos + i, offset, cos_t,
                                                               sin_t, run_keys, e - i, s4 + i * 4);
+#else
+      (void)bf16;  // SupportsBf16Scores is false on this target
 #endif
       QuadRopeBlockScores<decltype(kD)::value>(A, Q, D, ak + i, gk + i, pos + i, offset, cos_t, sin_t,
                                                run_keys, e - i, s4 + i * 4);

@@ -21,6 +21,9 @@
 namespace anchorkv::model {
 namespace {
 
+// Only the tile kernels read weights in this form: elsewhere (other CPUs,
+// other compilers) the file keeps its entry points, which refuse.
+#ifdef ANCHORKV_AMX
 float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -157,7 +160,6 @@ void prepare_weights(const QuantMatrix& W, int64_t r0, WeightTiles* w) {
     prepare_unpacked(W, r0, w);
 }
 
-#ifdef ANCHORKV_AMX
 // GCC 12 warns inside its own AVX-512 headers once they are inlined under a
 // target attribute (as in qmatmul.cc).
 #pragma GCC diagnostic push

@@ -28,6 +28,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
+#include "core/vec_array-inl.h"
 // clang-format on
 
 // The helpers are defined once, before the per-target code.
@@ -50,6 +51,8 @@ using DF8 = hn::Rebind<float, D8>;
 using VF8 = hn::Vec<DF8>;
 using V32 = hn::Vec<D32>;
 using VF = hn::Vec<DF>;
+template <class D, int N>
+using Accumulators = core::HWY_NAMESPACE::VecArray<D, N>;
 
 // The quantized activations of kTok tokens, each at its token's first element.
 template <int kTok>
@@ -60,22 +63,33 @@ struct Tokens {
 // Integer dot-product accumulators of kTok tokens.
 template <int kTok>
 struct IntSums {
-  V32 a[kTok], b[kTok];  // b: the odd lanes where a target keeps them apart
+  // A written constructor: GCC will not inline the implicit one into the
+  // NEON target's functions ("target specific option mismatch").
+  IntSums() {}
   void zero() {
-    for (int t = 0; t < kTok; ++t) a[t] = b[t] = hn::Zero(D32());
+    for (int t = 0; t < kTok; ++t) a.set(t, hn::Zero(D32())), b.set(t, hn::Zero(D32()));
   }
   // sums[t] += w . x_t[0 .. lanes)
   template <int kT = kTok>
   void add(V16 w, const int16_t* const* x, int64_t offset) {
-    for (int t = 0; t < kT; ++t)
-      a[t] = hn::ReorderWidenMulAccumulate(D32(), w, hn::LoadU(D16(), x[t] + offset), a[t], b[t]);
+    for (int t = 0; t < kT; ++t) add_one(t, w, hn::LoadU(D16(), x[t] + offset));
   }
-  // acc[t] += float(sums[t]) * scale * token scale
-  void flush(float scale, const float* tok_scale, VF* acc) const {
+  // sums[t] += w . xv
+  HWY_INLINE void add_one(int t, V16 w, V16 xv) {
+    V32 odd = b.get(t);
+    a.set(t, hn::ReorderWidenMulAccumulate(D32(), w, xv, a.get(t), odd));
+    b.set(t, odd);
+  }
+  // acc[first + t] += float(sums[t]) * scale * token scale
+  template <int kAcc>
+  void flush(float scale, const float* tok_scale, Accumulators<DF, kAcc>& acc, int first) const {
     for (int t = 0; t < kTok; ++t)
-      acc[t] = hn::MulAdd(hn::ConvertTo(DF(), hn::RearrangeToOddPlusEven(a[t], b[t])),
-                          hn::Set(DF(), scale * tok_scale[t]), acc[t]);
+      acc.set(first + t, hn::MulAdd(hn::ConvertTo(DF(), hn::RearrangeToOddPlusEven(a.get(t), b.get(t))),
+                                    hn::Set(DF(), scale * tok_scale[t]), acc.get(first + t)));
   }
+
+ private:
+  Accumulators<D32, kTok> a, b;  // b: the odd lanes where a target keeps them apart
 };
 
 // An fp16 scale, converted in registers (a call would spill the accumulators).
@@ -91,7 +105,8 @@ HWY_INLINE V16 Bytes(const uint8_t* p) {
 
 // Q8_0: 34-byte blocks of 32: d, 32 int8.
 template <int kTok>
-void RowQ8_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
+void RowQ8_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs,
+             Accumulators<DF, 2 * kTok>& acc) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
   IntSums<kTok> s;
   for (int64_t b = 0; b < nb; ++b, row += io::kQ8_0Block.bytes) {
@@ -102,7 +117,7 @@ void RowQ8_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
       s.add(hn::PromoteTo(D16(), hn::LoadU(hn::Rebind<int8_t, D16>(), q + i)), x.q, b * 32 + i);
     float ts[kTok];
     for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
-    s.flush(F16(row), ts, acc + (b & 1) * kTok);
+    s.flush(F16(row), ts, acc, (b & 1) * kTok);
   }
 }
 
@@ -110,7 +125,8 @@ void RowQ8_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
 // element 16 + i: high nibble), value q - 8. A vector takes N/2 bytes: their
 // low nibbles then their high nibbles, matched by the same halves of x.
 template <int kTok>
-void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
+void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs,
+             Accumulators<DF, 2 * kTok>& acc) {
   const hn::Half<D16> dh;
   const int64_t H = static_cast<int64_t>(hn::Lanes(dh));
   const auto k15 = hn::Set(dh, 15), k8 = hn::Set(dh, 8);
@@ -124,12 +140,12 @@ void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
         const int16_t* xt = x.q[t] + b * 32;
         const V16 xv = H == 16 ? hn::LoadU(D16(), xt)
                                : hn::Combine(D16(), hn::LoadU(dh, xt + 16 + j), hn::LoadU(dh, xt + j));
-        s.a[t] = hn::ReorderWidenMulAccumulate(D32(), w, xv, s.a[t], s.b[t]);
+        s.add_one(t, w, xv);
       }
     }
     float ts[kTok];
     for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
-    s.flush(F16(row), ts, acc + (b & 1) * kTok);
+    s.flush(F16(row), ts, acc, (b & 1) * kTok);
   }
 }
 
@@ -140,7 +156,8 @@ void RowQ4_0(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
 // bits 2c and 2c + 1 of qh[l]. Value d * sc * q - dmin * m.
 template <bool kFive, int kTok>
 void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs,
-              const int32_t* const* sums, VF* acc, VF8* min_acc) {
+              const int32_t* const* sums, Accumulators<DF, 2 * kTok>& acc,
+              Accumulators<DF8, kTok>& min_acc) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
   const auto k15 = hn::Set(D16(), 15), k1 = hn::Set(D16(), 1);
   IntSums<kTok> s;
@@ -168,7 +185,7 @@ void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const
     }
     float ts[kTok];
     for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
-    s.flush(F16(row), ts, acc + (b & 1) * kTok);
+    s.flush(F16(row), ts, acc, (b & 1) * kTok);
     // minus dmin * token scale * sum_j m_j * (sum of q over sub-block j)
     const float dmin = F16(row + 2);
     const int64_t N8 = static_cast<int64_t>(hn::Lanes(D8()));
@@ -178,7 +195,7 @@ void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const
       for (int64_t j = 0; j < 8; j += N8)
         dot = hn::Add(dot, hn::Mul(hn::PromoteTo(D8(), hn::LoadU(hn::Rebind<uint8_t, D8>(), m + j)),
                                    hn::LoadU(D8(), ks + j)));
-      min_acc[t] = hn::MulAdd(hn::ConvertTo(DF8(), dot), hn::Set(DF8(), dmin * ts[t]), min_acc[t]);
+      min_acc.set(t, hn::MulAdd(hn::ConvertTo(DF8(), dot), hn::Set(DF8(), dmin * ts[t]), min_acc.get(t)));
     }
   }
 }
@@ -189,7 +206,8 @@ void RowQ45_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const
 // nibble), high bits from bits 2k of qh[l], scale sc[l / 16 + 2k]; value
 // d * sc * (q - 32).
 template <int kTok>
-void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs, VF* acc) {
+void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const* xs,
+             Accumulators<DF, 2 * kTok>& acc) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(D16()));
   const hn::Half<D16> dh;
   const auto k15 = hn::Set(D16(), 15), k3 = hn::Set(D16(), 3), k32 = hn::Set(D16(), 32);
@@ -221,7 +239,7 @@ void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
     }
     float ts[kTok];
     for (int t = 0; t < kTok; ++t) ts[t] = xs[t][b];
-    s.flush(F16(row + 208), ts, acc + (b & 1) * kTok);
+    s.flush(F16(row + 208), ts, acc, (b & 1) * kTok);
   }
 }
 
@@ -229,21 +247,24 @@ void RowQ6_K(const uint8_t* row, int64_t nb, Tokens<kTok> x, const float* const*
 template <int kTok>
 void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, int64_t t0, float* y,
             int64_t y_stride, const MatmulKernels& k) {
+#ifndef ANCHORKV_BYTE_KERNELS
+  (void)k;  // it chooses among the byte kernels only
+#endif
   const int64_t groups = a.cols / a.group;
   Tokens<kTok> x;
   const float* xs[kTok];
   const int32_t* sums[kTok];
   // Two accumulators per token, even and odd blocks: one chain of dependent
   // adds per block would bound the loop by the adds' latency.
-  VF acc[2 * kTok];
-  VF8 min_acc[kTok];
+  Accumulators<DF, 2 * kTok> acc;
+  Accumulators<DF8, kTok> min_acc;
   for (int t = 0; t < kTok; ++t) {
-    acc[kTok + t] = hn::Zero(DF());
+    acc.set(kTok + t, hn::Zero(DF()));
     x.q[t] = &a.q[static_cast<size_t>((t0 + t) * a.cols)];
     xs[t] = &a.scale[static_cast<size_t>((t0 + t) * groups)];
     sums[t] = &a.sum[static_cast<size_t>((t0 + t) * (a.cols / 32))];
-    acc[t] = hn::Zero(DF());
-    min_acc[t] = hn::Zero(DF8());
+    acc.set(t, hn::Zero(DF()));
+    min_acc.set(t, hn::Zero(DF8()));
   }
   switch (W.type) {
     case io::GgmlType::kQ8_0:
@@ -285,8 +306,8 @@ void DotRow(const QuantMatrix& W, const uint8_t* row, const Int8Activations& a, 
       break;
   }
   for (int t = 0; t < kTok; ++t)
-    y[t * y_stride] = hn::GetLane(hn::SumOfLanes(DF(), hn::Add(acc[t], acc[kTok + t]))) -
-                      hn::GetLane(hn::SumOfLanes(DF8(), min_acc[t]));
+    y[t * y_stride] = hn::GetLane(hn::SumOfLanes(DF(), hn::Add(acc.get(t), acc.get(kTok + t)))) -
+                      hn::GetLane(hn::SumOfLanes(DF8(), min_acc.get(t)));
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 

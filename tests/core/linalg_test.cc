@@ -94,15 +94,41 @@ TEST(Linalg, AxpyScaleAddAndDotMatchReference) {
   EXPECT_NE(std::string(simd_target_name()), "");
 }
 
+// The fixed-order dot product is the order it states, bit for bit (a build
+// that reassociated floats would break the paths that rely on it), and
+// within rounding of the sequential sum.
+TEST(Linalg, DotFixedOrderSumsEightPartialsPairwise) {
+  Rng rng(3);
+  for (int64_t D : {1, 7, 8, 64, 100, 128, 257}) {
+    std::vector<float> x(static_cast<size_t>(D)), y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<float>(rng.uniform() - 0.5);
+      y[i] = static_cast<float>(rng.uniform() - 0.5);
+    }
+    float s[8] = {};
+    for (int64_t i = 0; i < D; ++i) s[i % 8] = s[i % 8] + x[i] * y[i];
+    const float expected = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    EXPECT_EQ(dot_fixed_order(x.data(), y.data(), D), expected) << D;
+    EXPECT_NEAR(dot_fixed_order(x.data(), y.data(), D), dot_ref(x.data(), y.data(), D), 1e-5 * D) << D;
+  }
+}
+
 // The multiply-add roof a benchmark prints: the vector width of the target
-// that ran (16 lanes on AVX-512, 8 on AVX2, 4 on SSE4) and a rate no CPU can
-// exceed (under 10 T lanes/s per thread) or fall below on a live machine.
+// that ran (16 lanes on AVX-512, 8 on AVX2, 4 on SSE4 and NEON, what the CPU
+// chose on SVE: 128 to 2048 bits) and a rate no CPU can exceed (under 10 T
+// lanes/s per thread) or fall below on a live machine.
 TEST(Linalg, MultiplyAddRateIsMeasuredOnTheDispatchedTarget) {
   const MulAddRate one = measure_multiply_add_rate(1);
   const std::string target = simd_target_name();
-  const bool emulated = target == "EMU128" || target == "SCALAR";
-  const int64_t expected = target.rfind("AVX3", 0) == 0 ? 16 : target == "AVX2" ? 8 : emulated ? one.lanes : 4;
-  EXPECT_EQ(one.lanes, expected) << target;
+  if (target == "SVE" || target == "SVE2") {
+    EXPECT_TRUE(one.lanes >= 4 && one.lanes <= 64 && one.lanes % 4 == 0) << target << " " << one.lanes;
+  } else {
+    const bool emulated = target == "EMU128" || target == "SCALAR";
+    const int64_t expected = target.rfind("AVX3", 0) == 0 ? 16
+                             : target == "AVX2" || target == "SVE_256" ? 8
+                             : emulated ? one.lanes : 4;
+    EXPECT_EQ(one.lanes, expected) << target;
+  }
   EXPECT_GT(one.lanes_per_second, 1e8);
   EXPECT_LT(one.lanes_per_second, 1e13);
 }
@@ -215,8 +241,9 @@ TEST(Linalg, DecodeAffineMatchesReferenceAndTheAffineFormula) {
     }
 }
 
-TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
+TEST(Linalg, AbsCosineNearMaxMatchesReferenceIncludingTies) {
   Rng rng(12);
+  auto cosine = [](float dot, float norm) { return std::fabs(dot) / (1.5f * norm + 1e-12f); };
   for (int64_t k : {1, 2, 15, 16, 17, 64, 257}) {
     for (int trial = 0; trial < 50; ++trial) {
       std::vector<float> dots(static_cast<size_t>(k)), norms(static_cast<size_t>(k));
@@ -229,13 +256,27 @@ TEST(Linalg, AbsCosineArgmaxMatchesReferenceIncludingTies) {
         norms[k - 1] = norms[1];
         dots[0] = 0;
       }
-      ASSERT_EQ(abs_cosine_argmax(dots.data(), k, 1.5f, norms.data(), 1e-12f),
-                abs_cosine_argmax_ref(dots.data(), k, 1.5f, norms.data(), 1e-12f))
-          << "k=" << k << " trial " << trial;
+      for (float tol : {0.0f, 1e-3f, 0.2f}) {
+        int64_t first = -1, first_ref = -1;
+        const int64_t n = abs_cosine_near_max(dots.data(), k, 1.5f, norms.data(), 1e-12f, tol, &first);
+        const int64_t n_ref = abs_cosine_near_max_ref(dots.data(), k, 1.5f, norms.data(), 1e-12f, tol, &first_ref);
+        ASSERT_EQ(n, n_ref) << "k=" << k << " trial " << trial << " tol " << tol;
+        ASSERT_EQ(first, first_ref) << "k=" << k << " trial " << trial << " tol " << tol;
+        // the count and the first index are what they say
+        float mx = -1.0f;
+        for (int64_t j = 0; j < k; ++j) mx = std::max(mx, cosine(dots[j], norms[j]));
+        int64_t count = 0, first_near = -1;
+        for (int64_t j = 0; j < k; ++j)
+          if (cosine(dots[j], norms[j]) >= mx - tol) count += 1, first_near = first_near < 0 ? j : first_near;
+        ASSERT_EQ(n, count);
+        ASSERT_EQ(first, first_near);
+      }
     }
   }
   const float zero_dots[3] = {0, 0, 0}, norms[3] = {0, 0, 0};
-  EXPECT_EQ(abs_cosine_argmax(zero_dots, 3, 0.0f, norms, 1e-12f), 0);
+  int64_t first = -1;
+  EXPECT_EQ(abs_cosine_near_max(zero_dots, 3, 0.0f, norms, 1e-12f, 0.0f, &first), 3);
+  EXPECT_EQ(first, 0);
 }
 
 TEST(Linalg, MatmulNNMatchesReferenceOverSizesAndStrides) {

@@ -39,12 +39,23 @@ TEST_P(Models, IncrementalDecodeEqualsPrefillAndLosslessAnchorKVEqualsFull) {
   const int64_t V = w.config.vocab;
   ASSERT_EQ(static_cast<int64_t>(prefill.size()), static_cast<int64_t>(tokens.size()) * V);
   // Prefill attends with the blocked causal kernel, decode with the cache's
-  // kernels: the same arithmetic in another order, 1e-5 of the largest logit.
-  float largest = 1.0f;
-  for (float x : prefill) largest = std::max(largest, std::fabs(x));
+  // kernels: the same arithmetic in another order. How far two orders drift
+  // through this model is measured here rather than assumed from one CPU:
+  // the scalar reference kernels (a third order) against the prefill, and
+  // decode may differ from prefill by a few times that.
+  LlamaModel r(w, full);
+  r.set_reference(true);
+  const auto reference = r.forward(tokens, true);
+  float largest = 1.0f, order_drift = 0.0f;
+  for (size_t i = 0; i < prefill.size(); ++i) {
+    largest = std::max(largest, std::fabs(prefill[i]));
+    order_drift = std::max(order_drift, std::fabs(reference[i] - prefill[i]));
+  }
+  const float tol = 4.0f * order_drift + 1e-6f * largest;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto step = b.forward({tokens[i]});
-    for (int64_t v = 0; v < V; ++v) ASSERT_NEAR(step[v], prefill[i * V + v], 1e-5 * largest) << i << "," << v;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(step[v], prefill[i * V + v], tol) << i << "," << v << " (order drift " << order_drift << ")";
   }
   EXPECT_EQ(b.position(), static_cast<int64_t>(tokens.size()));
   // Every token an anchor: the compressed cache holds exactly what the full one does.
