@@ -10,6 +10,10 @@
 #include <unistd.h>
 #endif
 #endif
+#if defined(__aarch64__) && defined(__linux__) && defined(__GNUC__)
+#define ANCHORKV_ARM_KERNELS 1
+#include <sys/auxv.h>
+#endif
 
 namespace anchorkv::model {
 namespace {
@@ -35,8 +39,21 @@ bool amx_granted() {
 }
 #endif
 
-unsigned pack(MatmulKernels k) { return (k.byte_rows ? 1u : 0u) | (k.vnni_rows ? 2u : 0u) | (k.amx ? 4u : 0u); }
-MatmulKernels unpack(unsigned bits) { return {(bits & 1u) != 0, (bits & 2u) != 0, (bits & 4u) != 0}; }
+#if ANCHORKV_ARM_KERNELS
+// The kernel's word on the CPU's features (Linux's HWCAP bits; the
+// instructions need no permission).
+constexpr unsigned long kHwcapAsimdDp = 1ul << 20, kHwcap2I8mm = 1ul << 13;
+bool has_dotprod() { return (getauxval(AT_HWCAP) & kHwcapAsimdDp) != 0; }
+bool has_i8mm() { return has_dotprod() && (getauxval(AT_HWCAP2) & kHwcap2I8mm) != 0; }
+#endif
+
+unsigned pack(MatmulKernels k) {
+  return (k.byte_rows ? 1u : 0u) | (k.vnni_rows ? 2u : 0u) | (k.amx ? 4u : 0u) | (k.dot_rows ? 8u : 0u) |
+         (k.mmla_rows ? 16u : 0u);
+}
+MatmulKernels unpack(unsigned bits) {
+  return {(bits & 1u) != 0, (bits & 2u) != 0, (bits & 4u) != 0, (bits & 8u) != 0, (bits & 16u) != 0};
+}
 
 std::atomic<unsigned>& in_use() {
   static std::atomic<unsigned> bits{pack(cpu_matmul_kernels())};
@@ -52,6 +69,10 @@ MatmulKernels cpu_matmul_kernels() {
     k.byte_rows = has_avx512bw();
     k.vnni_rows = has_avx512vnni();
     k.amx = amx_granted();
+#endif
+#if ANCHORKV_ARM_KERNELS
+    k.dot_rows = has_dotprod();
+    k.mmla_rows = has_i8mm();
 #endif
     return k;
   }();

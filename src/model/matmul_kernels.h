@@ -12,6 +12,8 @@ struct MatmulKernels {
   bool byte_rows = false;  // Q4_K and Q6_K rows as unsigned bytes times int8 activations (AVX-512BW)
   bool vnni_rows = false;  // Q8_0 and Q4_0 rows four at a time in 32-bit dot products (AVX-512 VNNI)
   bool amx = false;        // prefill of kAmxMinTokens tokens or more on AMX tiles (AMX-INT8, Linux grants it)
+  bool dot_rows = false;   // Q8_0, Q4_0 and Q4_K rows with the AArch64 dot-product instruction (SDOT)
+  bool mmla_rows = false;  // Q8_0 and Q4_0 tiles of two rows and two tokens (AArch64 SMMLA, FEAT_I8MM)
 };
 
 // What this CPU and build can run (asked once).

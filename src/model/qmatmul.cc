@@ -33,6 +33,7 @@
 
 // The helpers are defined once, before the per-target code.
 #include "model/qmatmul_bytes-inl.h"
+#include "model/qmatmul_arm-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace anchorkv::model {
@@ -321,6 +322,9 @@ bool DotRows(const QuantMatrix& W, int64_t r0, int64_t n, const Int8Activations&
   return false;
 #else
   if (n == 0) return true;  // the caller asks whether this target has the kernels
+#ifdef ANCHORKV_ARM_KERNELS
+  if (arm_rows(W, r0, n, a, y, k)) return true;
+#endif
 #ifdef ANCHORKV_BYTE_KERNELS
   if (W.layout == QuantLayout::kRows16) {  // check_matrix: only where the CPU has VNNI
     if (W.type == io::GgmlType::kQ4_K)

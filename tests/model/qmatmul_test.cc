@@ -83,18 +83,24 @@ void expect_near_ref(io::GgmlType type, const uint8_t* blocks, int64_t rows, int
 // previous choice comes back so a caller can restore it.
 TEST(MatmulKernels, UseIsLimitedToTheCpuAndReturnsThePrevious) {
   const MatmulKernels cpu = cpu_matmul_kernels(), before = matmul_kernels();
-  const MatmulKernels previous = use_matmul_kernels({.byte_rows = true, .vnni_rows = true, .amx = true});
+  const MatmulKernels previous =
+      use_matmul_kernels({.byte_rows = true, .vnni_rows = true, .amx = true, .dot_rows = true, .mmla_rows = true});
   EXPECT_EQ(previous.byte_rows, before.byte_rows);
   EXPECT_EQ(previous.amx, before.amx);
+  EXPECT_EQ(previous.dot_rows, before.dot_rows);
   MatmulKernels now = matmul_kernels();
   EXPECT_EQ(now.byte_rows, cpu.byte_rows);
   EXPECT_EQ(now.vnni_rows, cpu.vnni_rows);
   EXPECT_EQ(now.amx, cpu.amx);
-  use_matmul_kernels({.byte_rows = false, .vnni_rows = true, .amx = false});
+  EXPECT_EQ(now.dot_rows, cpu.dot_rows);
+  EXPECT_EQ(now.mmla_rows, cpu.mmla_rows);
+  use_matmul_kernels({.byte_rows = false, .vnni_rows = true, .amx = false, .dot_rows = true, .mmla_rows = false});
   now = matmul_kernels();
   EXPECT_FALSE(now.byte_rows);
   EXPECT_EQ(now.vnni_rows, cpu.vnni_rows);
   EXPECT_FALSE(now.amx);
+  EXPECT_EQ(now.dot_rows, cpu.dot_rows);
+  EXPECT_FALSE(now.mmla_rows);
   EXPECT_FALSE(amx_matmul_usable(io::GgmlType::kQ8_0)) << "switched-off tiles are not usable";
   use_matmul_kernels(before);
   EXPECT_EQ(matmul_kernels().amx, before.amx);
@@ -213,6 +219,44 @@ TEST_P(ByteKernel, MatchesThe16BitKernelAndTheTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, ByteKernel, ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K, io::GgmlType::kQ6_K),
+                         [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
+
+// The AArch64 kernels (SDOT rows, SMMLA tiles of two rows and two tokens)
+// against the Highway kernels and the twin. A token's arithmetic is the
+// same in a tile and alone, so SMMLA on or off and the thread count leave
+// the bits as they are.
+class ArmKernel : public ::testing::TestWithParam<io::GgmlType> {};
+
+TEST_P(ArmKernel, MatchesTheHighwayKernelAndTheTwinWithTheSameBitsInTilesAndAlone) {
+  const MatmulKernels cpu = cpu_matmul_kernels();
+  if (!cpu.dot_rows) GTEST_SKIP() << "this CPU has no AArch64 dot-product instruction";
+  const io::GgmlType type = GetParam();
+  std::mt19937 g(23);
+  const int64_t rows = 21, cols = 1024;
+  int64_t be = 0, bb = 0;
+  io::ggml_block(type, &be, &bb);
+  const std::vector<uint8_t> blocks = random_blocks(type, rows, cols, g);
+  const QuantMatrix W{type, blocks.data(), rows, cols, cols / be * bb};
+  const MatmulKernels all = matmul_kernels();
+  for (int64_t T : {1, 2, 3, 5}) {
+    const std::vector<float> x = random_activations(T, cols, g);
+    std::vector<float> tiles(static_cast<size_t>(T * rows)), alone(tiles.size()), one_thread(tiles.size()),
+        highway(tiles.size()), ref(tiles.size());
+    matmul_int8(x.data(), T, W, tiles.data(), 2);
+    matmul_int8(x.data(), T, W, one_thread.data(), 1);
+    use_matmul_kernels({.dot_rows = true});
+    matmul_int8(x.data(), T, W, alone.data(), 2);
+    use_matmul_kernels({});
+    matmul_int8(x.data(), T, W, highway.data(), 2);
+    use_matmul_kernels(all);
+    matmul_int8_ref(x.data(), T, W, ref.data());
+    EXPECT_EQ(tiles, alone) << "T " << T;
+    EXPECT_EQ(tiles, one_thread) << "T " << T;
+    expect_near_ref(type, blocks.data(), rows, cols, x, T, ref, {&tiles, &highway}, "arm");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, ArmKernel, ::testing::Values(io::GgmlType::kQ8_0, io::GgmlType::kQ4_0, io::GgmlType::kQ4_K),
                          [](const auto& info) { return std::string(io::ggml_type_name(info.param)); });
 
 TEST(Int8Matmul, EverySimdTargetAgreesWithTheTwin) {
