@@ -8,7 +8,10 @@ against the prebuilt libraries (one g++ call, seconds) and puts the binary besid
 ggml looks for its CPU backends. Needs node/npm (network for the first install) and g++.
 
 Runs alternate within each repetition (anchorkv, then llama.cpp with each KV type), same
-threads, and the table reports medians:
+threads. The first table reports min / median / max of each speed; the second, the ratio of
+each anchorkv cache to each llama.cpp KV type taken within one repetition (the two ran back
+to back, so a machine that slows for a while moves both) as min / median / max over the
+repetitions, so a swing like 0.90-1.51x shows:
   * prefill: llama-bench `-p CTX -n 0` (flash attention on) vs `anchorkv bench runtime` prefill;
   * decode: llama-bench `-p 0 -n N -d CTX` (N tokens generated after a CTX-token context) vs
     anchorkv's N greedy steps after a CTX-token prompt;
@@ -97,7 +100,7 @@ def main():
     exe = install_peer(pathlib.Path(a.peer_dir).resolve())
     kvs = a.kv.split(",")
     caches = ["full"] + [c for c in a.caches.split(",") if c != "full"]  # full: the fp16 KV bytes
-    rows = []
+    rows, ratios = [], []
     for model in a.model:
         samples = {}
         for _ in range(a.reps):
@@ -117,17 +120,44 @@ def main():
                 s["decode"].append(llama_bench(exe, model, a.threads, ["-p", 0, "-n", a.n, "-d", a.ctx, *kv_args]))
         for (who, cache), s in samples.items():
             rows.append({"model": os.path.basename(model), "engine": who, "kv": cache, "ctx": a.ctx,
-                         "threads": a.threads, "kv_bytes": s["bytes"],
-                         "prefill_tok_s": statistics.median(s["prefill"]) if s["prefill"] else None,
-                         "decode_tok_s": statistics.median(s["decode"]), "reps": a.reps})
-    print(f"| model | engine | KV | KV MB at {a.ctx} | prefill tok/s | decode tok/s |")
+                         "threads": a.threads, "kv_bytes": s["bytes"], "reps": a.reps,
+                         "prefill_tok_s": spread(s["prefill"]), "decode_tok_s": spread(s["decode"]),
+                         "prefill_samples": s["prefill"], "decode_samples": s["decode"]})
+        for c in caches:
+            ours = samples[("anchorkv", c)]
+            for kv in kvs:
+                peer = samples[("llama.cpp", kv)]
+                ratios.append({"model": os.path.basename(model), "anchorkv": c, "llama.cpp": kv,
+                               "decode": spread([x / y for x, y in zip(ours["decode"], peer["decode"])]),
+                               "prefill": spread([x / y for x, y in zip(ours["prefill"], peer["prefill"])])})
+    print(f"| model | engine | KV | KV MB at {a.ctx} | prefill tok/s (min / median / max) | "
+          "decode tok/s (min / median / max) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        pre = f"{r['prefill_tok_s']:.0f}" if r["prefill_tok_s"] else "-"
-        print(f"| {r['model']} | {r['engine']} | {r['kv']} | {r['kv_bytes'] / 1e6:.2f} | {pre} | "
-              f"{r['decode_tok_s']:.1f} |")
+        print(f"| {r['model']} | {r['engine']} | {r['kv']} | {r['kv_bytes'] / 1e6:.2f} | "
+              f"{show(r['prefill_tok_s'], '.0f')} | {show(r['decode_tok_s'], '.1f')} |")
+    print(f"\n| model | anchorkv cache | llama.cpp KV | decode ratio (min / median / max) | "
+          f"prefill ratio (min / median / max) |")
+    print("|---|---|---|---|---|")
+    for r in ratios:
+        print(f"| {r['model']} | {r['anchorkv']} | {r['llama.cpp']} | {show(r['decode'], '.2f', 'x')} | "
+              f"{show(r['prefill'], '.2f', 'x')} |")
     if a.json:
-        json.dump({"activations": a.activations, "theta": a.theta, "rows": rows}, open(a.json, "w"), indent=2)
+        json.dump({"activations": a.activations, "theta": a.theta, "rows": rows, "ratios": ratios},
+                  open(a.json, "w"), indent=2)
+
+
+def spread(values):
+    """min / median / max of the repetitions (None when there are none)."""
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def show(s, fmt, unit=""):
+    if s is None:
+        return "-"
+    return " / ".join(f"{s[k]:{fmt}}{unit}" for k in ("min", "median", "max"))
 
 
 if __name__ == "__main__":
